@@ -1,0 +1,158 @@
+//! The compressor front end, after zram's zcomp: a [`Backend`] holds the immutable parameters
+//! shared by every worker (algorithm, level); each worker thread owns a [`BackendContext`] with
+//! its scratch state, so compression takes no lock. Backends are one small file each.
+
+mod lz4;
+mod zstd;
+
+use crate::error::StoreError;
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+/// A compression algorithm the store can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// LZ4 (lz4_flex): the default, as in zram; fastest.
+    Lz4,
+    /// Zstandard with a level (1..=22; default 3): better ratio, slower.
+    Zstd,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order `--help` lists them.
+    pub const ALL: [Algorithm; 2] = [Algorithm::Lz4, Algorithm::Zstd];
+
+    /// The name used on the command line and in statistics (zram's `comp_algorithm` names).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Lz4 => "lz4",
+            Algorithm::Zstd => "zstd",
+        }
+    }
+
+    /// Checks that `level` means something for this algorithm.
+    pub fn check_level(self, level: Option<i32>) -> Result<(), StoreError> {
+        match (self, level) {
+            (_, None) => Ok(()),
+            (Algorithm::Lz4, Some(_)) => Ok(()), // accepted and ignored, as zram does
+            (Algorithm::Zstd, Some(l)) if (1..=22).contains(&l) || (-7..=-1).contains(&l) => Ok(()),
+            (Algorithm::Zstd, Some(l)) => {
+                Err(StoreError::Config(format!("zstd level {l} is outside -7..=-1 and 1..=22")))
+            }
+        }
+    }
+
+    /// Builds the shared backend for this algorithm.
+    pub fn backend(self, level: Option<i32>) -> Box<dyn Backend> {
+        match self {
+            Algorithm::Lz4 => Box::new(lz4::Lz4),
+            Algorithm::Zstd => Box::new(zstd::Zstd::new(level)),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "lz4" => Ok(Algorithm::Lz4),
+            "zstd" => Ok(Algorithm::Zstd),
+            other => Err(format!("unknown compression algorithm '{other}' (choose lz4 or zstd)")),
+        }
+    }
+}
+
+/// Immutable, shared compressor parameters. One per store.
+pub trait Backend: Send + Sync {
+    /// The algorithm's name.
+    fn name(&self) -> &'static str;
+    /// A fresh per-worker context. Called once per worker, never on the I/O path.
+    fn new_context(&self) -> Box<dyn BackendContext>;
+}
+
+/// Per-worker compression state. A context is used by one thread at a time (`&mut self`);
+/// it may keep scratch memory between calls so that the I/O path does not allocate.
+pub trait BackendContext: Send {
+    /// Compresses `src` into `dst`. Returns the compressed length, or `None` when the result
+    /// does not fit in `dst` (the caller then stores the page raw). `dst` is at least
+    /// [`MAX_COMPRESSED_BYTES`] long when the caller wants every result.
+    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Option<usize>;
+    /// Decompresses `src`, which must yield exactly `dst.len()` bytes. Any other outcome is
+    /// an error message (the store turns it into [`StoreError::Corrupt`]).
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), String>;
+}
+
+/// Room for the worst-case expansion of one page by any backend.
+pub const MAX_COMPRESSED_BYTES: usize = crate::PAGE_SIZE * 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PAGE_SIZE;
+
+    fn sample_pages() -> Vec<Vec<u8>> {
+        let mut text = Vec::new();
+        while text.len() < PAGE_SIZE {
+            text.extend_from_slice(b"compcache keeps swapped pages compressed in RAM. ");
+        }
+        text.truncate(PAGE_SIZE);
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let noise: Vec<u8> = (0..PAGE_SIZE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        vec![vec![0u8; PAGE_SIZE], text, noise]
+    }
+
+    /// One test body over every backend, as foyer does for its engines.
+    #[test]
+    fn every_backend_round_trips_pages() {
+        for alg in Algorithm::ALL {
+            for level in [None, Some(1), Some(9)] {
+                let backend = alg.backend(level);
+                let mut ctx = backend.new_context();
+                for page in sample_pages() {
+                    let mut c = vec![0u8; MAX_COMPRESSED_BYTES];
+                    let n = ctx.compress(&page, &mut c).expect("fits in the worst-case buffer");
+                    let mut out = vec![0u8; PAGE_SIZE];
+                    ctx.decompress(&c[..n], &mut out).unwrap();
+                    assert_eq!(out, page, "{alg} level {level:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error_not_data() {
+        for alg in Algorithm::ALL {
+            let mut ctx = alg.backend(None).new_context();
+            let mut out = vec![0u8; PAGE_SIZE];
+            assert!(ctx.decompress(&[0xff, 0x13, 0x00, 0x42, 0x17], &mut out).is_err(), "{alg}");
+            let page = sample_pages().remove(1);
+            let mut c = vec![0u8; MAX_COMPRESSED_BYTES];
+            let n = ctx.compress(&page, &mut c).unwrap();
+            assert!(ctx.decompress(&c[..n / 2], &mut out).is_err(), "{alg}: truncated input");
+        }
+    }
+
+    #[test]
+    fn names_parse_back() {
+        for alg in Algorithm::ALL {
+            assert_eq!(alg.name().parse::<Algorithm>().unwrap(), alg);
+        }
+        assert!("lzo".parse::<Algorithm>().unwrap_err().contains("lz4 or zstd"));
+        assert!(Algorithm::Zstd.check_level(Some(30)).is_err());
+    }
+}

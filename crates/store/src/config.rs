@@ -1,0 +1,142 @@
+//! Device configuration and the size expressions users type (`1G`, `512M`, `25%`).
+//!
+//! The default device size is 25% of physical RAM, as in ramzswap and Ubuntu's compcache
+//! set-up; the seed benchmarks (shared/seeds/001 and 002) found 25-50% sound.
+
+use crate::compress::Algorithm;
+use crate::error::StoreError;
+use crate::PAGE_SIZE;
+
+/// Compressed pages larger than this are stored raw ("huge pages"), as zram does: keeping a
+/// 3.5 KiB compressed copy saves too little to pay for decompressing it on every read.
+pub const DEFAULT_HUGE_THRESHOLD_BYTES: usize = PAGE_SIZE * 3 / 4;
+
+/// The default device size as a share of physical RAM.
+pub const DEFAULT_SIZE_PERCENT: u64 = 25;
+
+/// Everything needed to create a [`crate::Store`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Device size in bytes; rounded down to whole pages.
+    pub disksize_bytes: u64,
+    /// Compression algorithm.
+    pub algorithm: Algorithm,
+    /// Compression level; `None` is the algorithm's default. lz4 ignores it.
+    pub level: Option<i32>,
+    /// Upper bound on pool memory (`mem_used_total`) in bytes; 0 means no limit (zram's convention).
+    pub mem_limit_bytes: u64,
+    /// Compressed sizes above this are stored raw.
+    pub huge_threshold_bytes: usize,
+}
+
+impl Config {
+    /// A configuration with the defaults for everything but the size.
+    pub fn with_disksize(disksize_bytes: u64) -> Config {
+        Config {
+            disksize_bytes,
+            algorithm: Algorithm::Lz4,
+            level: None,
+            mem_limit_bytes: 0,
+            huge_threshold_bytes: DEFAULT_HUGE_THRESHOLD_BYTES,
+        }
+    }
+
+    /// Checks that the configuration can work, with a message that says what to change.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        if self.disksize_bytes < PAGE_SIZE as u64 {
+            return Err(StoreError::Config(format!(
+                "device size {} bytes is smaller than one {PAGE_SIZE}-byte page",
+                self.disksize_bytes
+            )));
+        }
+        if self.disksize_bytes / PAGE_SIZE as u64 > crate::slot::MAX_SLOTS {
+            return Err(StoreError::Config(format!(
+                "device size {} bytes is above the maximum of {} bytes",
+                self.disksize_bytes,
+                crate::slot::MAX_SLOTS * PAGE_SIZE as u64
+            )));
+        }
+        if self.huge_threshold_bytes < 64 || self.huge_threshold_bytes > PAGE_SIZE {
+            return Err(StoreError::Config(format!(
+                "huge threshold {} is outside 64..={PAGE_SIZE} bytes",
+                self.huge_threshold_bytes
+            )));
+        }
+        self.algorithm.check_level(self.level)
+    }
+}
+
+/// Physical RAM in bytes, from `sysconf`.
+pub fn physical_ram_bytes() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions; it returns -1 on error, handled below.
+    let (pages, page_size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages <= 0 || page_size <= 0 {
+        return 0;
+    }
+    pages as u64 * page_size as u64
+}
+
+/// Parses a size: plain bytes (`4096`), a binary-suffixed size (`512K`, `64M`, `2G`, `1T`, with
+/// an optional `i`/`iB`/`B`), or a percentage of `ram_bytes` (`25%`). The result is rounded down
+/// to whole pages. Errors say what was wrong with the text.
+pub fn parse_size(text: &str, ram_bytes: u64) -> Result<u64, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty size: give bytes (e.g. 1G, 512M) or a share of RAM (e.g. 25%)".into());
+    }
+    let bytes = if let Some(pct) = t.strip_suffix('%') {
+        let p: f64 = pct.trim().parse().map_err(|_| format!("'{text}' is not a percentage such as 25%"))?;
+        if !(p > 0.0 && p <= 1000.0) {
+            return Err(format!("'{text}': the percentage must be above 0 and at most 1000"));
+        }
+        (ram_bytes as f64 * p / 100.0) as u64
+    } else {
+        let upper = t.to_ascii_uppercase();
+        let digits_end = upper.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(upper.len());
+        let (num, suffix) = upper.split_at(digits_end);
+        let n: f64 = num.parse().map_err(|_| format!("'{text}' is not a size such as 4096, 512M or 2G"))?;
+        let mult: u64 = match suffix.trim() {
+            "" | "B" => 1,
+            "K" | "KB" | "KI" | "KIB" => 1 << 10,
+            "M" | "MB" | "MI" | "MIB" => 1 << 20,
+            "G" | "GB" | "GI" | "GIB" => 1 << 30,
+            "T" | "TB" | "TI" | "TIB" => 1 << 40,
+            other => return Err(format!("'{text}': unknown unit '{other}' (use K, M, G, T or %)")),
+        };
+        (n * mult as f64) as u64
+    };
+    Ok(bytes / PAGE_SIZE as u64 * PAGE_SIZE as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_the_usual_forms() {
+        let gib = 1u64 << 30;
+        assert_eq!(parse_size("4096", gib).unwrap(), 4096);
+        assert_eq!(parse_size("512M", gib).unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GiB", gib).unwrap(), 2 * gib);
+        assert_eq!(parse_size("1.5g", gib).unwrap(), 3 * gib / 2);
+        assert_eq!(parse_size("25%", 4 * gib).unwrap(), gib);
+        assert_eq!(parse_size("5000", gib).unwrap(), 4096, "rounded down to pages");
+    }
+
+    #[test]
+    fn bad_sizes_say_what_is_wrong() {
+        assert!(parse_size("", 1).unwrap_err().contains("empty"));
+        assert!(parse_size("12Q", 1).unwrap_err().contains("unknown unit"));
+        assert!(parse_size("x%", 1).unwrap_err().contains("percentage"));
+        assert!(parse_size("0%", 1).unwrap_err().contains("above 0"));
+    }
+
+    #[test]
+    fn validation_rejects_what_cannot_work() {
+        assert!(Config::with_disksize(100).validate().is_err());
+        assert!(Config::with_disksize(1 << 20).validate().is_ok());
+        let mut c = Config::with_disksize(1 << 20);
+        c.huge_threshold_bytes = 5000;
+        assert!(c.validate().is_err());
+    }
+}

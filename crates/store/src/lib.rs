@@ -1,0 +1,37 @@
+//! # compcache-store
+//!
+//! The compressed page store behind compcache: a device of `disksize` bytes addressed in
+//! 4 KiB pages (slots), each holding nothing, a same-filled page, a compressed page, or a raw
+//! ("huge") page. It is a pure library: no sockets, no async runtime, no threads of its own.
+//! Front ends (NBD, ublk) reach it through [`Store`] and nothing else.
+//!
+//! One job per file:
+//! - [`slot`]: the slot table, its packed 16-byte entry and the per-slot lock (locking rules there);
+//! - [`zspool`]: the allocator for compressed objects (size classes, zspages, handles, compaction);
+//! - [`compress`]: the compressor front end and one file per backend;
+//! - [`store`]: the read, write and discard paths;
+//! - [`stats`]: the counters, with zram's and ramzswap's names;
+//! - [`config`]: configuration and size expressions.
+//!
+//! ## Concurrency
+//! There is no global lock on the I/O path. A request locks only the slots it touches (one at
+//! a time); the allocator locks one size class for an allocation or free; the page arena lock
+//! is taken once per zspage created or destroyed. Compression runs outside every lock, in the
+//! caller's [`Context`]. Create one [`Context`] per worker thread.
+
+pub mod compress;
+pub mod config;
+pub mod error;
+pub(crate) mod slot;
+pub mod stats;
+pub mod store;
+pub mod zspool;
+
+pub use compress::Algorithm;
+pub use config::{parse_size, physical_ram_bytes, Config};
+pub use error::StoreError;
+pub use stats::Stats;
+pub use store::{Context, Store};
+
+/// The page size the device is addressed in. Everything is in units of it.
+pub const PAGE_SIZE: usize = 4096;

@@ -1,0 +1,203 @@
+//! The slot table: one 16-byte entry per 4 KiB page of the device (zram's `table`).
+//!
+//! # Entry layout
+//! ```text
+//! meta (u64):  bit 63       LOCK        held while a thread reads or changes this slot
+//!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING
+//!              bits 32..=47 ac_time     coarse time of the last access (see `Store::tick`)
+//!              bits 0..=12  size        stored bytes (compressed length; 4096 for HUGE)
+//! data (u64):  SAME -> the fill word; COMPRESSED/HUGE -> pool handle; BACKING -> location
+//! ```
+//!
+//! # Locking rules
+//! 1. The LOCK bit is a per-slot spin lock (zram's slot lock). Every read or change of a
+//!    slot's `data`, kind or size happens with it held; `data` is only read or written under
+//!    the lock, so relaxed accesses suffice inside it (the lock's Acquire/Release orders them).
+//! 2. The pool object a slot's handle names may be read only while holding that slot's lock;
+//!    compaction moves an object only while holding the lock of the slot that owns it. So a
+//!    slot lock pins its object.
+//! 3. Lock order: slot lock, then a pool size-class lock, then the pool's page arena lock.
+//!    Never take a slot lock while holding a class lock. Never hold two slot locks.
+//! 4. Hold times are short (a copy of at most one page, or one compression for partial
+//!    writes); waiters spin briefly, then yield.
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// Slots are indexed by u32 in pool object headers (the owner back-pointer), top bit reserved.
+pub const MAX_SLOTS: u64 = 1 << 31;
+
+const LOCK: u64 = 1 << 63;
+const KIND_SHIFT: u32 = 60;
+const KIND_MASK: u64 = 0b111 << KIND_SHIFT;
+const AC_SHIFT: u32 = 32;
+const AC_MASK: u64 = 0xffff << AC_SHIFT;
+const SIZE_MASK: u64 = 0x1fff;
+
+const KIND_EMPTY: u64 = 0;
+const KIND_SAME: u64 = 1;
+const KIND_COMPRESSED: u64 = 2;
+const KIND_HUGE: u64 = 3;
+const KIND_BACKING: u64 = 4;
+
+/// What a slot holds, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// Never written, or discarded: reads as zeroes.
+    Empty,
+    /// Every 8-byte word of the page equals this value.
+    Same(u64),
+    /// A compressed object of `len` bytes in the pool.
+    Compressed { handle: u64, len: u16 },
+    /// A raw page (did not compress below the huge threshold) in the pool.
+    Huge { handle: u64 },
+    /// On the backing device at `loc`, `len` stored bytes (the backing tier interprets both).
+    Backing { loc: u64, len: u16 },
+}
+
+impl Entry {
+    fn encode(self) -> (u64, u64) {
+        match self {
+            Entry::Empty => (KIND_EMPTY << KIND_SHIFT, 0),
+            Entry::Same(w) => (KIND_SAME << KIND_SHIFT, w),
+            Entry::Compressed { handle, len } => ((KIND_COMPRESSED << KIND_SHIFT) | len as u64, handle),
+            Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE_SIZE as u64, handle),
+            Entry::Backing { loc, len } => ((KIND_BACKING << KIND_SHIFT) | len as u64, loc),
+        }
+    }
+
+    fn decode(meta: u64, data: u64) -> Entry {
+        let size = (meta & SIZE_MASK) as u16;
+        match (meta & KIND_MASK) >> KIND_SHIFT {
+            KIND_EMPTY => Entry::Empty,
+            KIND_SAME => Entry::Same(data),
+            KIND_COMPRESSED => Entry::Compressed { handle: data, len: size },
+            KIND_HUGE => Entry::Huge { handle: data },
+            KIND_BACKING => Entry::Backing { loc: data, len: size },
+            k => unreachable!("slot kind {k} is never written"),
+        }
+    }
+}
+
+/// One slot. 16 bytes: zram's per-slot metadata budget.
+#[derive(Default)]
+pub(crate) struct Slot {
+    meta: AtomicU64,
+    data: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 16, "slot metadata budget is 16 bytes");
+
+impl Slot {
+    /// Takes this slot's lock (rule 1).
+    pub fn lock(&self) -> SlotGuard<'_> {
+        let mut spins = 0u32;
+        loop {
+            let m = self.meta.load(Relaxed);
+            if m & LOCK == 0 && self.meta.compare_exchange_weak(m, m | LOCK, Acquire, Relaxed).is_ok() {
+                return SlotGuard { slot: self, meta: m };
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The last-access tick, read without the lock (a hint for writeback; may be stale).
+    pub fn ac_time_hint(&self) -> u16 {
+        ((self.meta.load(Relaxed) & AC_MASK) >> AC_SHIFT) as u16
+    }
+
+    /// Whether the slot holds a pool object, read without the lock (a hint only).
+    pub fn in_pool_hint(&self) -> bool {
+        let k = (self.meta.load(Relaxed) & KIND_MASK) >> KIND_SHIFT;
+        k == KIND_COMPRESSED || k == KIND_HUGE
+    }
+}
+
+/// A held slot lock. Dropping it publishes the changes and releases the lock.
+pub(crate) struct SlotGuard<'a> {
+    slot: &'a Slot,
+    /// The meta word without the LOCK bit, as it will be stored on release.
+    meta: u64,
+}
+
+impl SlotGuard<'_> {
+    pub fn entry(&self) -> Entry {
+        Entry::decode(self.meta, self.slot.data.load(Relaxed))
+    }
+
+    /// Replaces the entry and returns the old one; the caller frees what the old one held.
+    pub fn replace(&mut self, new: Entry) -> Entry {
+        let old = self.entry();
+        let (meta, data) = new.encode();
+        self.meta = (self.meta & AC_MASK) | meta;
+        self.slot.data.store(data, Relaxed);
+        old
+    }
+
+    /// Records an access at `tick`.
+    pub fn touch(&mut self, tick: u16) {
+        self.meta = (self.meta & !AC_MASK) | ((tick as u64) << AC_SHIFT);
+    }
+
+    pub fn ac_time(&self) -> u16 {
+        ((self.meta & AC_MASK) >> AC_SHIFT) as u16
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.slot.meta.store(self.meta & !LOCK, Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_through_the_packed_layout() {
+        let s = Slot::default();
+        let cases = [
+            Entry::Empty,
+            Entry::Same(0xdead_beef_0000_0001),
+            Entry::Compressed { handle: (1 << 52) | 77, len: 3071 },
+            Entry::Huge { handle: 42 },
+            Entry::Backing { loc: u64::MAX >> 1, len: 4096 },
+        ];
+        for e in cases {
+            let mut g = s.lock();
+            g.touch(0xabcd);
+            g.replace(e);
+            drop(g);
+            let g = s.lock();
+            assert_eq!(g.entry(), e);
+            assert_eq!(g.ac_time(), 0xabcd, "replace keeps the access time");
+        }
+    }
+
+    #[test]
+    fn the_lock_excludes_other_threads() {
+        let s = std::sync::Arc::new(Slot::default());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        let mut g = s.lock();
+                        let n = match g.entry() {
+                            Entry::Same(n) => n,
+                            _ => 0,
+                        };
+                        g.replace(Entry::Same(n + 1));
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(s.lock().entry(), Entry::Same(40_000));
+    }
+}
