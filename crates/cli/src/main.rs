@@ -1,0 +1,2 @@
+//! The `compcache` command (work in progress).
+fn main() {}

@@ -1,0 +1,3 @@
+//! # compcache-nbd
+//!
+//! The NBD front end of compcache (work in progress).
