@@ -1,0 +1,242 @@
+"""Fixtures for compcache's integration tests: a real `compcache serve` on a temporary Unix
+socket, driven by real NBD clients (nbdinfo, nbdcopy, qemu-img/qemu-io, fio, nbdfuse).
+
+Every server a test starts is killed by its PID and its files removed in teardown, also when
+the test fails. Nothing here touches devices, mounts or processes it did not create.
+
+Environment:
+  COMPCACHE_BIN       the compcache binary (default: target/release/compcache, built with
+                      `cargo build --release -p compcache` when missing)
+  COMPCACHE_PAGE_MIB  MiB per program for the real page files (default 64; see
+                      tools/pagedump)
+"""
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools", "pagedump"))
+import pagedump  # noqa: E402
+
+PAGE = 4096
+EXPORT_NAME = "compcache"
+SERVER_READY_TIMEOUT_S = 30
+
+
+def run(cmd, check=True, timeout=300, **kw):
+    """Runs a command, capturing text output; on failure the assertion shows all of it."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {p.returncode}\n"
+                             f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def need(*tools):
+    """Skips the test, saying which, when a client program is not installed."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (see scripts/deps/apt-core.txt)")
+
+
+def need_root(why):
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root: {why}")
+
+
+def file_sha256(path, length=None):
+    h = hashlib.sha256()
+    left = length
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h.hexdigest()
+
+
+def find_stat(stats, key):
+    """A statistic by its zram name, wherever `compcache stat --json` nests it."""
+    if isinstance(stats, dict):
+        if key in stats:
+            return stats[key]
+        for v in stats.values():
+            found = find_stat(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+class Server:
+    """One `compcache serve` process on a Unix socket in its own temporary directory."""
+
+    def __init__(self, binary, size, extra_args=(), cwd=None):
+        self.binary = binary
+        self.size = size
+        self.dir = tempfile.mkdtemp(prefix="compcache-test-")
+        self.socket = os.path.join(self.dir, "nbd.sock")
+        self.control = self.socket + ".ctl"
+        self.log_path = os.path.join(self.dir, "server.log")
+        self.argv = [binary, "serve", "--size", str(size), "--socket", self.socket,
+                     "--control", self.control, *map(str, extra_args)]
+        self.proc = None
+        self.ready_line = None
+
+    # NBD URIs of the export, in libnbd's and qemu's spelling.
+    @property
+    def uri(self):
+        return f"nbd+unix:///{EXPORT_NAME}?socket={self.socket}"
+
+    @property
+    def qemu_uri(self):
+        return f"nbd:unix:{self.socket}:exportname={EXPORT_NAME}"
+
+    def start(self):
+        self._log = open(self.log_path, "wb")
+        # Own session: a signal meant for pytest's process group never reaches the server,
+        # and the server is never left in a test's cgroup (it stays in pytest's).
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self._log, start_new_session=True)
+        deadline = time.monotonic() + SERVER_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"compcache serve exited {self.proc.returncode} before "
+                                     f"ready: {' '.join(self.argv)}\n{self.log()}")
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if r and self.ready_line is None:
+                line = self.proc.stdout.readline()
+                if line:
+                    self.ready_line = line.decode(errors="replace").strip()
+            # The socket accepting connections is what counts; the ready line (asserted by
+            # test_nbdinfo) is recorded when the server has printed it by then.
+            if self._connectable():
+                if self.ready_line is None:
+                    r, _, _ = select.select([self.proc.stdout], [], [], 1.0)
+                    if r:
+                        self.ready_line = self.proc.stdout.readline().decode(errors="replace").strip()
+                return self
+        raise AssertionError(f"compcache serve not ready within {SERVER_READY_TIMEOUT_S}s "
+                             f"(ready line: {self.ready_line!r})\n{self.log()}")
+
+    def _connectable(self):
+        if not os.path.exists(self.socket):
+            return False
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(2)
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-8000:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stat(self):
+        p = run([self.binary, "stat", "--json", "--control", self.control], timeout=30)
+        return json.loads(p.stdout)
+
+    def stat_value(self, key):
+        v = find_stat(self.stat(), key)
+        assert v is not None, f"`compcache stat --json` has no {key}"
+        return v
+
+    def stop(self):
+        """Kills the server by its PID (TERM, then KILL) and removes its files."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    os.kill(self.proc.pid, signal.SIGTERM)
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=10)
+                except ProcessLookupError:
+                    pass
+            self.proc.stdout.close()
+            self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def build_binary():
+    """Path of the compcache binary, building it once if needed; None with a reason if not."""
+    env_bin = os.environ.get("COMPCACHE_BIN")
+    if env_bin:
+        return (env_bin, None) if os.access(env_bin, os.X_OK) else (None, f"COMPCACHE_BIN={env_bin} is not executable")
+    path = os.path.join(REPO, "target", "release", "compcache")
+    if not os.access(path, os.X_OK):
+        cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+        if not os.access(cargo, os.X_OK):
+            return None, "cargo is not installed and target/release/compcache is missing"
+        p = subprocess.run([cargo, "build", "--release", "-p", "compcache"], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0 or not os.access(path, os.X_OK):
+            return None, "cargo build --release -p compcache failed:\n" + p.stdout[-3000:]
+    return path, None
+
+
+@pytest.fixture(scope="session")
+def compcache_bin():
+    path, why = build_binary()
+    if path is None:
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture
+def start_server(compcache_bin):
+    """Factory: start_server(size, *extra_args) -> a ready Server; all are stopped after."""
+    servers = []
+
+    def start(size="256M", *extra_args):
+        s = Server(compcache_bin, size, extra_args)
+        servers.append(s)
+        return s.start()
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def server(start_server):
+    """A 256 MiB lz4 device."""
+    return start_server("256M")
+
+
+@pytest.fixture(scope="session")
+def page_files():
+    """Real page files (tools/pagedump): {'python'|'node'|'java'|'mixed': path}."""
+    mib = int(os.environ.get("COMPCACHE_PAGE_MIB", "64"))
+    missing = [t for t in ("node", "javac", "java") if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"making real page files needs {', '.join(missing)}")
+    return pagedump.ensure_data(os.path.join(REPO, "data"), mib)
+
+
+def page_file_meta(path):
+    with open(path + ".json") as f:
+        return json.load(f)
