@@ -1,0 +1,37 @@
+"""What every experiment needs: the system layer, the ledger, progress, and factories for
+swap configurations and cgroups that register everything they create."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+
+from .cgroup import MemoryCgroup
+from .runner import Progress
+from .swapconf import SwapConfig, make_config
+from .system import Ledger, System
+
+
+@dataclass
+class Context:
+    system: System
+    ledger: Ledger
+    progress: Progress
+    workdir: str  # on the machine's disk: swap files, fio files, sockets
+    repo_root: str
+    configs: list  # configuration names selected for this run
+    scan_bin: str
+    compcache_bin: str | None = None
+    cgroup_detected: tuple | None = None
+    _counter: itertools.count = field(default_factory=itertools.count)
+
+    def config(self, name: str, size_bytes: int) -> SwapConfig:
+        return make_config(name, self.system, self.ledger, self.workdir, size_bytes, self.compcache_bin)
+
+    def cgroup(self, limit_bytes: int, allow_swap: bool) -> MemoryCgroup:
+        name = f"compcache-bench-{os.getpid()}-{next(self._counter)}"
+        return MemoryCgroup(self.system, self.ledger, name, limit_bytes, allow_swap, detected=self.cgroup_detected)
+
+    def log(self, msg: str) -> None:
+        self.progress(msg)

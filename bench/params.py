@@ -1,0 +1,80 @@
+"""Experiment parameters: the quick set (everything in under 10 minutes) and the full set.
+
+Every value here is recorded in results.json, so a table can always be traced back to the
+parameters that made it."""
+
+from __future__ import annotations
+
+import copy
+
+MiB = 1 << 20
+
+QUICK = {
+    "scan": {
+        # Seed 004's recipe: `scan 480 10` in a 512 MiB machine, 5 runs, mean of runs 2..5.
+        "recipe_limit_bytes": 512 * MiB,
+        "recipe_mib": 480,
+        "recipe_passes": 10,
+        "recipe_runs": 5,
+        "recipe_mode": "cyclic",
+        # The sweep: M from 1.0x to 2.5x of the limit, both access patterns.
+        "sweep_limit_bytes": 128 * MiB,
+        "sweep_factors": [1.0, 1.5, 2.0, 2.5],
+        "sweep_modes": ["cyclic", "once"],
+        "sweep_passes": 3,
+        "sweep_runs": 2,
+        "swap_size_bytes": 1024 * MiB,
+        "run_timeout_s": 180,
+    },
+    "fio": {
+        "limit_bytes": 128 * MiB,
+        "file_factors": [2.0],
+        "record_sizes": [4096, 1 << 20],
+        "tests": ["write", "rewrite", "read", "reread", "randread", "randwrite", "bkwdread", "recrewrite",
+                  "strideread"],
+        # Anonymous memory in the machine besides the file I/O: what swap can move out of
+        # the way of the page cache (seed 000's point).
+        "ballast_factor": 0.5,
+        "runtime_s": 3,
+        "swap_size_bytes": 256 * MiB,
+        "run_timeout_s": 120,
+    },
+    "app": {
+        "limit_bytes": 128 * MiB,
+        "instance_mib": 16,
+        "counts": [4, 8, 12, 16],
+        "size_percents": [0, 25, 50, 75, 100],
+        "cycles": 3,
+        "point_timeout_s": 120,
+    },
+}
+
+FULL = copy.deepcopy(QUICK)
+FULL["scan"].update({
+    "sweep_limit_bytes": 512 * MiB,
+    "sweep_factors": [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5],
+    "sweep_passes": 10,
+    "sweep_runs": 5,
+    "swap_size_bytes": 2048 * MiB,
+    "run_timeout_s": 1800,
+})
+FULL["fio"].update({
+    "limit_bytes": 512 * MiB,
+    "file_factors": [0.5, 1.0, 2.0],
+    "record_sizes": [4096 << i for i in range(0, 13)],  # 4 KiB .. 16 MiB
+    "runtime_s": 10,
+    "swap_size_bytes": 1024 * MiB,
+    "run_timeout_s": 600,
+})
+FULL["app"].update({
+    "limit_bytes": 512 * MiB,
+    "instance_mib": 32,
+    "counts": [8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64],
+    "point_timeout_s": 1800,
+})
+
+
+def get(profile: str) -> dict:
+    if profile not in ("quick", "full"):
+        raise ValueError(f"unknown profile {profile!r}")
+    return copy.deepcopy(QUICK if profile == "quick" else FULL)

@@ -1,0 +1,180 @@
+"""results.json -> Markdown tables. Pure functions of the results dict, unit-tested."""
+
+from __future__ import annotations
+
+import statistics
+
+from .exp_fio import TEST_NAMES, compare
+
+
+def _t(v, digits=2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _status_cell(point: dict, key: str = "mean_s") -> str:
+    st = point.get("status")
+    if st is None:
+        return "-"
+    if st != "ok":
+        return st.upper() if st in ("oom", "timeout") else st
+    return _t(point.get(key))
+
+
+def table(headers: list, rows: list) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _mib(v) -> str:
+    return "-" if not v else f"{v / (1 << 20):.1f}"
+
+
+def scan_tables(scan: dict) -> str:
+    p = scan["params"]
+    cfgs = scan["configs"]
+    sp = scan.get("speedup_vs_disk", {})
+    rows = []
+    for name, r in cfgs.items():
+        if "skipped" in r or "error" in r:
+            rows.append([r.get("label", name), "skipped: " + r["skipped"] if "skipped" in r else "error: " + r["error"],
+                         "", "", "", "", ""])
+            continue
+        rec = r["recipe"]
+        runs = " ".join(_t(x["wall_s"]) if x["status"] == "ok" else x["status"].upper() for x in rec["runs"])
+        s = sp.get(name)
+        rows.append([r["label"], runs, _status_cell(rec), _status_cell(rec, "median_s"),
+                     "-" if not s else f"{s['speedup'] * 100:+.0f}%",
+                     _mib(rec.get("peak_mem_used_total")),
+                     "-" if not rec.get("compression_ratio") else f"{rec['compression_ratio']:.2f}:1"])
+    out = [f"#### scan recipe: `scan {p['recipe_mib']} {p['recipe_passes']}` ({p['recipe_mode']}) in a "
+           f"{p['recipe_limit_bytes'] >> 20} MiB machine, {p['recipe_runs']} runs",
+           "",
+           table(["config", "runs (s)", "mean 2.. (s)", "median 2.. (s)", "speedup vs disk", "device MiB (peak)",
+                  "ratio"], rows),
+           "",
+           "Speedup is the seed's (t_disk - t) / t_disk of the means of runs 2.., within this run "
+           "(seed 004: +33% for ramzswap). Device MiB is memory used by the compressed store, outside the "
+           "cgroup's limit (for nbdkit: its resident size).", ""]
+    modes = sorted({pt["mode"] for r in cfgs.values() for pt in r.get("sweep", [])})
+    names = [n for n, r in cfgs.items() if r.get("sweep")]
+    for mode in modes:
+        factors = sorted({pt["factor"] for n in names for pt in cfgs[n]["sweep"] if pt["mode"] == mode})
+        rows = []
+        for f in factors:
+            row = [f"{f:g}x"]
+            mib = None
+            for n in names:
+                pt = next((x for x in cfgs[n]["sweep"] if x["mode"] == mode and x["factor"] == f), None)
+                row.append("-" if pt is None else _status_cell(pt, "median_s"))
+                mib = mib or (pt and pt["mib"])
+            row.insert(1, mib)
+            rows.append(row)
+        out += [f"#### scan sweep, {mode}: median wall time (s) of runs 2.. of `scan M {p['sweep_passes']}` in a "
+                f"{p['sweep_limit_bytes'] >> 20} MiB machine",
+                "", table(["M / limit", "M (MiB)"] + [cfgs[n]["label"] for n in names], rows), ""]
+    return "\n".join(out)
+
+
+def fio_tables(fio: dict) -> str:
+    order = [n for n in fio.get("order", fio["configs"].keys()) if fio["configs"].get(n, {}).get("points")]
+    out = []
+    skipped = [(n, r) for n, r in fio["configs"].items() if "skipped" in r or "error" in r]
+    for n, r in skipped:
+        out.append(f"- {r.get('label', n)}: {r.get('skipped') or r.get('error')}")
+    if len(order) < 2:
+        return "\n".join(out + ["", "(fewer than two configurations measured: no comparison)"])
+    a, b = order[0], order[1]
+    la, lb = fio["configs"][a]["label"], fio["configs"][b]["label"]
+    pairs = compare(fio["configs"][a]["points"], fio["configs"][b]["points"])
+    p = fio["params"]
+    out += [f"#### fio (iozone-style, mmap) in a {p['limit_bytes'] >> 20} MiB machine with a "
+            f"{int(p['ballast_factor'] * 100)}% ballast of anonymous memory: MB/s, {la} vs {lb}", ""]
+    for fb in sorted({x["file_bytes"] for x in pairs}):
+        recs = sorted({x["record_bytes"] for x in pairs if x["file_bytes"] == fb})
+        rows = []
+        for rb in recs:
+            row = [f"{rb >> 10}"]
+            for test in p["tests"]:
+                x = next((y for y in pairs if y["file_bytes"] == fb and y["record_bytes"] == rb and y["test"] == test),
+                         None)
+                row.append("-" if x is None or x["a_bw"] is None or x["b_bw"] is None else
+                           f"{x['a_bw'] / 1e6:.0f} / {x['b_bw'] / 1e6:.0f}")
+            rows.append(row)
+        out += [f"File {fb >> 20} MiB, cells `{la} / {lb}` in MB/s:", "",
+                table(["rec KiB"] + [TEST_NAMES[t] for t in p["tests"]], rows), ""]
+        rows = []
+        for test in p["tests"]:
+            xs = [y for y in pairs if y["file_bytes"] == fb and y["test"] == test and y["ratio"] is not None]
+            if not xs:
+                continue
+            ma = statistics.mean(y["a_bw"] for y in xs) / 1e6
+            mb = statistics.mean(y["b_bw"] for y in xs) / 1e6
+            rows.append([TEST_NAMES[test], f"{ma:.0f}", f"{mb:.0f}", f"{mb / ma:.2f}" if ma else "-",
+                         f"{statistics.median(y['ratio'] for y in xs):.2f}"])
+        out += [f"File {fb >> 20} MiB, average over record sizes (the seed 003 layout):", "",
+                table(["test", f"{la} MB/s", f"{lb} MB/s", "ratio of averages", "median of ratios"], rows), ""]
+        all_ratios = [y["ratio"] for y in pairs if y["file_bytes"] == fb and y["ratio"]]
+        if all_ratios:
+            med = statistics.median(all_ratios)
+            out += [f"Median ratio over all tests and record sizes: {med:.2f} "
+                    f"({(med - 1) * 100:+.1f}% for {lb}; seed 000 saw -24.8% wall time with ramzswap, "
+                    "seed 003 +2% to +247% throughput with zcache).", ""]
+    return "\n".join(out)
+
+
+def app_tables(app: dict) -> str:
+    p = app["params"]
+    sizes = app["sizes"]
+    labels = list(sizes.keys())
+    counts = sorted({pt["n"] for s in sizes.values() for pt in s.get("points", [])} | set(p["counts"]))
+    rows = []
+    for n in counts:
+        row = [n]
+        for lab in labels:
+            s = sizes[lab]
+            pt = next((x for x in s.get("points", []) if x["n"] == n), None)
+            if "skipped" in s:
+                row.append("skipped")
+            elif pt is None:
+                row.append("")
+            else:
+                row.append(_status_cell(pt, "total_s"))
+        rows.append(row)
+    head = ["N"] + [f"{lab} ({sizes[lab]['percent']}%)" for lab in labels]
+    out = [f"#### app cycle: seconds for {p['cycles']} cycles through N instances of Debian's python3 holding "
+           f"{p['instance_mib']} MiB of the dpkg database each, {p['limit_bytes'] >> 20} MiB machine, "
+           f"compressed device: {app['backend']}", "",
+           table(head, rows), "",
+           "OOM: the kernel's OOM killer killed an instance; larger N were not tried for that size. "
+           "Empty: not run.", ""]
+    rows = []
+    for lab in labels:
+        for pt in sizes[lab].get("points", []):
+            if pt.get("compression_ratio"):
+                rs = pt.get("ratio_sample", {})
+                rows.append([lab, pt["n"], _mib(rs.get("orig_data_size")), _mib(rs.get("compr_data_size")),
+                             _mib(rs.get("mem_used_total")), f"{pt['compression_ratio']:.2f}:1"])
+    if rows:
+        out += ["Compression ratio seen (orig_data_size / mem_used_total at the largest orig_data_size; "
+                "seed 002 saw at least 4:1):", "",
+                table(["size", "N", "orig MiB", "compr MiB", "mem_used MiB", "ratio"], rows), ""]
+    return "\n".join(out)
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    out = [f"### compcache bench, profile `{results['profile']}`, {results.get('started_utc', '')}", "",
+           f"Kernel {m.get('kernel')}, {m.get('cpus')} CPUs ({m.get('cpu_model', '?')}), "
+           f"{m.get('mem_total_kib', 0) >> 20} GiB, cgroup {' '.join(m.get('cgroup', []))}; "
+           f"{'; '.join(f'{k} {v}' for k, v in m.get('versions', {}).items())}.", ""]
+    exps = results.get("experiments", {})
+    if "scan" in exps:
+        out.append(scan_tables(exps["scan"]))
+    if "fio" in exps:
+        out.append(fio_tables(exps["fio"]))
+    if "app" in exps:
+        out.append(app_tables(exps["app"]))
+    if results.get("leftovers"):
+        out.append("**Left behind after the run:** " + ", ".join(results["leftovers"]))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,421 @@
+"""The swap configurations, one class each, set up and torn down as context managers.
+
+Each class owns everything it creates and records it in the Ledger as it goes, so that
+teardown undoes exactly what was done, in reverse order, even if setup failed half-way
+(teardown runs from `__exit__` and from `SwapConfig.__enter__`'s failure path). Teardown
+steps never stop at the first error: each is tried, errors are collected and raised at the
+end, so one stuck step does not leave the rest behind.
+
+  noswap        no swap; the cgroup may not swap at all
+  disk          a swap file on the machine's disk
+  zram-lz4      kernel zram, lz4          (a device of our own from zram-control/hot_add)
+  zram-lzo-rle  kernel zram, lzo-rle (the kernel default)
+  zswap         zswap in front of the disk swap file
+  nbdkit-zstd   nbdkit memory allocator=zstd, via nbdfuse + loop device
+  compcache     compcache serve, via nbdfuse + loop device
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+from .parse import parse_block_stat, parse_proc_status_kib, parse_zram_mm_stat
+from .system import CommandError, Ledger, System
+
+SWAP_PRIORITY = 100
+
+
+class TeardownError(RuntimeError):
+    pass
+
+
+class SwapConfig:
+    """One swap configuration. Subclasses implement _setup/_teardown_steps/stats."""
+
+    name = "base"
+    label = "base"
+    allow_swap = True
+    # Tools this configuration needs; the suite refuses to start without them.
+    tools: tuple = ()
+
+    def __init__(self, system: System, ledger: Ledger, workdir: str, size_bytes: int):
+        self.system = system
+        self.ledger = ledger
+        self.workdir = workdir
+        self.size_bytes = size_bytes
+        self.info: dict = {}  # recorded in the results (device, dio, versions...)
+
+    def unavailable(self) -> str | None:
+        """Why this configuration cannot run on this machine, or None."""
+        return None
+
+    def __enter__(self):
+        try:
+            self.setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.teardown()
+        return False
+
+    def setup(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        errors = []
+        for step in self._teardown_steps():
+            try:
+                step()
+            except Exception as e:  # keep going: every later step still has to run
+                errors.append(f"{getattr(step, '__name__', step)}: {e}")
+        if errors:
+            raise TeardownError(f"{self.name} teardown: " + "; ".join(errors))
+
+    def _teardown_steps(self) -> list:
+        return []
+
+    def stats(self) -> dict:
+        """Device statistics with zram's names where they exist."""
+        return {}
+
+    # Shared helpers -----------------------------------------------------------------
+    def _swapon(self, dev: str) -> None:
+        self.system.run(["mkswap", dev])
+        self.system.run(["swapon", "-p", str(SWAP_PRIORITY), dev])
+        self.ledger.add("swaps", dev)
+
+    def _swapoff(self, dev: str) -> None:
+        if dev in self.ledger.swaps:
+            self.system.run(["swapoff", dev], timeout=600)
+            self.ledger.drop("swaps", dev)
+
+
+class NoSwap(SwapConfig):
+    name = "noswap"
+    label = "no swap"
+    allow_swap = False
+
+
+class DiskSwap(SwapConfig):
+    name = "disk"
+    label = "disk swap"
+    tools = ("mkswap", "swapon", "swapoff", "fallocate")
+
+    def setup(self) -> None:
+        self.path = os.path.join(self.workdir, f"{self.name}.swapfile")
+        self.system.run(["fallocate", "-l", str(self.size_bytes), self.path])
+        self.ledger.add("files", self.path)
+        self.system.run(["chmod", "600", self.path])
+        self.info["swapfile"] = self.path
+        self._swapon(self.path)
+
+    def _teardown_steps(self):
+        def swapoff():
+            self._swapoff(getattr(self, "path", ""))
+
+        def remove_file():
+            p = getattr(self, "path", None)
+            if p and p in self.ledger.files:
+                if self.system.exists(p):
+                    self.system.remove(p)
+                self.ledger.drop("files", p)
+
+        return [swapoff, remove_file]
+
+
+class ZramSwap(SwapConfig):
+    tools = ("mkswap", "swapon", "swapoff")
+    control = "/sys/class/zram-control"
+
+    def __init__(self, system, ledger, workdir, size_bytes, algorithm: str):
+        super().__init__(system, ledger, workdir, size_bytes)
+        self.algorithm = algorithm
+        self.name = f"zram-{algorithm}"
+        self.label = f"zram {algorithm}"
+        self.zram_id: int | None = None
+
+    def unavailable(self):
+        if not self.system.exists(f"{self.control}/hot_add"):
+            return "kernel has no zram hot_add (/sys/class/zram-control)"
+        return None
+
+    def setup(self) -> None:
+        self.zram_id = int(self.system.read(f"{self.control}/hot_add").strip())
+        self.ledger.add("zrams", self.zram_id)
+        base = f"/sys/block/zram{self.zram_id}"
+        algs = self.system.read(f"{base}/comp_algorithm")
+        if self.algorithm not in algs.replace("[", " ").replace("]", " ").split():
+            raise RuntimeError(f"zram has no {self.algorithm} compressor (has: {algs.strip()})")
+        self.system.write(f"{base}/comp_algorithm", self.algorithm)
+        self.system.write(f"{base}/disksize", str(self.size_bytes))
+        self.dev = f"/dev/zram{self.zram_id}"
+        self.info.update({"device": self.dev, "comp_algorithm": self.algorithm})
+        self._swapon(self.dev)
+
+    def _teardown_steps(self):
+        def swapoff():
+            if self.zram_id is not None:
+                self._swapoff(f"/dev/zram{self.zram_id}")
+
+        def remove_device():
+            if self.zram_id is None or self.zram_id not in self.ledger.zrams:
+                return
+            base = f"/sys/block/zram{self.zram_id}"
+            if self.system.exists(base):
+                self.system.write(f"{base}/reset", "1")
+                self.system.write(f"{self.control}/hot_remove", str(self.zram_id))
+            self.ledger.drop("zrams", self.zram_id)
+
+        return [swapoff, remove_device]
+
+    def stats(self) -> dict:
+        if self.zram_id is None:
+            return {}
+        base = f"/sys/block/zram{self.zram_id}"
+        try:
+            out = parse_zram_mm_stat(self.system.read(f"{base}/mm_stat"))
+            out.update(parse_block_stat(self.system.read(f"{base}/stat")))
+            return out
+        except OSError:
+            return {}
+
+
+class ZswapDisk(DiskSwap):
+    name = "zswap"
+    label = "zswap + disk"
+    param_dir = "/sys/module/zswap/parameters"
+
+    def unavailable(self):
+        if not self.system.exists(f"{self.param_dir}/enabled"):
+            return "kernel has no zswap (/sys/module/zswap/parameters/enabled)"
+        return None
+
+    def setup(self) -> None:
+        self.saved_enabled = self.system.read(f"{self.param_dir}/enabled").strip()
+        self.info["zswap_enabled_before"] = self.saved_enabled
+        for p in ("compressor", "zpool", "max_pool_percent"):
+            if self.system.exists(f"{self.param_dir}/{p}"):
+                self.info[f"zswap_{p}"] = self.system.read(f"{self.param_dir}/{p}").strip()
+        # Disk swap first, then zswap on: no page is stored before both exist.
+        super().setup()
+        self.system.write(f"{self.param_dir}/enabled", "Y")
+
+    def _teardown_steps(self):
+        steps = super()._teardown_steps()  # swapoff writes back/invalidates zswap's entries
+
+        def restore_enabled():
+            saved = getattr(self, "saved_enabled", None)
+            if saved is not None:
+                self.system.write(f"{self.param_dir}/enabled", saved)
+
+        return steps + [restore_enabled]
+
+    def stats(self) -> dict:
+        d = "/sys/kernel/debug/zswap"
+        out = {}
+        try:
+            if self.system.exists(f"{d}/pool_total_size"):
+                out["mem_used_total"] = int(self.system.read(f"{d}/pool_total_size"))
+                out["orig_data_size"] = int(self.system.read(f"{d}/stored_pages")) * 4096
+        except (OSError, ValueError):
+            pass
+        return out
+
+
+class NbdLoopSwap(SwapConfig):
+    """An NBD server exposed to the kernel as nbdfuse file -> loop device -> swap.
+
+    The host has no nbd.ko; nbdfuse turns the export into a file on a FUSE mount and the
+    loop device turns that into a block device. Direct I/O on the loop device is asked
+    for, so swapped pages are not cached a second time (and charged as page cache) on the
+    FUSE file; whether the kernel granted it is recorded in info["loop_dio"]."""
+
+    tools = ("mkswap", "swapon", "swapoff", "losetup", "nbdfuse", "fusermount3")
+
+    def server_argv(self, socket: str) -> list:
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        base = os.path.join(self.workdir, self.name)
+        self.system.mkdir(base)
+        self.socket = os.path.join(base, "nbd.sock")
+        self.mnt = os.path.join(base, "mnt")
+        self.system.mkdir(self.mnt)
+        self.server_log = open(os.path.join(base, "server.log"), "w")
+        self.server = self.system.spawn(self.server_argv(self.socket), stdout=self.server_log,
+                                        stderr=subprocess.STDOUT)
+        self.ledger.add("pids", self.server.pid)
+        self.info["server_argv"] = self.server_argv(self.socket)
+        self._wait_for(lambda: self.system.exists(self.socket), f"{self.name} server socket {self.socket}",
+                       proc=self.server)
+        self.fuse_log = open(os.path.join(base, "nbdfuse.log"), "w")
+        self.fuse = self.system.spawn(["nbdfuse", f"{self.mnt}/nbd", "--unix", self.socket],
+                                      stdout=self.fuse_log, stderr=subprocess.STDOUT)
+        self.ledger.add("pids", self.fuse.pid)
+        self.ledger.add("mounts", self.mnt)
+        self.file = f"{self.mnt}/nbd"
+        self._wait_for(lambda: self.system.exists(self.file), f"nbdfuse file {self.file}", proc=self.fuse)
+        try:
+            self.loop = self.system.run(["losetup", "--find", "--show", "--direct-io=on", self.file]).strip()
+            self.info["loop_dio_requested"] = True
+        except CommandError:
+            self.loop = self.system.run(["losetup", "--find", "--show", self.file]).strip()
+            self.info["loop_dio_requested"] = False
+        self.ledger.add("loops", self.loop)
+        try:
+            dio = self.system.read(f"/sys/block/{os.path.basename(self.loop)}/loop/dio").strip()
+            self.info["loop_dio"] = dio == "1"
+        except OSError:
+            self.info["loop_dio"] = None
+        self.info["loop_device"] = self.loop
+        self._swapon(self.loop)
+
+    def _wait_for(self, cond, what: str, proc=None, timeout: float = 30.0) -> None:
+        deadline = self.system.monotonic() + timeout
+        while not cond():
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{what}: process exited with {proc.returncode} before it was ready")
+            if self.system.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+            self.system.sleep(0.05)
+
+    def _stop(self, proc, timeout: float = 10.0) -> None:
+        if proc is None or proc.pid not in self.ledger.pids:
+            return
+        if proc.poll() is None:
+            self.system.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.system.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=timeout)
+        self.ledger.drop("pids", proc.pid)
+
+    def _teardown_steps(self):
+        def swapoff():
+            if getattr(self, "loop", None):
+                self._swapoff(self.loop)
+
+        def detach_loop():
+            loop = getattr(self, "loop", None)
+            if loop and loop in self.ledger.loops:
+                self.system.run(["losetup", "-d", loop])
+                self.ledger.drop("loops", loop)
+
+        def unmount():
+            mnt = getattr(self, "mnt", None)
+            if mnt and mnt in self.ledger.mounts:
+                try:
+                    self.system.run(["fusermount3", "-u", mnt])
+                except CommandError:
+                    if self.system.exists(f"{mnt}/nbd"):  # still mounted: lazy unmount
+                        self.system.run(["fusermount3", "-u", "-z", mnt])
+                self.ledger.drop("mounts", mnt)
+
+        def stop_fuse():
+            self._stop(getattr(self, "fuse", None))
+
+        def stop_server():
+            self._stop(getattr(self, "server", None))
+
+        def close_logs():
+            for f in (getattr(self, "server_log", None), getattr(self, "fuse_log", None)):
+                if f is not None:
+                    f.close()
+
+        return [swapoff, detach_loop, unmount, stop_fuse, stop_server, close_logs]
+
+    def server_rss_bytes(self) -> int | None:
+        srv = getattr(self, "server", None)
+        if srv is None:
+            return None
+        try:
+            kib = parse_proc_status_kib(self.system.read(f"/proc/{srv.pid}/status"))
+        except OSError:
+            return None
+        return None if kib is None else kib * 1024
+
+
+class NbdkitSwap(NbdLoopSwap):
+    name = "nbdkit-zstd"
+    label = "nbdkit zstd"
+    tools = NbdLoopSwap.tools + ("nbdkit",)
+
+    def server_argv(self, socket):
+        # --swap: nbdkit mlockall()s itself, the documented way to serve swap; the zstd
+        # allocator has no mlock=true of its own (only allocator=malloc has).
+        return ["nbdkit", "--swap", "-f", "-U", socket, "memory", str(self.size_bytes), "allocator=zstd"]
+
+    def stats(self) -> dict:
+        rss = self.server_rss_bytes()
+        # nbdkit reports no store statistics; its resident size is what storing costs.
+        return {} if rss is None else {"server_rss_bytes": rss, "mem_used_total": rss}
+
+
+def find_compcache(repo_root: str) -> str | None:
+    env = os.environ.get("COMPCACHE_BIN")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    for sub in ("target/release/compcache", "target/debug/compcache"):
+        p = os.path.join(repo_root, sub)
+        if os.access(p, os.X_OK):
+            return p
+    return None
+
+
+class CompcacheSwap(NbdLoopSwap):
+    name = "compcache"
+    label = "compcache"
+
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None, algorithm: str = "lz4"):
+        super().__init__(system, ledger, workdir, size_bytes)
+        self.binary = binary
+        self.algorithm = algorithm
+
+    def unavailable(self):
+        if not self.binary:
+            return "compcache binary not found: build with cargo build --release -p compcache"
+        return None
+
+    def server_argv(self, socket):
+        return [self.binary, "serve", "--size", str(self.size_bytes), "--socket", socket,
+                "--control", socket + ".ctl", "--algorithm", self.algorithm, "--mlock"]
+
+    def stats(self) -> dict:
+        sock = getattr(self, "socket", None)
+        if not sock:
+            return {}
+        try:
+            out = json.loads(self.system.run([self.binary, "stat", "--json", "--control", sock + ".ctl"], timeout=10))
+        except Exception:
+            out = {}
+        rss = self.server_rss_bytes()
+        if rss is not None:
+            out["server_rss_bytes"] = rss
+        return out
+
+
+ALL_CONFIGS = ("noswap", "disk", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache")
+
+
+def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_bytes: int,
+                compcache_bin: str | None = None) -> SwapConfig:
+    if name == "noswap":
+        return NoSwap(system, ledger, workdir, size_bytes)
+    if name == "disk":
+        return DiskSwap(system, ledger, workdir, size_bytes)
+    if name.startswith("zram-"):
+        return ZramSwap(system, ledger, workdir, size_bytes, name[len("zram-"):])
+    if name == "zswap":
+        return ZswapDisk(system, ledger, workdir, size_bytes)
+    if name == "nbdkit-zstd":
+        return NbdkitSwap(system, ledger, workdir, size_bytes)
+    if name == "compcache":
+        return CompcacheSwap(system, ledger, workdir, size_bytes, compcache_bin)
+    raise ValueError(f"unknown configuration {name!r} (known: {', '.join(ALL_CONFIGS)})")
