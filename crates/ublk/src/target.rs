@@ -1,0 +1,280 @@
+//! Creating the device, running its queues, and shutting it down.
+//!
+//! Threads: `serve` runs the control side on the calling thread; libublk spawns one thread
+//! per queue, each with its own io_uring, its own store [`Context`] and its own I/O buffers,
+//! all allocated before the device starts (nothing on the request path allocates except the
+//! store's own page arena, which reuses freed pages first). libublk marks each queue thread
+//! an I/O flusher (`PR_SET_IO_FLUSHER`): memory reclaim entered from these threads never
+//! issues I/O, so a queue thread short of memory cannot wait on a swap-out that only it could
+//! serve.
+//!
+//! Shutdown: SIGINT, SIGTERM and SIGHUP are blocked in every thread of the server and
+//! collected by the control thread. On one of them it takes the device out of swap use if the
+//! kernel still swaps to it (swapoff reads every page back through the still-running queues),
+//! then stops the device; libublk deletes it when the control handle drops. If the device is
+//! stopped from outside (e.g. `ublk del`), the queue threads end and `serve` returns too.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use compcache_store::{Context, Store, PAGE_SIZE};
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
+use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
+
+use crate::error::Error;
+use crate::params::device_params;
+use crate::request::{decode, execute};
+
+/// The ublk control device node; present once `ublk_drv` is loaded.
+pub const CONTROL_PATH: &str = "/dev/ublk-control";
+
+/// How the device is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Hardware queues, one server thread each. Default: one per online CPU, so that the
+    /// CPU which swaps out a page submits to its own queue.
+    pub nr_queues: u16,
+    /// Requests in flight per queue. Swap-out submits many single-page writes at once
+    /// under pressure and swap-in reads a few clusters of readahead; 64 keeps every CPU's
+    /// burst in flight without pinning much memory (depth × `io_buf_bytes` per queue).
+    pub queue_depth: u16,
+    /// Largest request in bytes (also each tag's buffer size). 64 KiB is 16 pages, above
+    /// swap's readahead cluster of 8 pages (`vm.page-cluster` = 3).
+    pub io_buf_bytes: u32,
+    /// Lock the I/O buffers in memory (`UBLK_DEV_F_MLOCK_IO_BUFFER`): needed to serve as
+    /// swap; the process should also `mlockall` (the caller's job: it is process-wide).
+    pub mlock_io_buffers: bool,
+    /// Device number to ask for (`/dev/ublkbN`), or -1 for the next free one.
+    pub dev_id: i32,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Options {
+            nr_queues: cpus.clamp(1, 64) as u16,
+            queue_depth: 64,
+            io_buf_bytes: 64 << 10,
+            mlock_io_buffers: true,
+            dev_id: -1,
+        }
+    }
+}
+
+impl Options {
+    fn validate(&self) -> Result<(), Error> {
+        if self.nr_queues == 0 || self.queue_depth == 0 {
+            return Err(Error::Options("queues and queue depth must be at least 1".into()));
+        }
+        if self.queue_depth > 4096 {
+            return Err(Error::Options(format!("queue depth {} is over ublk's 4096", self.queue_depth)));
+        }
+        if self.io_buf_bytes < PAGE_SIZE as u32 || self.io_buf_bytes % PAGE_SIZE as u32 != 0 {
+            return Err(Error::Options(format!(
+                "I/O buffer of {} bytes is not a whole number of pages",
+                self.io_buf_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The device as the kernel shows it, handed to the readiness callback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub dev_id: u32,
+    /// The block device to swap to, e.g. `/dev/ublkb0`.
+    pub bdev_path: String,
+    /// The char device the server talks to, e.g. `/dev/ublkc0`.
+    pub cdev_path: String,
+    pub nr_queues: u16,
+    pub queue_depth: u16,
+    pub size_bytes: u64,
+}
+
+/// Says whether this kernel can host a ublk device, and if not, what is missing.
+pub fn kernel_support() -> Result<(), Error> {
+    if std::path::Path::new(CONTROL_PATH).exists() {
+        return Ok(());
+    }
+    let loaded = std::fs::read_to_string("/proc/modules")
+        .map(|m| m.lines().any(|l| l.starts_with("ublk_drv ")))
+        .unwrap_or(false);
+    Err(Error::Unsupported(if loaded {
+        format!("ublk_drv is loaded but {CONTROL_PATH} is missing (no devtmpfs/udev?)")
+    } else {
+        format!("{CONTROL_PATH} is missing: `modprobe ublk_drv` (Linux 6.0+, CONFIG_BLK_DEV_UBLK)")
+    }))
+}
+
+/// Creates a ublk device of `size_bytes` over `store`, serves it until SIGINT, SIGTERM or
+/// SIGHUP (or until the device is removed from outside), then removes it.
+/// `on_ready` runs once the block device exists and accepts I/O.
+///
+/// The caller keeps its own `Arc` of the store to read the statistics afterwards.
+pub fn serve<R>(store: Arc<Store>, size_bytes: u64, opts: &Options, on_ready: R) -> Result<(), Error>
+where
+    R: FnOnce(&Device) + Send + Sync + 'static,
+{
+    opts.validate()?;
+    if size_bytes == 0 || size_bytes % PAGE_SIZE as u64 != 0 {
+        return Err(Error::Options(format!("device size {size_bytes} is not a whole number of pages")));
+    }
+    kernel_support()?;
+
+    let stop_signals = StopSignals::block()?;
+    let mut dev_flags = UblkFlags::UBLK_DEV_F_ADD_DEV;
+    if opts.mlock_io_buffers {
+        dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
+    }
+    let ctrl = UblkCtrlBuilder::default()
+        .name("compcache")
+        .id(opts.dev_id)
+        .nr_queues(opts.nr_queues)
+        .depth(opts.queue_depth)
+        .io_buf_bytes(opts.io_buf_bytes)
+        // No UBLK_F_USER_RECOVERY: see the failure model in the crate docs.
+        .ctrl_flags(0)
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(Error::ublk("adding the device"))?;
+
+    let live_queues = Arc::new(AtomicUsize::new(ctrl.dev_info().nr_hw_queues as usize));
+    let io_buf_bytes = opts.io_buf_bytes;
+    let tgt_init = move |dev: &mut UblkDev| {
+        dev.set_default_params(size_bytes);
+        dev.tgt.params = device_params(size_bytes, io_buf_bytes);
+        Ok(())
+    };
+
+    let q_store = Arc::clone(&store);
+    let q_live = Arc::clone(&live_queues);
+    let queue_fn = move |qid: u16, dev: &UblkDev| {
+        serve_queue(qid, dev, &q_store);
+        q_live.fetch_sub(1, Ordering::SeqCst);
+    };
+
+    let device = Device {
+        dev_id: ctrl.dev_info().dev_id,
+        bdev_path: ctrl.get_bdev_path(),
+        cdev_path: ctrl.get_cdev_path(),
+        nr_queues: ctrl.dev_info().nr_hw_queues,
+        queue_depth: ctrl.dev_info().queue_depth,
+        size_bytes,
+    };
+    let device_fn = move |ctrl: &UblkCtrl| {
+        on_ready(&device);
+        stop_signals.wait_for_stop(&live_queues);
+        if let Err(e) = swapoff_if_active(&device.bdev_path) {
+            eprintln!("compcache-ublk: {e}");
+        }
+        let _ = ctrl.kill_dev();
+    };
+
+    let served = ctrl.run_target(tgt_init, queue_fn, device_fn);
+    // Dropping `ctrl` (created with UBLK_DEV_F_ADD_DEV) deletes the device.
+    drop(ctrl);
+    served.map(|_| ()).map_err(Error::ublk("serving the device"))
+}
+
+/// One queue thread: fetch requests, run each against the store, complete, until the device
+/// stops. Everything the loop needs is allocated here, before the first fetch.
+fn serve_queue(qid: u16, dev: &UblkDev, store: &Store) {
+    let mut ctx: Context = store.context();
+    let mut bufs = dev.alloc_queue_io_bufs();
+    let dev_bytes = dev.tgt.dev_size;
+    let io_buf_bytes = dev.dev_info.max_io_buf_bytes as usize;
+
+    let queue = match UblkQueue::new(qid, dev)
+        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
+    {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("compcache-ublk: queue {qid} failed to start: {e}");
+            return;
+        }
+    };
+
+    queue.wait_and_handle_io(move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
+        let iod = q.get_iod(tag);
+        let buf = bufs[tag as usize].as_mut_slice();
+        let res = match decode(iod.op_flags, iod.start_sector, iod.nr_sectors, dev_bytes, io_buf_bytes) {
+            Ok(req) => execute(store, &mut ctx, &req, buf),
+            Err(errno) => errno,
+        };
+        let desc = BufDesc::Slice(bufs[tag as usize].as_slice());
+        if let Err(e) = q.complete_io_cmd_unified(tag, desc, Ok(UblkIORes::Result(res))) {
+            eprintln!("compcache-ublk: queue {qid} tag {tag}: completion failed: {e}");
+        }
+    });
+}
+
+/// The signals that stop the server, blocked in the calling thread (and so in every thread
+/// it spawns afterwards) and waited for on the control thread.
+struct StopSignals {
+    set: libc::sigset_t,
+}
+
+// SAFETY: sigset_t is plain data (a bit array); it holds no pointers or thread affinity.
+unsafe impl Send for StopSignals {}
+// SAFETY: as above; it is only read after construction.
+unsafe impl Sync for StopSignals {}
+
+impl StopSignals {
+    fn block() -> Result<StopSignals, Error> {
+        // SAFETY: sigset_t is plain data; all-zero is a valid value that sigemptyset then
+        // initialises properly.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, exclusively borrowed sigset_t for each call.
+        let rc = unsafe {
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGHUP);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(Error::Io {
+                context: "blocking stop signals",
+                source: std::io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(StopSignals { set })
+    }
+
+    /// Returns when a stop signal arrives or when every queue thread has ended.
+    fn wait_for_stop(&self, live_queues: &AtomicUsize) {
+        let tick = libc::timespec { tv_sec: 0, tv_nsec: Duration::from_millis(200).as_nanos() as i64 };
+        loop {
+            // SAFETY: `self.set` is an initialised sigset_t, `tick` a valid timespec, and a
+            // null siginfo pointer is allowed.
+            let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &tick) };
+            if sig > 0 {
+                eprintln!("compcache-ublk: signal {sig}: stopping");
+                return;
+            }
+            if live_queues.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+        }
+    }
+}
+
+/// If the kernel swaps to `bdev_path`, takes it out of swap use first: stopping a device
+/// that holds swapped-out pages would turn every later swap-in into an I/O error.
+pub fn swapoff_if_active(bdev_path: &str) -> Result<(), Error> {
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let active = swaps.lines().skip(1).any(|l| l.split_whitespace().next() == Some(bdev_path));
+    if !active {
+        return Ok(());
+    }
+    eprintln!("compcache-ublk: {bdev_path} is still in use as swap: swapoff first");
+    let path = std::ffi::CString::new(bdev_path).map_err(|_| Error::Options("device path has a NUL".into()))?;
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+    if unsafe { libc::swapoff(path.as_ptr()) } != 0 {
+        return Err(Error::Io { context: "swapoff on shutdown", source: std::io::Error::last_os_error() });
+    }
+    Ok(())
+}
