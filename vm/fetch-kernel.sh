@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Fetches a guest kernel for the VM end-to-end test: Debian's bookworm-backports
+# linux-image-6.12.*-amd64 (the first Debian kernel that ships ublk_drv.ko; bookworm's 6.1 has
+# none), downloaded with apt through a private sources list so the machine's own apt
+# configuration is left alone. Everything lands in vm/cache/ (gitignored):
+#   vm/cache/kernel/vmlinuz          the kernel image
+#   vm/cache/kernel/modules/*.ko     ublk_drv.ko, nbd.ko (decompressed, for busybox insmod)
+#   vm/cache/kernel/version          the kernel release string
+# Idempotent: a second run with the cache present only prints what it has.
+# Override the package with KERNEL_PKG=linux-image-6.12.NN+deb12-amd64.
+set -euo pipefail
+cd "$(dirname "$0")"
+cache="$PWD/cache"
+out="$cache/kernel"
+
+if [ -s "$out/vmlinuz" ] && [ -s "$out/modules/ublk_drv.ko" ] && [ -s "$out/modules/nbd.ko" ]; then
+  echo "fetch-kernel: have $(cat "$out/version") in $out"
+  exit 0
+fi
+
+apt_dir="$cache/apt"
+mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/deb"
+echo "deb http://deb.debian.org/debian bookworm-backports main" >"$apt_dir/sources.list"
+apt_opts=(
+  -o "Dir::Etc::sourcelist=$apt_dir/sources.list"
+  -o "Dir::Etc::sourceparts=/nonexistent"
+  -o "Dir::State::Lists=$apt_dir/lists"
+  -o "Dir::Cache=$apt_dir"
+  -o "Dir::State::status=/dev/null"
+  -o "APT::Get::List-Cleanup=0"
+  -o "APT::Sandbox::User=root"
+)
+echo "fetch-kernel: apt-get update (bookworm-backports, private lists in $apt_dir)"
+apt-get "${apt_opts[@]}" update -qq
+
+pkg="${KERNEL_PKG:-}"
+if [ -z "$pkg" ]; then
+  # Newest generic 6.12 image (not -cloud: it drops many modules; not -rt).
+  pkg=$(apt-cache "${apt_opts[@]}" pkgnames linux-image-6.12 \
+          | grep -E '^linux-image-6\.12\.[0-9]+\+deb12-amd64$' | sort -V | tail -n 1)
+fi
+[ -n "$pkg" ] || { echo "fetch-kernel: no linux-image-6.12.*-amd64 in bookworm-backports" >&2; exit 1; }
+echo "fetch-kernel: downloading $pkg"
+# The signed image package is a meta-less real package; its files are in the package itself.
+(cd "$apt_dir/deb" && apt-get "${apt_opts[@]}" download "$pkg")
+deb=$(ls -t "$apt_dir/deb/${pkg}"_*.deb | head -n 1)
+
+rm -rf "$out.tmp" && mkdir -p "$out.tmp/root" "$out.tmp/modules"
+dpkg-deb -x "$deb" "$out.tmp/root"
+release=$(ls "$out.tmp/root/lib/modules" | head -n 1)
+cp "$out.tmp/root/boot/vmlinuz-$release" "$out.tmp/vmlinuz"
+moddir="$out.tmp/root/lib/modules/$release"
+for m in ublk_drv nbd; do
+  f=$(find "$moddir" -name "$m.ko*" | head -n 1)
+  [ -n "$f" ] || { echo "fetch-kernel: $pkg has no $m module" >&2; exit 1; }
+  case "$f" in
+    *.xz) xz -dc "$f" >"$out.tmp/modules/$m.ko" ;;
+    *.zst) zstd -qdc "$f" >"$out.tmp/modules/$m.ko" ;;
+    *.gz) gzip -dc "$f" >"$out.tmp/modules/$m.ko" ;;
+    *) cp "$f" "$out.tmp/modules/$m.ko" ;;
+  esac
+done
+# Both modules depend only on built-in code (modinfo: "depends:" is empty), so no modules.dep.
+echo "$release" >"$out.tmp/version"
+rm -rf "$out.tmp/root" "$out" "$deb"
+mv "$out.tmp" "$out"
+echo "fetch-kernel: $release -> $out"
