@@ -1,3 +1,156 @@
 //! # compcache-nbd
 //!
-//! The NBD front end of compcache (work in progress).
+//! The NBD front end of compcache: it serves one [`compcache_store::Store`] as an NBD export
+//! over Unix or TCP sockets, so the kernel's NBD client (or qemu, nbdkit's tools, libnbd) can
+//! use it as a block device, and swap to it. A thin layer: it parses and validates requests
+//! and makes one store call per request. Std threads, no async runtime.
+//!
+//! One job per file:
+//! - [`wire`]: magic numbers, flags, codes, fixed-size messages (encode/decode only);
+//! - [`handshake`]: fixed newstyle negotiation and option haggling;
+//! - [`transmission`]: request validation and dispatch to the store, replies;
+//! - [`listener`]: binding sockets (with stale-socket detection) and accepting clients;
+//! - [`control`]: the control channel (`compcache stat`, `compcache compact`), line-based JSON;
+//! - [`client`]: a minimal blocking NBD client, for tests and tools.
+//!
+//! ## Threads of a connection
+//! A reader thread per connection reads and validates requests (and write payloads) and hands
+//! them to that connection's workers, each of which owns a store [`compcache_store::Context`].
+//! Replies are written under the connection's writer lock, so concurrent replies never
+//! interleave. Workers are per connection (not one pool for all) so that a client that stops
+//! reading its replies stalls only its own connection. Memory per connection is bounded by
+//! [`ServerOptions::max_inflight_bytes`] and the maximum payload of
+//! [`MAX_PAYLOAD_BYTES`].
+//!
+//! ## Capabilities
+//! Declared in [`TRANSMISSION_FLAGS`]: FLUSH, FUA, TRIM, WRITE_ZEROES and MULTI_CONN. Every
+//! connection to one server reaches the same `Store`, which has no per-connection cache: a
+//! write is in the store (visible to every connection) before it is replied to, so FLUSH and
+//! FUA have nothing left to do and multi-conn is valid.
+
+pub mod client;
+pub mod control;
+pub mod handshake;
+pub mod listener;
+pub mod transmission;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use compcache_store::Store;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The largest READ or WRITE payload a client may send or ask for: 32 MiB, the protocol's
+/// interoperable maximum. Advertised in `NBD_INFO_BLOCK_SIZE`.
+pub const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
+/// The preferred block size advertised: the store's page; smaller or unaligned requests work
+/// (the store does read-modify-write) but cost more.
+pub const PREFERRED_BLOCK_BYTES: u32 = compcache_store::PAGE_SIZE as u32;
+/// The minimum block size advertised: 1, any byte range is served.
+pub const MINIMUM_BLOCK_BYTES: u32 = 1;
+
+/// The transmission flags every export advertises.
+pub const TRANSMISSION_FLAGS: u16 = wire::FLAG_HAS_FLAGS
+    | wire::FLAG_SEND_FLUSH
+    | wire::FLAG_SEND_FUA
+    | wire::FLAG_SEND_TRIM
+    | wire::FLAG_SEND_WRITE_ZEROES
+    | wire::FLAG_CAN_MULTI_CONN;
+
+/// What is exported: one store under one name.
+pub struct Export {
+    /// The export name clients ask for; the empty name (the protocol's default export) is
+    /// accepted as well.
+    pub name: String,
+    /// A human-readable description, sent in `NBD_INFO_DESCRIPTION` and `NBD_OPT_LIST`.
+    pub description: String,
+    pub store: Arc<Store>,
+}
+
+impl Export {
+    /// Whether a client asking for `requested` gets this export.
+    pub fn matches(&self, requested: &[u8]) -> bool {
+        requested.is_empty() || requested == self.name.as_bytes()
+    }
+}
+
+/// Tunables of the server, with defaults that suit a swap device.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Worker threads (each with its own store context) per connection.
+    pub workers_per_connection: usize,
+    /// Payload bytes one connection may have in flight (read buffers plus write payloads
+    /// received but not yet stored). A single request of up to [`MAX_PAYLOAD_BYTES`] is
+    /// always admitted when nothing else is in flight.
+    pub max_inflight_bytes: usize,
+    /// Requests one connection may have in flight.
+    pub max_inflight_requests: usize,
+    /// Connections served at once; more are closed at once with a log line.
+    pub max_connections: usize,
+    /// Log a line when a client connects and disconnects cleanly (errors are always logged).
+    pub verbose: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        ServerOptions {
+            workers_per_connection: cpus.clamp(2, 4),
+            max_inflight_bytes: 64 << 20,
+            max_inflight_requests: 128,
+            max_connections: 256,
+            verbose: false,
+        }
+    }
+}
+
+/// An NBD server for one export. Share it in an `Arc`; serve any number of connections.
+pub struct Server {
+    pub export: Export,
+    pub options: ServerOptions,
+    next_client_id: AtomicU64,
+    connections: AtomicU64,
+}
+
+impl Server {
+    pub fn new(export: Export, options: ServerOptions) -> Server {
+        Server { export, options, next_client_id: AtomicU64::new(1), connections: AtomicU64::new(0) }
+    }
+
+    /// Serves one client on a connected stream until it disconnects; blocks. Errors are
+    /// logged (one line) and end only this connection.
+    pub fn serve_connection<S: listener::Stream>(&self, stream: S, peer: &str) {
+        let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
+        let label = format!("client {id} ({peer})");
+        let open = self.connections.fetch_add(1, Ordering::AcqRel) + 1;
+        let _count = ConnectionCount(&self.connections);
+        if open as usize > self.options.max_connections {
+            log(&label, &format!("refused: {} connections already open (the limit)", open - 1));
+            stream.shutdown_both();
+            return;
+        }
+        if self.options.verbose {
+            log(&label, "connected");
+        }
+        transmission::run_connection(self, stream, &label);
+    }
+
+    /// Connections open right now.
+    pub fn open_connections(&self) -> u64 {
+        self.connections.load(Ordering::Acquire)
+    }
+}
+
+struct ConnectionCount<'a>(&'a AtomicU64);
+impl Drop for ConnectionCount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The one way this crate logs: one line on stderr, prefixed with who it is about.
+pub(crate) fn log(who: &str, msg: &str) {
+    eprintln!("compcache-nbd: {who}: {msg}");
+}

@@ -1,0 +1,481 @@
+//! Protocol tests: a real server on one end of a socketpair, the crate's minimal client (or
+//! hand-made bytes) on the other. Every command, the handshake options, and a malformed-client
+//! run after which a good client must find its data intact.
+
+use crate::client::{self, Client, ClientError};
+use crate::wire::*;
+use crate::{Export, Server, ServerOptions, MAX_PAYLOAD_BYTES, TRANSMISSION_FLAGS};
+use compcache_store::{Config, Store};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+const SIZE: u64 = 16 << 20;
+const NAME: &str = "compcache";
+
+fn server_with(cfg: Config) -> Arc<Server> {
+    let store = Arc::new(Store::new(cfg).unwrap());
+    Arc::new(Server::new(
+        Export { name: NAME.into(), description: "test device".into(), store },
+        ServerOptions::default(),
+    ))
+}
+
+fn server() -> Arc<Server> {
+    server_with(Config::with_disksize(SIZE))
+}
+
+/// Connects a raw stream to `server`, served on its own thread.
+fn raw(server: &Arc<Server>) -> (UnixStream, JoinHandle<()>) {
+    let (a, b) = UnixStream::pair().unwrap();
+    let s = server.clone();
+    let t = std::thread::spawn(move || s.serve_connection(b, "test"));
+    (a, t)
+}
+
+fn connect(server: &Arc<Server>) -> (Client<UnixStream>, JoinHandle<()>) {
+    let (s, t) = raw(server);
+    (Client::handshake(s, NAME).unwrap(), t)
+}
+
+/// Deterministic bytes (xorshift), compressible enough to exercise the compressor but not
+/// same-filled.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|i| {
+            if i % 4 == 0 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+            }
+            (x >> ((i % 4) * 8)) as u8 & 0x3f
+        })
+        .collect()
+}
+
+fn nbd_err<T: std::fmt::Debug>(r: Result<T, ClientError>) -> u32 {
+    match r {
+        Err(ClientError::Nbd(e)) => e,
+        other => panic!("expected an NBD error reply, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- handshake
+
+#[test]
+fn go_reports_size_flags_and_block_sizes() {
+    let srv = server();
+    let (c, t) = connect(&srv);
+    assert_eq!(c.info.size, SIZE);
+    assert_eq!(c.info.flags, TRANSMISSION_FLAGS);
+    assert_ne!(c.info.flags & FLAG_CAN_MULTI_CONN, 0);
+    assert_eq!(c.info.block_size, Some((1, 4096, MAX_PAYLOAD_BYTES)));
+    assert_eq!(c.info.name.as_deref(), Some(NAME));
+    assert_eq!(c.info.description.as_deref(), Some("test device"));
+    c.disconnect().unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn default_export_name_is_accepted() {
+    let srv = server();
+    let (s, t) = raw(&srv);
+    let c = Client::handshake(s, "").unwrap();
+    assert_eq!(c.info.size, SIZE);
+    c.disconnect().unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn info_list_unsupported_and_unknown_export_then_go() {
+    let srv = server();
+    let (mut s, t) = raw(&srv);
+    client::greet(&mut s).unwrap();
+
+    // INFO does not leave haggling.
+    let info = client::info_or_go(&mut s, OPT_INFO, NAME).unwrap();
+    assert_eq!(info.size, SIZE);
+
+    // LIST: one SERVER reply with our name, then ACK.
+    client::send_option(&mut s, OPT_LIST, &[]).unwrap();
+    let (_, rep, data) = client::recv_option_reply(&mut s).unwrap();
+    assert_eq!(rep, REP_SERVER);
+    assert_eq!(be32(&data) as usize, NAME.len());
+    assert_eq!(&data[4..4 + NAME.len()], NAME.as_bytes());
+    assert_eq!(client::recv_option_reply(&mut s).unwrap().1, REP_ACK);
+
+    // LIST with data is invalid, and haggling goes on.
+    client::send_option(&mut s, OPT_LIST, b"x").unwrap();
+    assert_eq!(client::recv_option_reply(&mut s).unwrap().1, REP_ERR_INVALID);
+
+    // Unsupported options: ERR_UNSUP with a message.
+    for opt in [OPT_STARTTLS, OPT_STRUCTURED_REPLY, OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_EXTENDED_HEADERS, 4242] {
+        client::send_option(&mut s, opt, &[]).unwrap();
+        let (o, rep, msg) = client::recv_option_reply(&mut s).unwrap();
+        assert_eq!((o, rep), (opt, REP_ERR_UNSUP));
+        assert!(String::from_utf8_lossy(&msg).contains("not supported"));
+    }
+
+    // Unknown export: ERR_UNKNOWN, then GO with the right name works.
+    match client::info_or_go(&mut s, OPT_GO, "nope") {
+        Err(ClientError::OptionRefused { reply, message }) => {
+            assert_eq!(reply, REP_ERR_UNKNOWN);
+            assert!(message.contains("unknown export"), "{message}");
+        }
+        other => panic!("expected ERR_UNKNOWN, got {other:?}"),
+    }
+    // Malformed GO data: ERR_INVALID.
+    client::send_option(&mut s, OPT_GO, &[0, 0, 0, 9, 0, 0]).unwrap();
+    assert_eq!(client::recv_option_reply(&mut s).unwrap().1, REP_ERR_INVALID);
+
+    let info = client::info_or_go(&mut s, OPT_GO, NAME).unwrap();
+    assert_eq!(info.size, SIZE);
+    let mut c = client_from(s, info);
+    c.write(0, b"hello").unwrap();
+    assert_eq!(c.read(0, 5).unwrap(), b"hello");
+    c.disconnect().unwrap();
+    t.join().unwrap();
+}
+
+/// Builds a client on a stream already in transmission (the handshake done by hand).
+fn client_from(s: UnixStream, info: client::ExportInfo) -> Client<UnixStream> {
+    Client::in_transmission(s, info)
+}
+
+#[test]
+fn export_name_with_and_without_zeroes() {
+    for no_zeroes in [true, false] {
+        let srv = server();
+        let (mut s, t) = raw(&srv);
+        assert_eq!(read_u64(&mut s).unwrap(), NBDMAGIC);
+        assert_eq!(read_u64(&mut s).unwrap(), IHAVEOPT);
+        assert_eq!(read_u16(&mut s).unwrap(), FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
+        let cflags = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
+        s.write_all(&cflags.to_be_bytes()).unwrap();
+        client::send_option(&mut s, OPT_EXPORT_NAME, NAME.as_bytes()).unwrap();
+        assert_eq!(read_u64(&mut s).unwrap(), SIZE);
+        assert_eq!(read_u16(&mut s).unwrap(), TRANSMISSION_FLAGS);
+        if !no_zeroes {
+            let mut z = [1u8; 124];
+            s.read_exact(&mut z).unwrap();
+            assert_eq!(z, [0u8; 124]);
+        }
+        let mut c = client_from(s, client::ExportInfo { size: SIZE, ..Default::default() });
+        c.write(4096, b"abc").unwrap();
+        assert_eq!(c.read(4096, 3).unwrap(), b"abc");
+        c.disconnect().unwrap();
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn export_name_for_an_unknown_export_closes() {
+    let srv = server();
+    let (mut s, t) = raw(&srv);
+    client::greet(&mut s).unwrap();
+    client::send_option(&mut s, OPT_EXPORT_NAME, b"other").unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    t.join().unwrap();
+}
+
+#[test]
+fn abort_is_acknowledged() {
+    let srv = server();
+    let (mut s, t) = raw(&srv);
+    client::greet(&mut s).unwrap();
+    client::send_option(&mut s, OPT_ABORT, &[]).unwrap();
+    assert_eq!(client::recv_option_reply(&mut s).unwrap().1, REP_ACK);
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    t.join().unwrap();
+}
+
+#[test]
+fn unknown_client_flags_close_the_connection() {
+    let srv = server();
+    let (mut s, t) = raw(&srv);
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    s.write_all(&0x8000_0001u32.to_be_bytes()).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    t.join().unwrap();
+}
+
+#[test]
+fn oversized_option_is_refused_or_closed() {
+    let srv = server();
+    let (mut s, t) = raw(&srv);
+    client::greet(&mut s).unwrap();
+    // 100 KiB: skipped and refused, haggling goes on.
+    client::send_option(&mut s, 4242, &vec![7u8; 100 << 10]).unwrap();
+    assert_eq!(client::recv_option_reply(&mut s).unwrap().1, REP_ERR_TOO_BIG);
+    // 2 GiB announced: closed without reading it.
+    s.write_all(&IHAVEOPT.to_be_bytes()).unwrap();
+    s.write_all(&OPT_GO.to_be_bytes()).unwrap();
+    s.write_all(&0x8000_0000u32.to_be_bytes()).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    t.join().unwrap();
+}
+
+// ---------------------------------------------------------------- transmission
+
+#[test]
+fn every_command_round_trips() {
+    let srv = server();
+    let (mut c, t) = connect(&srv);
+    let data = pattern(1, 3 * 4096);
+    c.write(8192, &data).unwrap();
+    assert_eq!(c.read(8192, data.len() as u32).unwrap(), data);
+
+    // Unaligned, crossing a page boundary.
+    c.write(4096 - 3, b"unaligned!").unwrap();
+    assert_eq!(c.read(4096 - 3, 10).unwrap(), b"unaligned!");
+
+    // FUA is accepted; FLUSH succeeds.
+    c.write_fua(SIZE - 4096, &pattern(2, 4096)).unwrap();
+    c.flush().unwrap();
+    assert_eq!(c.read(SIZE - 4096, 4096).unwrap(), pattern(2, 4096));
+
+    // TRIM frees whole pages: they read back as zeroes.
+    c.trim(8192, 8192).unwrap();
+    assert_eq!(c.read(8192, 8192).unwrap(), vec![0u8; 8192]);
+    assert_eq!(c.read(16384, 4096).unwrap(), data[8192..]);
+
+    // WRITE_ZEROES, with NO_HOLE accepted; partial pages zeroed exactly.
+    c.write_zeroes(16384 + 100, 200, CMD_FLAG_NO_HOLE).unwrap();
+    let mut expect = data[8192..].to_vec();
+    expect[100..300].fill(0);
+    assert_eq!(c.read(16384, 4096).unwrap(), expect);
+
+    let stats = srv.export.store.stats();
+    assert!(stats.num_writes > 0 && stats.num_reads > 0);
+    assert_eq!(stats.invalid_io, 0);
+    c.disconnect().unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn bad_requests_get_errors_and_the_connection_goes_on() {
+    let srv = server();
+    let (mut c, t) = connect(&srv);
+    c.write(0, b"keep me").unwrap();
+
+    assert_eq!(nbd_err(c.read(SIZE - 10, 11)), EINVAL, "read past the end");
+    assert_eq!(nbd_err(c.write(SIZE, b"x")), ENOSPC, "write past the end");
+    assert_eq!(nbd_err(c.trim(u64::MAX - 5, 10)), EINVAL, "offset overflow");
+    assert_eq!(nbd_err(c.write_zeroes(SIZE - 1, 2, 0)), ENOSPC);
+    assert_eq!(nbd_err(c.read(0, MAX_PAYLOAD_BYTES + 1)), EINVAL, "read above max payload");
+    assert_eq!(nbd_err(c.read(0, 0)), EINVAL, "zero length");
+
+    // Unknown command, unadvertised commands, unknown flags.
+    for (cmd, flags) in [(77u16, 0u16), (CMD_CACHE, 0), (CMD_BLOCK_STATUS, 0), (CMD_READ, CMD_FLAG_DF), (CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO)] {
+        let h = c.send(cmd, flags, 0, 512, &[]).unwrap();
+        let r = c.recv().unwrap();
+        assert_eq!((r.handle, r.error), (h, EINVAL), "cmd {cmd} flags {flags:#x}");
+        assert!(r.data.is_empty());
+    }
+
+    // A write above the max payload: its payload is skipped, EINVAL, and the stream stays in sync.
+    let big = vec![0xabu8; MAX_PAYLOAD_BYTES as usize + 4096];
+    assert_eq!(nbd_err(c.write(0, &big)), EINVAL);
+
+    assert_eq!(c.read(0, 7).unwrap(), b"keep me");
+    let invalid = srv.export.store.stats().invalid_io;
+    assert_eq!(invalid, 12, "every rejected request is counted");
+    c.disconnect().unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn write_failures_map_store_errors() {
+    // A memory limit far below what random data needs: writes fail with ENOSPC, earlier data stays.
+    let mut cfg = Config::with_disksize(SIZE);
+    cfg.mem_limit_bytes = 64 << 10;
+    let srv = server_with(cfg);
+    let (mut c, t) = connect(&srv);
+    c.write(0, &pattern(9, 4096)).unwrap();
+    let mut saw_enospc = false;
+    for i in 1..256u64 {
+        let mut noise = vec![0u8; 4096];
+        let mut x = i.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+        for b in noise.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        match c.write(i * 4096, &noise) {
+            Ok(()) => {}
+            Err(ClientError::Nbd(e)) => {
+                assert_eq!(e, ENOSPC);
+                saw_enospc = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(saw_enospc, "a 64 KiB limit must be hit by 1 MiB of random pages");
+    assert_eq!(c.read(0, 4096).unwrap(), pattern(9, 4096));
+    assert!(srv.export.store.stats().failed_writes > 0);
+    c.disconnect().unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn pipelined_requests_are_all_answered() {
+    let srv = server();
+    let (mut c, t) = connect(&srv);
+    let n = 64u64;
+    let mut handles = std::collections::HashSet::new();
+    for i in 0..n {
+        handles.insert(c.send(CMD_WRITE, 0, i * 4096, 4096, &pattern(100 + i, 4096)).unwrap());
+    }
+    for _ in 0..n {
+        let r = c.recv().unwrap();
+        assert_eq!(r.error, 0);
+        assert!(handles.remove(&r.handle));
+    }
+    let mut reads = std::collections::HashMap::new();
+    for i in 0..n {
+        reads.insert(c.send(CMD_READ, 0, i * 4096, 4096, &[]).unwrap(), i);
+    }
+    for _ in 0..n {
+        let r = c.recv().unwrap();
+        let i = reads.remove(&r.handle).expect("a reply per handle");
+        assert_eq!(r.data, pattern(100 + i, 4096), "page {i}");
+    }
+    c.disconnect().unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn connections_share_one_device() {
+    let srv = server();
+    let (mut a, ta) = connect(&srv);
+    let (mut b, tb) = connect(&srv);
+    a.write(12345, b"multi-conn").unwrap();
+    a.flush().unwrap();
+    assert_eq!(b.read(12345, 10).unwrap(), b"multi-conn");
+    a.disconnect().unwrap();
+    b.disconnect().unwrap();
+    ta.join().unwrap();
+    tb.join().unwrap();
+}
+
+// ---------------------------------------------------------------- malformed clients
+
+/// Connects, sends `bytes`, half-closes, and drains whatever the server says until it closes.
+fn misbehave(srv: &Arc<Server>, bytes: &[u8]) {
+    let (mut s, t) = raw(srv);
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut sink = Vec::new();
+    let _ = s.read_to_end(&mut sink);
+    drop(s);
+    t.join().expect("the connection thread must not panic");
+}
+
+/// A valid greeting answer and GO, as bytes, so malformed transmission traffic can follow.
+fn go_prefix() -> Vec<u8> {
+    let mut b = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes().to_vec();
+    b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&OPT_GO.to_be_bytes());
+    let data = client::info_request(NAME, &[]);
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(&data);
+    b
+}
+
+fn header(cmd: u16, flags: u16, offset: u64, len: u32) -> Vec<u8> {
+    Request { flags, cmd, handle: 0x1234, offset, len }.encode().to_vec()
+}
+
+#[test]
+fn malformed_clients_lose_nothing() {
+    let srv = server();
+    let (mut good, tg) = connect(&srv);
+    let keep = pattern(7, 64 << 10);
+    good.write(1 << 20, &keep).unwrap();
+
+    let mut cases: Vec<Vec<u8>> = vec![
+        vec![],                               // connect and leave
+        vec![0, 0],                           // half the client flags
+        0xffff_ffffu32.to_be_bytes().to_vec(), // unknown client flags
+        {
+            let mut b = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+            b.extend_from_slice(b"NOTMAGIC\0\0\0\x07\0\0\0\0"); // wrong option magic
+            b
+        },
+        {
+            let mut b = go_prefix();
+            b.truncate(b.len() - 3); // truncated GO
+            b
+        },
+        {
+            let mut b = go_prefix();
+            b.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]); // wrong request magic
+            b.extend_from_slice(&[0u8; 24]);
+            b
+        },
+        {
+            let mut b = go_prefix();
+            b.extend_from_slice(&header(CMD_WRITE, 0, 0, 4096)[..20]); // truncated header
+            b
+        },
+        {
+            let mut b = go_prefix();
+            b.extend_from_slice(&header(CMD_WRITE, 0, 1 << 20, 4096)); // truncated payload over kept data
+            b.extend_from_slice(&[0x55; 1000]);
+            b
+        },
+        {
+            let mut b = go_prefix();
+            b.extend_from_slice(&header(CMD_WRITE, 0, 0, u32::MAX)); // 4 GiB payload announced
+            b
+        },
+        {
+            let mut b = go_prefix();
+            b.extend_from_slice(&header(CMD_READ, 0, 0, u32::MAX)); // huge read
+            b.extend_from_slice(&header(99, 0, 0, 1)); // unknown command
+            b.extend_from_slice(&header(CMD_READ, 0, u64::MAX, 4096)); // overflow
+            b
+        },
+    ];
+    // Random garbage, raw and after a valid GO.
+    for seed in 0..24u64 {
+        let noise = pattern(1000 + seed, 64 + (seed as usize * 97) % 3000).iter().map(|b| b.wrapping_mul(5)).collect::<Vec<_>>();
+        let mut b = match seed % 3 {
+            0 => vec![],                                        // instead of the client flags
+            1 => FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec(), // instead of options
+            _ => go_prefix(),                                   // instead of requests
+        };
+        b.extend_from_slice(&noise);
+        cases.push(b);
+    }
+    for bytes in &cases {
+        misbehave(&srv, bytes);
+    }
+
+    // The good client, connected all along, still works and its data is intact.
+    assert_eq!(good.read(1 << 20, keep.len() as u32).unwrap(), keep);
+    good.write(0, b"still here").unwrap();
+    assert_eq!(good.read(0, 10).unwrap(), b"still here");
+    good.disconnect().unwrap();
+    tg.join().unwrap();
+
+    // And a new client too.
+    let (mut fresh, tf) = connect(&srv);
+    assert_eq!(fresh.read(1 << 20, keep.len() as u32).unwrap(), keep);
+    fresh.disconnect().unwrap();
+    tf.join().unwrap();
+    assert_eq!(srv.open_connections(), 0);
+}
