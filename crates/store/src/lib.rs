@@ -26,6 +26,7 @@ pub(crate) mod slot;
 pub mod stats;
 pub mod store;
 pub mod zspool;
+mod zeroed;
 
 pub use compress::Algorithm;
 pub use config::{parse_size, physical_ram_bytes, Config};

@@ -80,12 +80,16 @@ impl Entry {
 
 /// One slot. 16 bytes: zram's per-slot metadata budget.
 #[derive(Default)]
+#[repr(C)]
 pub(crate) struct Slot {
     meta: AtomicU64,
     data: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 16, "slot metadata budget is 16 bytes");
+
+// SAFETY: two AtomicU64; all-zero is the EMPTY, unlocked slot.
+unsafe impl crate::zeroed::Zeroable for Slot {}
 
 impl Slot {
     /// Takes this slot's lock (rule 1).
@@ -103,17 +107,6 @@ impl Slot {
                 std::thread::yield_now();
             }
         }
-    }
-
-    /// The last-access tick, read without the lock (a hint for writeback; may be stale).
-    pub fn ac_time_hint(&self) -> u16 {
-        ((self.meta.load(Relaxed) & AC_MASK) >> AC_SHIFT) as u16
-    }
-
-    /// Whether the slot holds a pool object, read without the lock (a hint only).
-    pub fn in_pool_hint(&self) -> bool {
-        let k = (self.meta.load(Relaxed) & KIND_MASK) >> KIND_SHIFT;
-        k == KIND_COMPRESSED || k == KIND_HUGE
     }
 }
 
@@ -143,6 +136,7 @@ impl SlotGuard<'_> {
         self.meta = (self.meta & !AC_MASK) | ((tick as u64) << AC_SHIFT);
     }
 
+    #[allow(dead_code)] // read by the writeback scan of the backing tier
     pub fn ac_time(&self) -> u16 {
         ((self.meta & AC_MASK) >> AC_SHIFT) as u16
     }

@@ -28,8 +28,6 @@ pub(crate) struct Counters {
     pub good_compress: AtomicU64,
     /// Sum of the stored sizes of compressed and huge pages, in bytes.
     pub compr_data_size: AtomicU64,
-    pub mem_used_max_bytes: AtomicU64,
-    pub pages_compacted: AtomicU64,
     pub bd_count: AtomicU64,
     pub bd_reads: AtomicU64,
     pub bd_writes: AtomicU64,
@@ -48,9 +46,6 @@ impl Counters {
     }
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Relaxed)
-    }
-    pub fn raise_max(c: &AtomicU64, v: u64) {
-        c.fetch_max(v, Relaxed);
     }
 }
 

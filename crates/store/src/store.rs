@@ -1,0 +1,429 @@
+//! The store: read, write and discard paths over the slot table and the pool.
+//!
+//! The write path reads top to bottom, as zram's does: same-filled check, compress, huge
+//! check, allocate and copy, lock the slot only to swap the entry in, free the old entry,
+//! update statistics. The new object is allocated before the old one is freed, so a write that
+//! fails (memory limit) leaves the page's old contents readable.
+//!
+//! Locking rules are in `slot.rs`; the pool's contract in `zspool/mod.rs`. This file is the
+//! only user of both and keeps both: every pool read happens under the owner's slot lock, and
+//! every pool free happens once, for an entry just taken out of its slot.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
+use crate::config::Config;
+use crate::error::StoreError;
+use crate::slot::{Entry, Slot, SlotGuard};
+use crate::stats::{Counters, Stats};
+use crate::zeroed::ZeroedSlice;
+use crate::zspool::{Handle, PoolFull, ZsPool};
+use crate::PAGE_SIZE;
+
+const PAGE: u64 = PAGE_SIZE as u64;
+/// Seconds per access-time tick (the slot keeps 16 bits of it).
+const TICK_SECS: u64 = 1;
+
+/// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
+/// thread its own [`Context`].
+pub struct Store {
+    slots: ZeroedSlice<Slot>,
+    pool: ZsPool,
+    backend: Box<dyn Backend>,
+    cfg: Config,
+    num_pages: u64,
+    counters: Counters,
+    created: Instant,
+    mem_limit_bytes: AtomicU64,
+}
+
+/// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
+/// for compression and does not allocate. Not shared: one per thread.
+pub struct Context {
+    comp: Box<dyn BackendContext>,
+    cbuf: Box<[u8]>,
+    page: Box<[u8]>,
+}
+
+/// What `fetch` left to do after releasing the slot lock.
+enum Fetched {
+    Done,
+    /// `ctx.cbuf[..len]` holds compressed bytes to decompress into the output.
+    Compressed(usize),
+}
+
+impl Store {
+    /// Creates a device. Memory is committed only as pages are stored.
+    pub fn new(cfg: Config) -> Result<Store, StoreError> {
+        cfg.validate()?;
+        let num_pages = cfg.disksize_bytes / PAGE;
+        let os = |what: &str, e: std::io::Error| StoreError::Config(format!("cannot reserve {what}: {e}"));
+        let slots = ZeroedSlice::new(num_pages as usize).map_err(|e| os("the slot table", e))?;
+        // Address space for the pool: room for every slot raw plus fragmentation; only
+        // touched pages cost memory.
+        let capacity = (num_pages * 2 + 16384).min(u32::MAX as u64 - 1) as u32;
+        let limit_pages = cfg.mem_limit_bytes.div_ceil(PAGE);
+        let pool = ZsPool::new(capacity, limit_pages).map_err(|e| os("pool address space", e))?;
+        Ok(Store {
+            slots,
+            pool,
+            backend: cfg.algorithm.backend(cfg.level),
+            num_pages,
+            counters: Counters::default(),
+            created: Instant::now(),
+            mem_limit_bytes: AtomicU64::new(cfg.mem_limit_bytes),
+            cfg,
+        })
+    }
+
+    pub fn disksize_bytes(&self) -> u64 {
+        self.num_pages * PAGE
+    }
+
+    pub fn num_pages(&self) -> u64 {
+        self.num_pages
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// A new per-worker context.
+    pub fn context(&self) -> Context {
+        Context {
+            comp: self.backend.new_context(),
+            cbuf: vec![0u8; MAX_COMPRESSED_BYTES].into_boxed_slice(),
+            page: vec![0u8; PAGE_SIZE].into_boxed_slice(),
+        }
+    }
+
+    // --- byte-granular requests (what front ends call) -----------------------------------------
+
+    /// Reads `buf.len()` bytes at `offset`. Any alignment.
+    pub fn read(&self, ctx: &mut Context, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.check_range(offset, buf.len() as u64)?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let (index, in_page) = (pos / PAGE, (pos % PAGE) as usize);
+            let n = (PAGE_SIZE - in_page).min(buf.len() - done);
+            if n == PAGE_SIZE {
+                self.read_page(ctx, index, &mut buf[done..done + n])?;
+            } else {
+                let mut page = std::mem::take(&mut ctx.page);
+                let r = self.read_page(ctx, index, &mut page);
+                buf[done..done + n].copy_from_slice(&page[in_page..in_page + n]);
+                ctx.page = page;
+                r?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`. Whole pages take the write path; partial pages are
+    /// read-modify-written under their slot lock.
+    pub fn write(&self, ctx: &mut Context, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.check_range(offset, data.len() as u64)?;
+        let mut done = 0usize;
+        while done < data.len() {
+            let pos = offset + done as u64;
+            let (index, in_page) = (pos / PAGE, (pos % PAGE) as usize);
+            let n = (PAGE_SIZE - in_page).min(data.len() - done);
+            if n == PAGE_SIZE {
+                self.write_page(ctx, index, &data[done..done + n])?;
+            } else {
+                self.update_page(ctx, index, |page| page[in_page..in_page + n].copy_from_slice(&data[done..done + n]))?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Frees the whole pages inside `offset..offset + len` (trim, swap-free-notify). Partial
+    /// pages at either end are left as they are, as zram does.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), StoreError> {
+        self.check_range(offset, len)?;
+        let first = offset.div_ceil(PAGE);
+        let end = (offset + len) / PAGE;
+        for index in first..end {
+            self.discard_page(index);
+        }
+        Ok(())
+    }
+
+    /// Zeroes `offset..offset + len`: whole pages are freed (they read back as zeroes),
+    /// partial pages are rewritten.
+    pub fn write_zeroes(&self, ctx: &mut Context, offset: u64, len: u64) -> Result<(), StoreError> {
+        self.check_range(offset, len)?;
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let (index, in_page) = (pos / PAGE, (pos % PAGE) as usize);
+            let n = (PAGE - in_page as u64).min(end - pos) as usize;
+            if n == PAGE_SIZE {
+                self.discard_page(index);
+            } else {
+                self.update_page(ctx, index, |page| page[in_page..in_page + n].fill(0))?;
+            }
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Makes completed writes durable. RAM needs nothing; a backing device will.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Counts a request a front end rejected before it reached the store.
+    pub fn note_invalid_io(&self) {
+        Counters::inc(&self.counters.invalid_io);
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), StoreError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.disksize_bytes() => Ok(()),
+            _ => {
+                self.note_invalid_io();
+                Err(StoreError::OutOfRange { offset, len, disksize_bytes: self.disksize_bytes() })
+            }
+        }
+    }
+
+    // --- page operations -----------------------------------------------------------------------
+
+    /// Stores one whole page at slot `index`.
+    pub fn write_page(&self, ctx: &mut Context, index: u64, page: &[u8]) -> Result<(), StoreError> {
+        assert_eq!(page.len(), PAGE_SIZE);
+        Counters::inc(&self.counters.num_writes);
+        let entry = match self.encode(ctx, index, page) {
+            Err(StoreError::NoSpace { .. }) if self.pool.compactable_pages() > 0 => {
+                // Fragmentation, not data, filled the pool: compact once and retry.
+                self.compact();
+                self.encode(ctx, index, page)
+            }
+            r => r,
+        };
+        let entry = entry.inspect_err(|_| Counters::inc(&self.counters.failed_writes))?;
+        let old = {
+            let mut g = self.slots[index as usize].lock();
+            g.touch(self.tick());
+            g.replace(entry)
+        };
+        self.account(entry, true);
+        self.release(old);
+        Ok(())
+    }
+
+    /// Reads one whole page at slot `index` into `out`.
+    pub fn read_page(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        assert_eq!(out.len(), PAGE_SIZE);
+        Counters::inc(&self.counters.num_reads);
+        let fetched = {
+            let mut g = self.slots[index as usize].lock();
+            g.touch(self.tick());
+            self.fetch(&g, ctx, out)
+        };
+        self.finish(ctx, index, fetched, out).inspect_err(|_| Counters::inc(&self.counters.failed_reads))
+    }
+
+    /// Frees slot `index` (swap-free-notify).
+    pub fn discard_page(&self, index: u64) {
+        let old = self.slots[index as usize].lock().replace(Entry::Empty);
+        if old != Entry::Empty {
+            Counters::inc(&self.counters.notify_free);
+            self.release(old);
+        }
+    }
+
+    /// Read-modify-write of part of a page, under the slot lock from start to end, so that two
+    /// partial writes to one page cannot lose each other's bytes.
+    fn update_page(&self, ctx: &mut Context, index: u64, modify: impl FnOnce(&mut [u8])) -> Result<(), StoreError> {
+        Counters::inc(&self.counters.num_writes);
+        let mut page = std::mem::take(&mut ctx.page);
+        let r = (|| {
+            let mut g = self.slots[index as usize].lock();
+            let fetched = self.fetch(&g, ctx, &mut page);
+            self.finish(ctx, index, fetched, &mut page)?;
+            modify(&mut page);
+            let entry = self.encode(ctx, index, &page)?;
+            g.touch(self.tick());
+            let old = g.replace(entry);
+            drop::<SlotGuard>(g);
+            self.account(entry, true);
+            self.release(old);
+            Ok(())
+        })();
+        ctx.page = page;
+        r.inspect_err(|_| Counters::inc(&self.counters.failed_writes))
+    }
+
+    /// Turns a page into an entry: a fill word, or a new pool object (compressed or raw).
+    /// Takes no slot lock; the caller installs the entry.
+    fn encode(&self, ctx: &mut Context, index: u64, page: &[u8]) -> Result<Entry, StoreError> {
+        if let Some(fill) = same_filled(page) {
+            return Ok(Entry::Same(fill));
+        }
+        let owner = index as u32;
+        let clen = ctx.comp.compress(page, &mut ctx.cbuf).filter(|&n| n <= self.cfg.huge_threshold_bytes && n < PAGE_SIZE - 8);
+        let r = match clen {
+            Some(n) => self.pool.alloc(&ctx.cbuf[..n], owner).map(|h| Entry::Compressed { handle: h.0, len: n as u16 }),
+            None => self.pool.alloc(page, owner).map(|h| Entry::Huge { handle: h.0 }),
+        };
+        r.map_err(|PoolFull { used_bytes, limit_bytes }| StoreError::NoSpace { used_bytes, limit_bytes })
+    }
+
+    /// Copies what slot `g` holds into `out`, or its compressed bytes into `ctx.cbuf`, under
+    /// the slot lock.
+    fn fetch(&self, g: &SlotGuard<'_>, ctx: &mut Context, out: &mut [u8]) -> Fetched {
+        match g.entry() {
+            Entry::Empty => out.fill(0),
+            Entry::Same(w) => out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w.to_ne_bytes())),
+            Entry::Compressed { handle, len } => {
+                // SAFETY: we hold the owner's slot lock and the handle is the slot's live object.
+                unsafe { self.pool.read(Handle(handle), &mut ctx.cbuf[..len as usize]) };
+                return Fetched::Compressed(len as usize);
+            }
+            // SAFETY: as above.
+            Entry::Huge { handle } => unsafe { self.pool.read(Handle(handle), out) },
+            Entry::Backing { .. } => unreachable!("no backing device is configured"),
+        }
+        Fetched::Done
+    }
+
+    /// Completes a read after the slot lock is released.
+    fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
+        match fetched {
+            Fetched::Done => Ok(()),
+            Fetched::Compressed(len) => {
+                ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason })
+            }
+        }
+    }
+
+    /// Frees what an entry taken out of its slot held.
+    fn release(&self, old: Entry) {
+        self.account(old, false);
+        match old {
+            // SAFETY: `old` was just taken out of its slot under the slot lock, so this is the
+            // one free of a live object and nobody can reach it any more.
+            Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(Handle(handle)) },
+            Entry::Empty | Entry::Same(_) => {}
+            Entry::Backing { .. } => unreachable!("no backing device is configured"),
+        }
+    }
+
+    /// Adds (`add`) or removes an entry's share of the statistics.
+    fn account(&self, e: Entry, add: bool) {
+        let c = &self.counters;
+        let upd = |ctr: &AtomicU64, n: u64| if add { Counters::add(ctr, n) } else { Counters::sub(ctr, n) };
+        match e {
+            Entry::Empty => return,
+            Entry::Same(_) => upd(&c.same_pages, 1),
+            Entry::Compressed { len, .. } => {
+                upd(&c.compr_data_size, len as u64);
+                if len as usize <= PAGE_SIZE / 2 {
+                    upd(&c.good_compress, 1);
+                }
+            }
+            Entry::Huge { .. } => {
+                upd(&c.compr_data_size, PAGE);
+                upd(&c.huge_pages, 1);
+                if add {
+                    Counters::inc(&c.huge_pages_since);
+                }
+            }
+            Entry::Backing { .. } => {}
+        }
+        upd(&c.pages_stored, 1);
+    }
+
+    // --- maintenance ---------------------------------------------------------------------------
+
+    /// Compacts the pool: moves objects out of sparse zspages and gives their pages back.
+    /// Returns the number of pages released. Safe to run while I/O is in flight.
+    pub fn compact(&self) -> u64 {
+        self.pool.compact(&mut |owner, h, mv| {
+            let mut g = self.slots[owner as usize].lock();
+            if let Entry::Compressed { handle, len } = g.entry() {
+                if handle == h.0 {
+                    if let Some(new) = mv() {
+                        g.replace(Entry::Compressed { handle: new.0, len });
+                    }
+                }
+            }
+        })
+    }
+
+    /// Pages that [`Store::compact`] could release now (an estimate).
+    pub fn compactable_pages(&self) -> u64 {
+        self.pool.compactable_pages()
+    }
+
+    /// Changes the memory limit (bytes; 0 = none). Lowering it below current use does not
+    /// evict anything; new allocations fail until use drops.
+    pub fn set_mem_limit(&self, bytes: u64) {
+        self.mem_limit_bytes.store(bytes, Relaxed);
+        self.pool.set_limit_pages(bytes.div_ceil(PAGE));
+    }
+
+    /// Resets `mem_used_max` to the current use (zram's `mem_used_max` reset).
+    pub fn reset_mem_used_max(&self) {
+        self.pool.reset_max();
+    }
+
+    /// The coarse clock stored in slots as the access time.
+    pub(crate) fn tick(&self) -> u16 {
+        (self.created.elapsed().as_secs() / TICK_SECS) as u16
+    }
+
+    /// A snapshot of the statistics.
+    pub fn stats(&self) -> Stats {
+        let c = &self.counters;
+        let g = Counters::get;
+        let pages_stored_all = g(&c.pages_stored);
+        let same = g(&c.same_pages);
+        let stored = pages_stored_all - same.min(pages_stored_all);
+        let pct = |n: u64| if stored == 0 { 0 } else { n * 100 / stored };
+        let used = self.pool.total_pages();
+        Stats {
+            disksize: self.disksize_bytes(),
+            comp_algorithm: self.cfg.algorithm.name().to_string(),
+            orig_data_size: pages_stored_all * PAGE,
+            compr_data_size: g(&c.compr_data_size),
+            mem_used_total: used * PAGE,
+            mem_limit: self.mem_limit_bytes.load(Relaxed),
+            mem_used_max: self.pool.max_pages() * PAGE,
+            same_pages: same,
+            pages_compacted: self.pool.pages_compacted(),
+            huge_pages: g(&c.huge_pages),
+            huge_pages_since: g(&c.huge_pages_since),
+            failed_reads: g(&c.failed_reads),
+            failed_writes: g(&c.failed_writes),
+            invalid_io: g(&c.invalid_io),
+            notify_free: g(&c.notify_free),
+            bd_count: g(&c.bd_count),
+            bd_reads: g(&c.bd_reads),
+            bd_writes: g(&c.bd_writes),
+            bd_bytes: g(&c.bd_bytes),
+            num_reads: g(&c.num_reads),
+            num_writes: g(&c.num_writes),
+            pages_stored: stored,
+            pages_used: used,
+            good_compress_pct: pct(g(&c.good_compress)),
+            no_compress_pct: pct(g(&c.huge_pages)),
+            slot_table_bytes: self.slots.bytes() as u64,
+        }
+    }
+}
+
+/// The fill word if every 8-byte word of `page` is the same (zero pages included).
+fn same_filled(page: &[u8]) -> Option<u64> {
+    let mut words = page.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
+    let first = words.next()?;
+    // Check the last word first: most pages that are not same-filled differ there too.
+    let last = u64::from_ne_bytes(page[PAGE_SIZE - 8..].try_into().expect("8 bytes"));
+    (last == first && words.all(|w| w == first)).then_some(first)
+}

@@ -1,0 +1,70 @@
+//! `ZeroedSlice<T>`: a large slice of a type that is valid when all-zero, backed by an
+//! anonymous mapping so that memory is committed only for the parts that are touched (the slot
+//! table of a sparse device, the arena's page descriptors).
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// Marks types whose all-zero bit pattern is a valid value.
+///
+/// # Safety
+/// Implement only for types for which `mem::zeroed()` is a valid, initialized value.
+pub(crate) unsafe trait Zeroable {}
+
+// SAFETY: atomics of integers are valid as zero.
+unsafe impl Zeroable for std::sync::atomic::AtomicU32 {}
+// SAFETY: as above.
+unsafe impl Zeroable for std::sync::atomic::AtomicU64 {}
+
+pub(crate) struct ZeroedSlice<T: Zeroable> {
+    ptr: NonNull<T>,
+    len: usize,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: ZeroedSlice owns its elements like a Box<[T]>; it is Send/Sync when T is.
+unsafe impl<T: Zeroable + Send> Send for ZeroedSlice<T> {}
+// SAFETY: as above; shared access only hands out &T.
+unsafe impl<T: Zeroable + Sync> Sync for ZeroedSlice<T> {}
+
+impl<T: Zeroable> ZeroedSlice<T> {
+    pub fn new(len: usize) -> std::io::Result<Self> {
+        let bytes = (len.max(1)).checked_mul(std::mem::size_of::<T>()).expect("slice size overflows");
+        // SAFETY: a fresh private anonymous mapping, zero-filled by the kernel on first touch.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        const { assert!(std::mem::align_of::<T>() <= 4096, "mmap gives page alignment") };
+        Ok(ZeroedSlice { ptr: NonNull::new(p as *mut T).expect("mmap returned non-null"), len, _owns: PhantomData })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+}
+
+impl<T: Zeroable> std::ops::Deref for ZeroedSlice<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the mapping holds `len` elements, zero-initialized by the kernel, and T is
+        // Zeroable, so every element is a valid T; the mapping lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T: Zeroable> Drop for ZeroedSlice<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no borrows outlive self.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len.max(1) * std::mem::size_of::<T>()) };
+    }
+}

@@ -1,0 +1,168 @@
+//! The page arena: the pool's source of 4 KiB pages, standing in for the kernel's page
+//! allocator under zsmalloc.
+//!
+//! One anonymous mapping is reserved up front (`MAP_NORESERVE`: address space only, no memory)
+//! and handed out page by page, named by page frame numbers (pfn, `u32`). Memory becomes
+//! resident when a page is first written and is returned to the kernel with
+//! `madvise(MADV_DONTNEED)` when the pool frees it. Under `mlockall` that madvise fails; the
+//! page then stays resident on the free list and is reused first (memory reserved for the hot
+//! path, which is what a swap server wants).
+//!
+//! Each pfn also has a small descriptor (`PageDesc`, the pool's `struct page`), which the
+//! owning size class uses for zspage bookkeeping.
+//!
+//! Locking: `free` (the free-page list) is one mutex for the whole arena. It is taken once per
+//! zspage created or destroyed, not per object, and always last (lock order in `slot.rs`).
+
+use parking_lot::Mutex;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+use crate::zeroed::{ZeroedSlice, Zeroable};
+use crate::PAGE_SIZE;
+
+/// Per-page descriptor. All fields are written under the lock of the size class that owns the
+/// page's zspage; they are atomics only so that the arena can be shared without `UnsafeCell`.
+/// `next` alone is also read without the class lock, by readers that hold a slot lock
+/// pinning an object on this zspage (rule 2 in `slot.rs`): it never changes while the zspage lives.
+pub(super) struct PageDesc {
+    /// The next page of this zspage's chain (`NONE` at the end).
+    pub next: AtomicU32,
+    /// First page only: objects in use.
+    pub inuse: AtomicU32,
+    /// First page only: head of the free-object list (object index). In the huge class,
+    /// whose zspages hold one headerless object, it holds that object's owner slot instead.
+    pub free_head: AtomicU32,
+    /// First page only: position in the class's partial list, or `NONE`.
+    pub list_pos: AtomicU32,
+}
+
+// SAFETY: PageDesc is four AtomicU32; all-zero is a valid value of each.
+unsafe impl Zeroable for PageDesc {}
+
+pub(super) const NONE: u32 = u32::MAX;
+
+pub(super) struct Arena {
+    base: NonNull<u8>,
+    capacity_pages: u32,
+    descs: ZeroedSlice<PageDesc>,
+    state: Mutex<FreeState>,
+    used_pages: AtomicU64,
+    limit_pages: AtomicU64,
+    max_used_pages: AtomicU64,
+}
+
+struct FreeState {
+    /// Pages never handed out start at `next_unused`.
+    next_unused: u32,
+    free: Vec<u32>,
+}
+
+// SAFETY: `base` points to a private mapping owned by the arena for its whole life. The arena
+// hands out disjoint pages; who may touch a page's bytes is governed by the pool's locking rules
+// (slot.rs), not by the arena, which itself only touches pages in `madvise` after they are freed.
+unsafe impl Send for Arena {}
+// SAFETY: as for Send; all shared mutable state is in atomics or behind `state`'s mutex.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// Reserves address space for `capacity_pages` pages. `limit_pages` 0 means no limit.
+    pub fn new(capacity_pages: u32, limit_pages: u64) -> std::io::Result<Arena> {
+        let len = capacity_pages as usize * PAGE_SIZE;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let descs = ZeroedSlice::new(capacity_pages as usize)?;
+        Ok(Arena {
+            base: NonNull::new(p as *mut u8).expect("mmap returned a non-null address"),
+            capacity_pages,
+            descs,
+            state: Mutex::new(FreeState { next_unused: 0, free: Vec::new() }),
+            used_pages: AtomicU64::new(0),
+            limit_pages: AtomicU64::new(limit_pages),
+            max_used_pages: AtomicU64::new(0),
+        })
+    }
+
+    pub fn desc(&self, pfn: u32) -> &PageDesc {
+        &self.descs[pfn as usize]
+    }
+
+    /// The address of page `pfn`. Dereferencing it is governed by the pool's locking rules.
+    pub fn page_ptr(&self, pfn: u32) -> *mut u8 {
+        assert!(pfn < self.capacity_pages, "pfn {pfn} outside the arena");
+        // SAFETY: pfn < capacity_pages, so the offset stays inside the mapping.
+        unsafe { self.base.as_ptr().add(pfn as usize * PAGE_SIZE) }
+    }
+
+    /// Takes `n` pages at once (one zspage), all or none. Fails when the limit or the
+    /// reservation would be exceeded.
+    pub fn alloc(&self, n: usize, out: &mut [u32]) -> Result<(), (u64, u64)> {
+        let limit = self.limit_pages.load(Relaxed);
+        let mut st = self.state.lock();
+        let used = self.used_pages.load(Relaxed);
+        let available = st.free.len() as u64 + (self.capacity_pages - st.next_unused) as u64;
+        if (limit != 0 && used + n as u64 > limit) || available < n as u64 {
+            let cap = if limit != 0 { limit } else { self.capacity_pages as u64 };
+            return Err((used, cap));
+        }
+        for slot in out.iter_mut().take(n) {
+            *slot = match st.free.pop() {
+                Some(pfn) => pfn,
+                None => {
+                    st.next_unused += 1;
+                    st.next_unused - 1
+                }
+            };
+        }
+        let now = self.used_pages.fetch_add(n as u64, Relaxed) + n as u64;
+        self.max_used_pages.fetch_max(now, Relaxed);
+        Ok(())
+    }
+
+    /// Returns pages to the arena and their memory to the kernel where it can.
+    pub fn free(&self, pfns: &[u32]) {
+        for &pfn in pfns {
+            // SAFETY: the page is inside the mapping; the pool calls free only after the last
+            // object on it is gone, so no reference to its bytes remains.
+            unsafe { libc::madvise(self.page_ptr(pfn) as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED) };
+        }
+        let mut st = self.state.lock();
+        st.free.extend_from_slice(pfns);
+        self.used_pages.fetch_sub(pfns.len() as u64, Relaxed);
+    }
+
+    pub fn used_pages(&self) -> u64 {
+        self.used_pages.load(Relaxed)
+    }
+    pub fn max_used_pages(&self) -> u64 {
+        self.max_used_pages.load(Relaxed)
+    }
+    pub fn limit_pages(&self) -> u64 {
+        self.limit_pages.load(Relaxed)
+    }
+    pub fn set_limit_pages(&self, pages: u64) {
+        self.limit_pages.store(pages, Relaxed);
+    }
+    pub fn reset_max(&self) {
+        self.max_used_pages.store(self.used_pages(), Relaxed);
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created in `new` with this length and nothing borrows it now.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.capacity_pages as usize * PAGE_SIZE) };
+    }
+}
