@@ -55,6 +55,8 @@ def main(argv=None) -> int:
                         "standing in while compcache is not built)")
     r.add_argument("--app-backend", choices=[c for c in ALL_CONFIGS if c != "noswap"], default=None,
                    help="compressed device for the app cycle (default compcache, else zram-lz4)")
+    r.add_argument("--pages", default=None, metavar="FILE",
+                   help="fill scan's memory from a raw page dump (e.g. data/pages-mixed.bin from tools/pagedump)")
     r.add_argument("--set", action="append", default=[], metavar="EXP.KEY=JSON",
                    help="override a parameter, e.g. --set scan.recipe_runs=3")
     r.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT}/<UTC time>)")
@@ -96,6 +98,8 @@ def main(argv=None) -> int:
         if exp not in EXPERIMENTS or not k or not val:
             ap.error(f"--set wants EXP.KEY=VALUE with EXP in {EXPERIMENTS}, got {item!r}")
         overrides.setdefault(exp, {})[k] = json.loads(val)
+    if a.pages:
+        overrides.setdefault("scan", {})["pages_file"] = os.path.abspath(a.pages)
     stamp = dt.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
     out_dir = a.out or os.path.join(DEFAULT_OUT, f"{stamp}-{a.profile}")
     from .suite import run_suite

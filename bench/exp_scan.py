@@ -14,8 +14,9 @@ from .parse import parse_scan_output
 from .runner import Sampler, run_workload
 
 
-def scan_argv(scan_bin: str, mib: int, passes: int, mode: str) -> list:
-    return [scan_bin, "-m", mode, str(mib), str(passes)]
+def scan_argv(scan_bin: str, mib: int, passes: int, mode: str, pages_file: str | None = None) -> list:
+    """pages_file: fill from a raw page dump (tools/pagedump) instead of the built-in mix."""
+    return [scan_bin, "-m", mode] + (["-p", pages_file] if pages_file else []) + [str(mib), str(passes)]
 
 
 def summarize_runs(runs: list, skip_first: bool = True) -> dict:
@@ -79,7 +80,7 @@ def _run_config(ctx, p, cfg, res):
     with cfg:
         res["info"] = dict(cfg.info)
         limit = p["recipe_limit_bytes"]
-        argv = scan_argv(ctx.scan_bin, p["recipe_mib"], p["recipe_passes"], p["recipe_mode"])
+        argv = scan_argv(ctx.scan_bin, p["recipe_mib"], p["recipe_passes"], p["recipe_mode"], p.get("pages_file"))
         with ctx.cgroup(limit, cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:
             runs = _runs(ctx, cfg, cg, argv, p["recipe_runs"], p["run_timeout_s"],
                          f"recipe {p['recipe_mib']} MiB x{p['recipe_passes']} in {limit >> 20} MiB")
@@ -89,7 +90,7 @@ def _run_config(ctx, p, cfg, res):
         for mode in p["sweep_modes"]:
             for factor in p["sweep_factors"]:
                 mib = int(round(factor * (limit >> 20)))
-                argv = scan_argv(ctx.scan_bin, mib, p["sweep_passes"], mode)
+                argv = scan_argv(ctx.scan_bin, mib, p["sweep_passes"], mode, p.get("pages_file"))
                 with ctx.cgroup(limit, cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:
                     runs = _runs(ctx, cfg, cg, argv, p["sweep_runs"], p["run_timeout_s"],
                                  f"sweep {mode} {mib} MiB ({factor:g}x)")

@@ -17,8 +17,10 @@ QUICK = {
         "recipe_passes": 10,
         "recipe_runs": 5,
         "recipe_mode": "cyclic",
+        # None: scan's built-in content mix; or a raw page dump such as data/pages-mixed.bin.
+        "pages_file": None,
         # The sweep: M from 1.0x to 2.5x of the limit, both access patterns.
-        "sweep_limit_bytes": 128 * MiB,
+        "sweep_limit_bytes": 64 * MiB,
         "sweep_factors": [1.0, 1.5, 2.0, 2.5],
         "sweep_modes": ["cyclic", "once"],
         "sweep_passes": 3,

@@ -102,10 +102,10 @@ def parse_fio_json(text: str) -> dict:
 
     bw_bytes is the throughput of the direction the job did (the sum if both), so one number
     describes each iozone-style test. fio may print warnings before the JSON; skip them."""
-    start = text.find("{")
-    if start < 0:
+    m = re.search(r"^\{", text, re.M)
+    if not m:
         raise ValueError("no JSON object in fio output")
-    data = json.loads(text[start:])
+    data, _ = json.JSONDecoder().raw_decode(text[m.start():])
     job = data["jobs"][0]
     rd, wr = job["read"], job["write"]
     return {

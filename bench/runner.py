@@ -107,6 +107,6 @@ def run_workload(system, cgroup, argv: list, timeout: float) -> dict:
         "returncode": proc.returncode,
         "status": status,
         "oom_kills": ooms,
-        "stdout": out.decode(errors="replace")[-4000:],
+        "stdout": out.decode(errors="replace"),
         "stderr": err.decode(errors="replace")[-4000:],
     }

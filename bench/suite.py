@@ -59,7 +59,8 @@ def preflight(system: System, experiments: list, configs: list, compcache_bin) -
 def _cmd_version(argv) -> str:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        return (p.stdout or p.stderr).strip().splitlines()[0]
+        lines = (p.stdout or p.stderr).strip().splitlines()
+        return lines[0] if lines else f"(no output, exit {p.returncode})"
     except Exception as e:  # recorded, not fatal
         return f"unavailable ({e.__class__.__name__})"
 
@@ -134,6 +135,8 @@ def run_suite(profile: str, experiments: list, configs: list, out_dir: str, work
                  + ", ".join(s["filename"] for s in results["machine"]["swaps_at_start"]))
     ctx = Context(system, ledger, progress, workdir, REPO_ROOT, configs, build_scan(system), compcache_bin,
                   cgroup_mod.detect(system))
+    compcache_ok = ctx.config("compcache", 0).unavailable() is None
+    results["machine"]["compcache_usable"] = compcache_ok
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if "scan" in experiments:
@@ -141,12 +144,12 @@ def run_suite(profile: str, experiments: list, configs: list, out_dir: str, work
             results["experiments"]["scan"] = exp_scan.run(ctx, p["scan"])
             _save(results, out_dir)
         if "fio" in experiments:
-            with_cfg = fio_configs or ["noswap", "compcache" if compcache_bin else "zram-lz4"]
+            with_cfg = fio_configs or ["noswap", "compcache" if compcache_ok else "zram-lz4"]
             progress(f"experiment fio (seeds 000, 003), configs: {', '.join(with_cfg)}")
             results["experiments"]["fio"] = exp_fio.run(ctx, p["fio"], with_cfg)
             _save(results, out_dir)
         if "app" in experiments:
-            backend = app_backend or ("compcache" if compcache_bin else "zram-lz4")
+            backend = app_backend or ("compcache" if compcache_ok else "zram-lz4")
             progress(f"experiment app cycle (seeds 001, 002), compressed device: {backend}")
             results["experiments"]["app"] = exp_app.run(ctx, p["app"], backend)
             _save(results, out_dir)

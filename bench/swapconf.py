@@ -247,14 +247,14 @@ class NbdLoopSwap(SwapConfig):
         self.socket = os.path.join(base, "nbd.sock")
         self.mnt = os.path.join(base, "mnt")
         self.system.mkdir(self.mnt)
-        self.server_log = open(os.path.join(base, "server.log"), "w")
+        self.server_log = self.system.open_log(os.path.join(base, "server.log"))
         self.server = self.system.spawn(self.server_argv(self.socket), stdout=self.server_log,
                                         stderr=subprocess.STDOUT)
         self.ledger.add("pids", self.server.pid)
         self.info["server_argv"] = self.server_argv(self.socket)
         self._wait_for(lambda: self.system.exists(self.socket), f"{self.name} server socket {self.socket}",
                        proc=self.server)
-        self.fuse_log = open(os.path.join(base, "nbdfuse.log"), "w")
+        self.fuse_log = self.system.open_log(os.path.join(base, "nbdfuse.log"))
         self.fuse = self.system.spawn(["nbdfuse", f"{self.mnt}/nbd", "--unix", self.socket],
                                       stdout=self.fuse_log, stderr=subprocess.STDOUT)
         self.ledger.add("pids", self.fuse.pid)
@@ -381,6 +381,12 @@ class CompcacheSwap(NbdLoopSwap):
     def unavailable(self):
         if not self.binary:
             return "compcache binary not found: build with cargo build --release -p compcache"
+        try:
+            usage = self.system.run([self.binary, "serve", "--help"], check=False, timeout=10)
+        except Exception as e:
+            return f"compcache binary {self.binary} does not run: {e}"
+        if "--socket" not in usage:
+            return f"compcache binary {self.binary} has no working `serve` yet (its serve --help names no --socket)"
         return None
 
     def server_argv(self, socket):

@@ -54,6 +54,10 @@ class System:
     def remove(self, path: str) -> None:
         os.remove(path)
 
+    def open_log(self, path: str):
+        """A file to receive a server's output (kept in the run's work directory)."""
+        return open(path, "w")
+
     def which(self, tool: str) -> str | None:
         return shutil.which(tool)
 

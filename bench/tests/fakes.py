@@ -1,0 +1,191 @@
+"""A fake of bench.system.System: an in-memory sysfs and command log, so that setup and
+teardown logic can be tested as non-root without touching the machine."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import subprocess
+
+from bench.system import CommandError
+
+
+class FakeProc:
+    _pids = itertools.count(40000)
+
+    def __init__(self, argv, on_start=None):
+        self.argv = argv
+        self.pid = next(self._pids)
+        self.returncode = None
+        if on_start:
+            on_start(self)
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            self.returncode = 0
+        return self.returncode
+
+    def kill(self):
+        self.returncode = -9
+
+
+class FakeSystem:
+    """Files live in `self.files` (path -> str). Commands are logged in `self.commands` and
+    answered by `self.answers` (first word -> str or callable). `fail` maps a first word
+    (or 'write:PATH') to the number of the call that should fail (1 = first), or a set of them."""
+
+    def __init__(self, root=True):
+        self.root = root
+        self.files: dict = {}
+        self.dirs: set = set()
+        self.commands: list = []
+        self.writes: list = []
+        self.procs: list = []
+        self.fail: dict = {}
+        self._calls: dict = {}
+        self.tools = {"mkswap", "swapon", "swapoff", "losetup", "nbdfuse", "fusermount3", "nbdkit", "fio", "make",
+                      "gcc", "fallocate", "chmod"}
+        self.swaps: list = []
+        self.loops: list = []
+        self.mounts: list = []
+        self.next_loop = 7
+        self.next_zram = 5
+        self.files["/sys/class/zram-control/hot_add"] = ""
+        self.files["/sys/module/zswap/parameters/enabled"] = "N\n"
+        self.files["/sys/module/zswap/parameters/compressor"] = "lzo\n"
+        self.files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "9223372036854771712\n"
+
+    # helpers -------------------------------------------------------------------------
+    def _maybe_fail(self, key):
+        n = self._calls[key] = self._calls.get(key, 0) + 1
+        f = self.fail.get(key)
+        if f == n or (isinstance(f, (set, tuple, list)) and n in f):
+            raise CommandError([key], 1, f"injected failure of {key}")
+
+    # System interface ----------------------------------------------------------------
+    def read(self, path):
+        if path == "/sys/class/zram-control/hot_add":
+            z = self.next_zram
+            self.next_zram += 1
+            base = f"/sys/block/zram{z}"
+            self.dirs.add(base)
+            self.files[f"{base}/comp_algorithm"] = "[lzo-rle] lzo lz4\n"
+            self.files[f"{base}/mm_stat"] = "8388608 2097152 2359296 0 2359296 10 0 3 3\n"
+            self.files[f"{base}/stat"] = "10 0 80 0 20 0 160 0 0 0 0 0 0 0 0 0 0\n"
+            return f"{z}\n"
+        if path == "/proc/swaps":
+            return "Filename Type Size Used Priority\n" + "".join(f"{s} partition 1024 0 100\n" for s in self.swaps)
+        if path == "/proc/self/mounts":
+            return "".join(f"nbdfuse {m} fuse rw 0 0\n" for m in self.mounts)
+        if path in self.files:
+            return self.files[path]
+        raise FileNotFoundError(path)
+
+    def write(self, path, value):
+        self._maybe_fail(f"write:{path}")
+        self.writes.append((path, value))
+        if path.endswith("/hot_remove"):
+            self.dirs.discard(f"/sys/block/zram{value}")
+        if path.endswith("/cgroup.procs"):
+            return
+        self.files[path] = value
+
+    def exists(self, path):
+        return path in self.files or path in self.dirs or any(f.startswith(path + "/") for f in self.files)
+
+    def mkdir(self, path):
+        self.dirs.add(path)
+        if "/sys/fs/cgroup/" in path:
+            self.files[f"{path}/cgroup.procs"] = ""
+            self.files[f"{path}/memory.oom_control"] = "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n"
+            self.files[f"{path}/memory.stat"] = "rss 100\ncache 50\nswap 7\n"
+            self.files[f"{path}/memory.memsw.limit_in_bytes"] = ""
+
+    def rmdir(self, path):
+        self._maybe_fail(f"rmdir:{path}")
+        self.dirs.discard(path)
+        for f in [f for f in self.files if f.startswith(path + "/")]:
+            del self.files[f]
+
+    def remove(self, path):
+        self.files.pop(path, None)
+
+    def open_log(self, path):
+        return io.StringIO()
+
+    def which(self, tool):
+        return f"/usr/bin/{tool}" if tool in self.tools else None
+
+    def is_root(self):
+        return self.root
+
+    def run(self, argv, check=True, timeout=120):
+        argv = [str(a) for a in argv]
+        self.commands.append(argv)
+        self._maybe_fail(argv[0])
+        cmd = argv[0]
+        if cmd == "losetup" and "--find" in argv:
+            dev = f"/dev/loop{self.next_loop}"
+            self.next_loop += 1
+            self.loops.append(dev)
+            self.files[f"/sys/block/loop{dev[len('/dev/loop'):]}/loop/dio"] = "1\n"
+            return dev + "\n"
+        if cmd == "losetup" and argv[1] == "-d":
+            self.loops.remove(argv[2])
+        if cmd == "losetup" and "--list" in argv:
+            return "\n".join(self.loops)
+        if cmd == "swapon":
+            self.swaps.append(argv[-1])
+        if cmd == "swapoff":
+            self.swaps.remove(argv[-1])
+        if cmd == "fusermount3":
+            m = argv[-1]
+            if m in self.mounts:
+                self.mounts.remove(m)
+            self.files.pop(f"{m}/nbd", None)
+        if cmd == "fallocate":
+            self.files[argv[-1]] = ""
+        if argv[1:3] == ["serve", "--help"]:
+            return "Usage: compcache serve --size SIZE --socket PATH"
+        if argv[1:3] == ["stat", "--json"]:
+            return '{"orig_data_size": 4096000, "mem_used_total": 1024000}'
+        return ""
+
+    def spawn(self, argv, stdout=None, stderr=None, stdin=None, new_session=True):
+        argv = [str(a) for a in argv]
+        self.commands.append(argv)
+        self._maybe_fail(f"spawn:{os.path.basename(argv[0])}")
+
+        def started(proc):
+            if "-U" in argv:  # nbdkit
+                self.files[argv[argv.index("-U") + 1]] = "socket"
+            if "--socket" in argv:  # compcache
+                self.files[argv[argv.index("--socket") + 1]] = "socket"
+            if argv[0] == "nbdfuse":
+                self.files[argv[1]] = "file"
+                self.mounts.append(os.path.dirname(argv[1]))
+
+        p = FakeProc(argv, started)
+        self.procs.append(p)
+        return p
+
+    def pid_alive(self, pid):
+        return any(p.pid == pid and p.returncode is None for p in self.procs)
+
+    def kill(self, pid, sig=15):
+        for p in self.procs:
+            if p.pid == pid and p.returncode is None:
+                p.returncode = -sig
+
+    def sleep(self, seconds):
+        pass
+
+    def monotonic(self):
+        return 0.0
+
+
+__all__ = ["FakeSystem", "FakeProc", "subprocess"]

@@ -1,0 +1,196 @@
+"""Setup/teardown of every configuration against a fake system: everything created is
+undone, also when a step fails half-way, and nothing not ours is touched."""
+
+import signal
+
+import pytest
+
+from bench import suite
+from bench.cgroup import MemoryCgroup
+from bench.swapconf import ALL_CONFIGS, TeardownError, make_config
+from bench.system import CommandError, Ledger
+
+from .fakes import FakeSystem
+
+MiB = 1 << 20
+
+
+def _config(name, fs, ledger):
+    return make_config(name, fs, ledger, "/work", 64 * MiB, compcache_bin="/bin/compcache")
+
+
+def _assert_clean(fs, ledger):
+    assert ledger.leftovers(fs) == []
+    assert not any(getattr(ledger, k) for k in ("swaps", "loops", "mounts", "zrams", "cgroups", "pids", "files"))
+    assert fs.swaps == [] and fs.loops == [] and fs.mounts == []
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_each_config_sets_up_and_leaves_nothing(name):
+    fs, ledger = FakeSystem(), Ledger()
+    with _config(name, fs, ledger) as cfg:
+        if name != "noswap":
+            assert len(fs.swaps) == 1, "one swap device while the configuration is active"
+            assert cfg.info
+        cfg.stats()
+    _assert_clean(fs, ledger)
+
+
+def test_zram_uses_own_device_and_removes_only_it():
+    fs, ledger = FakeSystem(), Ledger()
+    fs.dirs.add("/sys/block/zram0")  # someone else's device
+    with _config("zram-lz4", fs, ledger) as cfg:
+        assert cfg.info["device"] == "/dev/zram5"
+        assert ("/sys/block/zram5/comp_algorithm", "lz4") in fs.writes
+        st = cfg.stats()
+        assert st["orig_data_size"] == 8388608 and st["num_writes"] == 20
+    assert ("/sys/class/zram-control/hot_remove", "5") in fs.writes
+    assert "/sys/block/zram0" in fs.dirs
+    assert not any("zram0" in p for p, _ in fs.writes)
+
+
+def test_zram_rejects_missing_algorithm_and_cleans_up():
+    fs, ledger = FakeSystem(), Ledger()
+    cfg = make_config("zram-zstd", fs, ledger, "/work", MiB)
+    with pytest.raises(RuntimeError, match="no zstd"):
+        with cfg:
+            pass
+    _assert_clean(fs, ledger)
+    assert ("/sys/class/zram-control/hot_remove", "5") in fs.writes
+
+
+def test_zswap_restores_enabled_even_when_swapon_fails():
+    fs, ledger = FakeSystem(), Ledger()
+    fs.fail["swapon"] = 1
+    with pytest.raises(CommandError):
+        with _config("zswap", fs, ledger):
+            pass
+    assert fs.files["/sys/module/zswap/parameters/enabled"] == "N"
+    _assert_clean(fs, ledger)
+    assert "/work/zswap.swapfile" not in fs.files
+
+
+def test_zswap_restores_after_run():
+    fs, ledger = FakeSystem(), Ledger()
+    with _config("zswap", fs, ledger):
+        assert fs.files["/sys/module/zswap/parameters/enabled"] == "Y"
+    assert fs.files["/sys/module/zswap/parameters/enabled"] == "N"
+
+
+@pytest.mark.parametrize("name", ["nbdkit-zstd", "compcache"])
+@pytest.mark.parametrize("failing", ["mkswap", "swapon", "losetup", "spawn:nbdfuse", "spawn:server"])
+def test_nbd_chain_undone_when_a_setup_step_fails(name, failing):
+    fs, ledger = FakeSystem(), Ledger()
+    if failing == "spawn:server":
+        failing = "spawn:nbdkit" if name == "nbdkit-zstd" else "spawn:compcache"
+    fs.fail[failing] = {1, 2}  # losetup: with and without direct I/O
+    with pytest.raises(CommandError):
+        with _config(name, fs, ledger):
+            pass
+    _assert_clean(fs, ledger)
+    assert all(p.returncode is not None for p in fs.procs), "server and nbdfuse stopped"
+
+
+def test_loop_falls_back_to_buffered_io_and_records_it():
+    fs, ledger = FakeSystem(), Ledger()
+    fs.fail["losetup"] = 1
+    with _config("nbdkit-zstd", fs, ledger) as cfg:
+        assert cfg.info["loop_dio_requested"] is False
+    _assert_clean(fs, ledger)
+
+
+def test_nbd_teardown_order_swapoff_before_server_stops():
+    fs, ledger = FakeSystem(), Ledger()
+    with _config("nbdkit-zstd", fs, ledger) as cfg:
+        server = cfg.server
+    cmds = [c[0] for c in fs.commands]
+    assert cmds.index("swapoff") < cmds.index("losetup", cmds.index("swapoff")) < cmds.index("fusermount3")
+    assert server.returncode is not None
+    assert "--swap" in cfg.info["server_argv"], "nbdkit locks itself in memory"
+
+
+def test_compcache_served_with_mlock():
+    fs, ledger = FakeSystem(), Ledger()
+    with _config("compcache", fs, ledger) as cfg:
+        assert "--mlock" in cfg.info["server_argv"]
+        assert cfg.stats()["orig_data_size"] == 4096000
+
+
+def test_compcache_missing_binary_is_a_skip_reason():
+    fs = FakeSystem()
+    cfg = make_config("compcache", fs, Ledger(), "/work", MiB, compcache_bin=None)
+    assert "cargo build --release" in cfg.unavailable()
+
+
+def test_teardown_runs_every_step_and_reports_failures():
+    fs, ledger = FakeSystem(), Ledger()
+    cfg = _config("nbdkit-zstd", fs, ledger)
+    cfg.setup()
+    fs.fail["swapoff"] = 1
+    with pytest.raises(TeardownError, match="swapoff"):
+        cfg.teardown()
+    # Later steps still ran: loop detached, mount gone, processes stopped.
+    assert fs.loops == [] and fs.mounts == []
+    assert all(p.returncode is not None for p in fs.procs)
+
+
+def test_cgroup_v1_noswap_limits_memsw_and_kills_leftover_tasks():
+    fs, ledger = FakeSystem(), Ledger()
+    with MemoryCgroup(fs, ledger, "cg", 128 * MiB, allow_swap=False) as cg:
+        assert cg.version == "v1"
+        assert fs.files["/sys/fs/cgroup/memory/cg/memory.limit_in_bytes"] == str(128 * MiB)
+        assert fs.files["/sys/fs/cgroup/memory/cg/memory.memsw.limit_in_bytes"] == str(128 * MiB)
+        assert cg.wrap(["scan", "1", "1"])[-3:] == ["scan", "1", "1"]
+        p = fs.spawn(["sleep"])
+        fs.files[cg.procs_file()] = f"{p.pid}\n"
+        fs.files["/sys/fs/cgroup/memory/cg/memory.oom_control"] = "oom_kill 2\n"
+        assert cg.oom_kills_since_setup() == 2
+        assert cg.usage() == {"anon_bytes": 100, "file_bytes": 50, "swap_bytes": 7}
+        fs.files[cg.procs_file()] = ""  # the fake does not move tasks out by itself
+        fs.kill(p.pid, signal.SIGKILL)
+    assert "/sys/fs/cgroup/memory/cg" not in fs.dirs
+    assert ledger.cgroups == []
+
+
+def test_cgroup_v2_sets_swap_max():
+    fs, ledger = FakeSystem(), Ledger()
+    fs.files["/sys/fs/cgroup/unified/cgroup.subtree_control"] = "cpu memory"
+    with MemoryCgroup(fs, ledger, "cg", 64 * MiB, allow_swap=False) as cg:
+        fs.files["/sys/fs/cgroup/unified/cg/memory.swap.max"] = ""
+        assert cg.version == "v2"
+        assert fs.files["/sys/fs/cgroup/unified/cg/memory.max"] == str(64 * MiB)
+    assert ledger.cgroups == []
+
+
+def test_nested_failure_unwinds_cgroup_and_config():
+    """An exception inside an experiment step tears down the cgroup, then the device."""
+    fs, ledger = FakeSystem(), Ledger()
+    with pytest.raises(KeyboardInterrupt):
+        with _config("zram-lzo-rle", fs, ledger):
+            with MemoryCgroup(fs, ledger, "cg", MiB, allow_swap=True):
+                raise KeyboardInterrupt  # Ctrl-C; SIGTERM raises suite.Interrupted the same way
+    _assert_clean(fs, ledger)
+
+
+def test_sigterm_becomes_a_base_exception():
+    assert issubclass(suite.Interrupted, BaseException) and not issubclass(suite.Interrupted, Exception)
+    with pytest.raises(suite.Interrupted):
+        suite._on_sigterm(signal.SIGTERM, None)
+
+
+def test_preflight_refuses_non_root_and_missing_tools():
+    fs = FakeSystem(root=False)
+    fs.tools.discard("fio")
+    fs.tools.discard("nbdfuse")
+    problems = suite.preflight(fs, ["scan", "fio"], ["noswap", "nbdkit-zstd"], None)
+    text = "\n".join(problems)
+    assert "must run as root" in text
+    assert "required tool missing: fio" in text
+    assert "required tool missing: nbdfuse (Debian package libnbd-bin" in text
+
+
+def test_preflight_ok_and_ignores_tools_of_unselected_configs():
+    fs = FakeSystem()
+    fs.tools.discard("nbdkit")
+    fs.files["/usr/bin/python3"] = ""
+    assert suite.preflight(fs, ["scan"], ["noswap", "disk", "zram-lz4"], None) == []
