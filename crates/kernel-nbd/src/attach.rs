@@ -1,0 +1,303 @@
+//! Attaching an in-process NBD server to the kernel's `/dev/nbdN`, and detaching it.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use compcache_nbd::client::{greet, info_or_go};
+use compcache_nbd::wire::{FLAG_CAN_MULTI_CONN, OPT_GO};
+use compcache_nbd::Server;
+use thiserror::Error;
+
+use crate::ioctl::*;
+
+/// The block size given to the kernel: one page, the unit the store works in and swap uses.
+pub const BLOCK_BYTES: u64 = 4096;
+
+/// How long the device may take to show its size after `NBD_DO_IT` started (generous: under
+/// emulation a guest kernel is slow).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Everything that can stop an attach.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The kernel has no NBD driver (or no free device); the text says what to do.
+    #[error("kernel NBD is not available: {0}")]
+    Unsupported(String),
+    /// The in-process handshake failed: a bug in one side or the other.
+    #[error("NBD handshake on connection {connection}: {message}")]
+    Handshake { connection: usize, message: String },
+    /// An ioctl on the device failed.
+    #[error("{ioctl} on {device}: {source}")]
+    Ioctl {
+        ioctl: &'static str,
+        device: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Any other OS call (open, socketpair, thread spawn, sysfs).
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// The errno that best describes the error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Unsupported(_) => libc::ENODEV,
+            Error::Handshake { .. } => libc::EPROTO,
+            Error::Ioctl { source, .. } | Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+    let context = context.into();
+    move |source| Error::Io { context, source }
+}
+
+/// How to attach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachOptions {
+    /// The device to use (`/dev/nbd3`), or `None` for the first free one.
+    pub device: Option<PathBuf>,
+    /// Connections (socket pairs); the kernel spreads requests over them, one hardware queue
+    /// each. Default: one per CPU, at most 8. One if the server does not allow multi-conn.
+    pub connections: usize,
+    /// The export name to ask the server for ("" is the default export).
+    pub export_name: String,
+}
+
+impl Default for AttachOptions {
+    fn default() -> Self {
+        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+        AttachOptions { device: None, connections: cpus.clamp(1, 8), export_name: String::new() }
+    }
+}
+
+/// The attached device, as handed to `while_up`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    pub dev_path: PathBuf,
+    pub index: u32,
+    pub size_bytes: u64,
+    pub connections: usize,
+    /// The transmission flags the kernel was given.
+    pub flags: u16,
+}
+
+/// Says whether this kernel has the NBD driver, and if not, what to do.
+pub fn kernel_support() -> Result<(), Error> {
+    if Path::new("/sys/block/nbd0").exists() || Path::new("/dev/nbd0").exists() {
+        return Ok(());
+    }
+    if Path::new("/sys/module/nbd").exists() {
+        return Err(Error::Unsupported("nbd is loaded with nbds_max=0: reload it with nbds_max=16".into()));
+    }
+    Err(Error::Unsupported("no /dev/nbd0: `modprobe nbd` (CONFIG_BLK_DEV_NBD)".into()))
+}
+
+/// The first `/dev/nbdN` with no connection and no size, and its N.
+pub fn find_free_device() -> Result<(PathBuf, u32), Error> {
+    let mut indexes: Vec<u32> = std::fs::read_dir("/sys/block")
+        .map_err(io_err("listing /sys/block"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("nbd")?.parse().ok())
+        .collect();
+    indexes.sort_unstable();
+    for n in indexes {
+        let sys = PathBuf::from(format!("/sys/block/nbd{n}"));
+        let size = std::fs::read_to_string(sys.join("size")).unwrap_or_default();
+        if !sys.join("pid").exists() && size.trim() == "0" {
+            return Ok((PathBuf::from(format!("/dev/nbd{n}")), n));
+        }
+    }
+    Err(Error::Unsupported("every /dev/nbdN is in use (load nbd with a larger nbds_max)".into()))
+}
+
+fn index_of(dev: &Path) -> Result<u32, Error> {
+    dev.file_name()
+        .and_then(|f| f.to_str()?.strip_prefix("nbd")?.parse().ok())
+        .ok_or_else(|| Error::Unsupported(format!("{} is not an NBD device (/dev/nbdN)", dev.display())))
+}
+
+/// Server threads and our socket ends; dropping it closes the sockets and joins the threads,
+/// on the error paths as on the normal one.
+struct Connections {
+    ours: Vec<UnixStream>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Connections {
+    fn drop(&mut self) {
+        for s in &self.ours {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.ours.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Connections {
+    /// Opens one socket pair, serves its far end on a new thread, and runs the client side of
+    /// the handshake on the near end.
+    fn open(&mut self, server: &Arc<Server>, i: usize, label: &str, export: &str) -> Result<compcache_nbd::client::ExportInfo, Error> {
+        let (mut ours, theirs) = UnixStream::pair().map_err(io_err("socketpair"))?;
+        let srv = Arc::clone(server);
+        let peer = format!("{label} connection {i}");
+        let t = thread::Builder::new()
+            .name(format!("nbd-conn-{i}"))
+            .spawn(move || srv.serve_connection(theirs, &peer))
+            .map_err(io_err("spawning a server thread"))?;
+        self.threads.push(t);
+        let hs = |e: compcache_nbd::client::ClientError| Error::Handshake { connection: i, message: e.to_string() };
+        greet(&mut ours).map_err(hs)?;
+        let info = info_or_go(&mut ours, OPT_GO, export).map_err(hs)?;
+        self.ours.push(ours);
+        Ok(info)
+    }
+}
+
+/// Attaches `server` to a kernel NBD device and keeps it attached while `while_up` runs;
+/// then disconnects it. `while_up(attached, alive)` runs on the calling thread once the
+/// device has its size; `alive()` turns false if the kernel ended the connection by itself.
+/// Block the signals you wait for before calling: the threads started here inherit the mask.
+pub fn attach<W>(server: Arc<Server>, opts: &AttachOptions, while_up: W) -> Result<(), Error>
+where
+    W: FnOnce(&Attached, &dyn Fn() -> bool),
+{
+    kernel_support()?;
+    let (dev_path, index) = match &opts.device {
+        Some(p) => (p.clone(), index_of(p)?),
+        None => find_free_device()?,
+    };
+    let name = dev_path.display().to_string();
+    let ioctl_err = |ioctl: &'static str| {
+        let device = name.clone();
+        move |source| Error::Ioctl { ioctl, device, source }
+    };
+    let dev = OpenOptions::new().read(true).write(true).open(&dev_path).map_err(io_err(format!("opening {name}")))?;
+
+    let label = format!("kernel nbd{index}");
+    let mut conns = Connections { ours: Vec::new(), threads: Vec::new() };
+    let info = conns.open(&server, 0, &label, &opts.export_name)?;
+    let wanted = if info.flags & FLAG_CAN_MULTI_CONN != 0 { opts.connections.max(1) } else { 1 };
+    for i in 1..wanted {
+        conns.open(&server, i, &label, &opts.export_name)?;
+    }
+    if info.size == 0 || info.size % BLOCK_BYTES != 0 {
+        return Err(Error::Unsupported(format!("export size {} is not a whole number of 4 KiB blocks", info.size)));
+    }
+
+    nbd_ioctl(&dev, NBD_SET_BLKSIZE, BLOCK_BYTES as libc::c_ulong).map_err(ioctl_err("NBD_SET_BLKSIZE"))?;
+    nbd_ioctl(&dev, NBD_SET_SIZE_BLOCKS, (info.size / BLOCK_BYTES) as libc::c_ulong).map_err(ioctl_err("NBD_SET_SIZE_BLOCKS"))?;
+    // A left-over socket from a dead attacher would make NBD_SET_SOCK fail; there is none on
+    // a free device, so an error here means nothing.
+    let _ = nbd_ioctl(&dev, NBD_CLEAR_SOCK, 0);
+    nbd_ioctl(&dev, NBD_SET_FLAGS, info.flags as libc::c_ulong).map_err(ioctl_err("NBD_SET_FLAGS"))?;
+    // No NBD_SET_TIMEOUT: a request waits for the server however long it takes (the server
+    // is this process, and a slow reply under memory pressure is not a dead server). A dead
+    // server closes its sockets, which fails the requests at once.
+    for s in &conns.ours {
+        nbd_ioctl(&dev, NBD_SET_SOCK, s.as_raw_fd() as libc::c_ulong).map_err(ioctl_err("NBD_SET_SOCK"))?;
+    }
+
+    let dev = Arc::new(dev);
+    let done = Arc::new(AtomicBool::new(false));
+    let doit = {
+        let dev = Arc::clone(&dev);
+        let done = Arc::clone(&done);
+        thread::Builder::new()
+            .name("nbd-do-it".into())
+            .spawn(move || {
+                let r = nbd_ioctl(&*dev, NBD_DO_IT, 0);
+                done.store(true, Ordering::SeqCst);
+                let _ = nbd_ioctl(&*dev, NBD_CLEAR_QUE, 0);
+                let _ = nbd_ioctl(&*dev, NBD_CLEAR_SOCK, 0);
+                r
+            })
+            .map_err(io_err("spawning the NBD_DO_IT thread"))?
+    };
+
+    let attached = Attached {
+        dev_path: dev_path.clone(),
+        index,
+        size_bytes: info.size,
+        connections: conns.ours.len(),
+        flags: info.flags,
+    };
+    let up = wait_for_size(index, &done);
+    if up {
+        let alive = || !done.load(Ordering::SeqCst);
+        while_up(&attached, &alive);
+    }
+    if !done.load(Ordering::SeqCst) {
+        if let Err(e) = nbd_ioctl(&*dev, NBD_DISCONNECT, 0) {
+            eprintln!("compcache-kernel-nbd: NBD_DISCONNECT on {name}: {e}");
+        }
+    }
+    let ran = doit.join().unwrap_or_else(|_| Err(io::Error::other("NBD_DO_IT thread panicked")));
+    drop(conns);
+    if !up {
+        return Err(match ran {
+            Err(source) => Error::Ioctl { ioctl: "NBD_DO_IT", device: name, source },
+            Ok(()) => Error::Unsupported(format!("{name} did not come up within {READY_TIMEOUT:?}")),
+        });
+    }
+    // NBD_DO_IT returns an error after a disconnect on some kernels; the device is gone either way.
+    Ok(())
+}
+
+/// Waits until `/sys/block/nbdN/size` is non-zero (the kernel sets the capacity once
+/// `NBD_DO_IT` has started the device), or `NBD_DO_IT` has already returned.
+fn wait_for_size(index: u32, done: &AtomicBool) -> bool {
+    let path = format!("/sys/block/nbd{index}/size");
+    let start = Instant::now();
+    while start.elapsed() < READY_TIMEOUT {
+        if done.load(Ordering::SeqCst) {
+            return false;
+        }
+        let sectors: u64 = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        if sectors > 0 {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse() {
+        assert_eq!(index_of(Path::new("/dev/nbd7")).unwrap(), 7);
+        assert!(index_of(Path::new("/dev/sda")).is_err());
+    }
+
+    #[test]
+    fn free_device_or_a_reason() {
+        // On a kernel without nbd.ko (this project's build machine) this says why; in the VM
+        // guest it finds /dev/nbd0.
+        match kernel_support() {
+            Ok(()) => {
+                let (p, n) = find_free_device().expect("nbd loaded but no free device");
+                assert!(p.to_str().unwrap().ends_with(&n.to_string()));
+            }
+            Err(e) => eprintln!("skipped: {e}"),
+        }
+    }
+}
