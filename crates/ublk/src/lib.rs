@@ -32,4 +32,4 @@ pub mod request;
 pub mod target;
 
 pub use error::Error;
-pub use target::{kernel_support, serve, Device, Options};
+pub use target::{kernel_support, serve, Device, Options, CONTROL_PATH};

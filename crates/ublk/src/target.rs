@@ -8,15 +8,16 @@
 //! issues I/O, so a queue thread short of memory cannot wait on a swap-out that only it could
 //! serve.
 //!
-//! Shutdown: SIGINT, SIGTERM and SIGHUP are blocked in every thread of the server and
-//! collected by the control thread. On one of them it takes the device out of swap use if the
-//! kernel still swaps to it (swapoff reads every page back through the still-running queues),
-//! then stops the device; libublk deletes it when the control handle drops. If the device is
-//! stopped from outside (e.g. `ublk del`), the queue threads end and `serve` returns too.
+//! Shutdown: the caller's `while_up` closure runs on the control thread once the device accepts
+//! I/O, and the device is stopped when it returns; libublk deletes it when the control handle
+//! drops. What ends the service (a signal, a command) is the caller's policy, and so is taking
+//! the device out of swap use first (swapoff reads every page back through the queues, which
+//! are still running while `while_up` runs). If the device is stopped from outside (e.g.
+//! `ublk del`), the queue threads end and the `alive` function passed to `while_up` turns
+//! false.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use compcache_store::{Context, Store, PAGE_SIZE};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -109,14 +110,16 @@ pub fn kernel_support() -> Result<(), Error> {
     }))
 }
 
-/// Creates a ublk device of `size_bytes` over `store`, serves it until SIGINT, SIGTERM or
-/// SIGHUP (or until the device is removed from outside), then removes it.
-/// `on_ready` runs once the block device exists and accepts I/O.
+/// Creates a ublk device of `size_bytes` over `store` and serves it while `while_up` runs,
+/// then stops and removes it. `while_up(device, alive)` is called on the calling thread once
+/// the block device exists and accepts I/O; `alive()` is false once every queue has ended
+/// (the device was stopped from outside). Block the signals you want to wait for *before*
+/// calling: the queue threads inherit the signal mask of the calling thread.
 ///
 /// The caller keeps its own `Arc` of the store to read the statistics afterwards.
-pub fn serve<R>(store: Arc<Store>, size_bytes: u64, opts: &Options, on_ready: R) -> Result<(), Error>
+pub fn serve<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W) -> Result<(), Error>
 where
-    R: FnOnce(&Device) + Send + Sync + 'static,
+    W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
     opts.validate()?;
     if size_bytes == 0 || size_bytes % PAGE_SIZE as u64 != 0 {
@@ -124,7 +127,6 @@ where
     }
     kernel_support()?;
 
-    let stop_signals = StopSignals::block()?;
     let mut dev_flags = UblkFlags::UBLK_DEV_F_ADD_DEV;
     if opts.mlock_io_buffers {
         dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
@@ -165,11 +167,8 @@ where
         size_bytes,
     };
     let device_fn = move |ctrl: &UblkCtrl| {
-        on_ready(&device);
-        stop_signals.wait_for_stop(&live_queues);
-        if let Err(e) = swapoff_if_active(&device.bdev_path) {
-            eprintln!("compcache-ublk: {e}");
-        }
+        let alive = || live_queues.load(Ordering::SeqCst) > 0;
+        while_up(&device, &alive);
         let _ = ctrl.kill_dev();
     };
 
@@ -209,72 +208,4 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store) {
             eprintln!("compcache-ublk: queue {qid} tag {tag}: completion failed: {e}");
         }
     });
-}
-
-/// The signals that stop the server, blocked in the calling thread (and so in every thread
-/// it spawns afterwards) and waited for on the control thread.
-struct StopSignals {
-    set: libc::sigset_t,
-}
-
-// SAFETY: sigset_t is plain data (a bit array); it holds no pointers or thread affinity.
-unsafe impl Send for StopSignals {}
-// SAFETY: as above; it is only read after construction.
-unsafe impl Sync for StopSignals {}
-
-impl StopSignals {
-    fn block() -> Result<StopSignals, Error> {
-        // SAFETY: sigset_t is plain data; all-zero is a valid value that sigemptyset then
-        // initialises properly.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid, exclusively borrowed sigset_t for each call.
-        let rc = unsafe {
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGHUP);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(Error::Io {
-                context: "blocking stop signals",
-                source: std::io::Error::from_raw_os_error(rc),
-            });
-        }
-        Ok(StopSignals { set })
-    }
-
-    /// Returns when a stop signal arrives or when every queue thread has ended.
-    fn wait_for_stop(&self, live_queues: &AtomicUsize) {
-        let tick = libc::timespec { tv_sec: 0, tv_nsec: Duration::from_millis(200).as_nanos() as i64 };
-        loop {
-            // SAFETY: `self.set` is an initialised sigset_t, `tick` a valid timespec, and a
-            // null siginfo pointer is allowed.
-            let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &tick) };
-            if sig > 0 {
-                eprintln!("compcache-ublk: signal {sig}: stopping");
-                return;
-            }
-            if live_queues.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-        }
-    }
-}
-
-/// If the kernel swaps to `bdev_path`, takes it out of swap use first: stopping a device
-/// that holds swapped-out pages would turn every later swap-in into an I/O error.
-pub fn swapoff_if_active(bdev_path: &str) -> Result<(), Error> {
-    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-    let active = swaps.lines().skip(1).any(|l| l.split_whitespace().next() == Some(bdev_path));
-    if !active {
-        return Ok(());
-    }
-    eprintln!("compcache-ublk: {bdev_path} is still in use as swap: swapoff first");
-    let path = std::ffi::CString::new(bdev_path).map_err(|_| Error::Options("device path has a NUL".into()))?;
-    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
-    if unsafe { libc::swapoff(path.as_ptr()) } != 0 {
-        return Err(Error::Io { context: "swapoff on shutdown", source: std::io::Error::last_os_error() });
-    }
-    Ok(())
 }
