@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds the guest's initramfs for the VM end-to-end test: busybox-static, the guest init
+# script, ublk_drv.ko and nbd.ko from the fetched kernel, the compcache binary (static, musl)
+# and the scan program (static). Output: vm/cache/initramfs.cpio.gz (gitignored).
+#
+# Inputs (all optional):
+#   COMPCACHE_BIN  the compcache binary to put in (default: the musl release build)
+#   SCAN_BIN       a static scan binary (default: built from tools/scan/scan.c into vm/cache)
+# Run vm/fetch-kernel.sh first (vm/run-test.sh does both).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
+cache="$here/cache"
+kdir="$cache/kernel"
+root="$cache/initramfs-root"
+out="$cache/initramfs.cpio.gz"
+
+compcache_bin="${COMPCACHE_BIN:-$repo/target/x86_64-unknown-linux-musl/release/compcache}"
+[ -x "$compcache_bin" ] || { echo "build-initramfs: no compcache binary at $compcache_bin" >&2; exit 1; }
+[ -s "$kdir/modules/ublk_drv.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
+busybox="$(command -v busybox || true)"
+if [ -z "$busybox" ] || ! file -L "$busybox" | grep -q 'statically linked'; then
+  echo "build-initramfs: needs a static busybox (apt-get install busybox-static)" >&2; exit 1
+fi
+
+scan_bin="${SCAN_BIN:-$cache/scan-static}"
+if [ -z "${SCAN_BIN:-}" ] && { [ ! -x "$scan_bin" ] || [ "$repo/tools/scan/scan.c" -nt "$scan_bin" ]; }; then
+  gcc -O2 -std=gnu99 -static -o "$scan_bin" "$repo/tools/scan/scan.c"
+fi
+
+rm -rf "$root"
+mkdir -p "$root"/{bin,dev,proc,sys,run,tmp,etc,lib/modules}
+cp "$busybox" "$root/bin/busybox"
+cp "$here/guest/init" "$root/init"
+chmod 755 "$root/init"
+cp "$kdir/modules/ublk_drv.ko" "$kdir/modules/nbd.ko" "$root/lib/modules/"
+cp "$compcache_bin" "$root/bin/compcache"
+strip "$root/bin/compcache" 2>/dev/null || true
+cp "$scan_bin" "$root/bin/scan"
+cp "$here/guest/zram-generator.conf" "$root/etc/compcache-test.conf"
+# The kernel opens /dev/console for init before devtmpfs is mounted: it must be in the archive.
+mknod -m 600 "$root/dev/console" c 5 1
+(cd "$root" && find . | LC_ALL=C sort | cpio --quiet -o -H newc --owner 0:0) | gzip -1 >"$out.tmp"
+mv "$out.tmp" "$out"
+echo "build-initramfs: $(du -h "$out" | cut -f1) -> $out"
