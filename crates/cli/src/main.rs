@@ -1,2 +1,39 @@
-//! The `compcache` command (work in progress).
-fn main() {}
+//! The `compcache` command: parsing and wiring only. Each subcommand lives in its own module
+//! under `cmd/` with an `Args` struct (clap derive) and a `run(args) -> Result<(), Failure>`;
+//! to add one, add a module there and one variant to [`Command`].
+
+mod cmd;
+mod failure;
+mod paths;
+mod units;
+
+use clap::{Parser, Subcommand};
+
+/// compcache: compressed memory for Linux in userspace. A compressed RAM block device,
+/// served over NBD, for the kernel to swap to.
+#[derive(Parser)]
+#[command(name = "compcache", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Serve(cmd::serve::Args),
+    Stat(cmd::stat::Args),
+    Compact(cmd::compact::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Stat(a) => cmd::stat::run(a),
+        Command::Compact(a) => cmd::compact::run(a),
+    };
+    if let Err(f) = result {
+        eprintln!("compcache: error: {f}");
+        std::process::exit(f.exit_code());
+    }
+}

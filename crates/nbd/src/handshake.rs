@@ -68,9 +68,22 @@ pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Resu
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    w.write_all(&hello)?;
-
-    let client_flags = read_u32(r)?;
+    // A client that connects and leaves without a word is a liveness probe (`compcache serve`
+    // checking whether a socket is in use, test harnesses): no error.
+    match w.write_all(&hello) {
+        Ok(()) => {}
+        Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => return Ok(Outcome::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let mut flags = [0u8; 4];
+    match read_full(r, &mut flags) {
+        Ok(0) => return Ok(Outcome::Closed),
+        Ok(4) => {}
+        Ok(_) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(Outcome::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let client_flags = u32::from_be_bytes(flags);
     let known = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
     if client_flags & !known != 0 {
         return protocol(format!("unknown client flags {client_flags:#x} (known: {known:#x}), which the protocol says to refuse"));

@@ -392,20 +392,6 @@ fn truncated_write(req: &Request, got: usize) -> String {
     )
 }
 
-/// Reads until `buf` is full or the stream ends; returns the bytes read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
 /// A worker: takes jobs until the reader is done, one store call each, replies.
 fn worker<S: Stream>(store: &Store, conn: &Conn<S>, rx: &Mutex<mpsc::Receiver<Job>>) {
     let mut ctx = store.context();

@@ -1,0 +1,391 @@
+//! `compcache serve`: create a compressed RAM device and serve it over NBD until SIGINT or
+//! SIGTERM, with a control socket for `compcache stat`.
+
+use crate::failure::Failure;
+use crate::paths;
+use crate::units::human;
+use compcache_nbd::control::{self, ControlState, DeviceInfo};
+use compcache_nbd::listener::{self, SocketFileGuard};
+use compcache_nbd::{Export, Server, ServerOptions};
+use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+
+/// Serve a compressed RAM block device over NBD (Unix socket by default).
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Use --mlock when the device is used as swap: see docs/cli.md.")]
+pub struct Args {
+    /// Device size: bytes with an optional K/M/G/T suffix, or a share of RAM such as 25%.
+    #[arg(long, default_value = "25%", value_name = "SIZE")]
+    size: String,
+
+    /// Compression algorithm.
+    #[arg(long, default_value = "lz4", value_name = "lz4|zstd")]
+    algorithm: String,
+
+    /// Compression level (zstd: 1..=22 or -7..=-1; lz4 ignores it).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    level: Option<i32>,
+
+    /// Most memory the compressed data may take (SIZE or %; 0 or none: no limit). Writes
+    /// beyond it fail with ENOSPC.
+    #[arg(long, default_value = "0", value_name = "SIZE")]
+    mem_limit: String,
+
+    /// NBD Unix socket [default: $COMPCACHE_SOCKET, /run/compcache/compcache.sock as root,
+    /// else $XDG_RUNTIME_DIR/compcache.sock or /tmp/compcache-$UID.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// Serve NBD over TCP on this address (PORT alone means 127.0.0.1:PORT). Without
+    /// --socket, TCP only; with it, both.
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    listen: Option<String>,
+
+    /// Control socket for `compcache stat` [default: the NBD socket path + .ctl].
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+
+    /// NBD export name (clients asking for the default export "" get it too).
+    #[arg(long, default_value = "compcache", value_name = "NAME")]
+    name: String,
+
+    /// Lock the server's memory (mlockall with MCL_ONFAULT) so it is never swapped out: use
+    /// it when serving swap, or the kernel can deadlock swapping out the swap server.
+    #[arg(long)]
+    mlock: bool,
+
+    /// Write the server's PID to this file (removed on exit).
+    #[arg(long, value_name = "PATH")]
+    pid_file: Option<PathBuf>,
+
+    /// Worker threads per NBD connection [default: CPUs, 2..=4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    workers: Option<u16>,
+
+    /// Log each client connecting and disconnecting (errors are always logged).
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+/// What the main thread waits for.
+enum Event {
+    Signal(i32),
+    ListenerFailed(String),
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    // Before any thread exists, so that every thread inherits the mask and only the signal
+    // thread below receives SIGINT/SIGTERM.
+    let signals = block_shutdown_signals()?;
+
+    let ram = physical_ram_bytes();
+    let cfg = config_from(&args, ram)?;
+    let socket = match (&args.socket, &args.listen) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(_)) => None,
+        (None, None) => Some(paths::default_socket()),
+    };
+    let tcp = args.listen.as_deref().map(parse_listen).transpose()?;
+    let control_path = args.control.clone().unwrap_or_else(|| match &socket {
+        Some(s) => paths::control_for(s),
+        None => paths::default_control(),
+    });
+    if socket.as_deref() == Some(control_path.as_path()) {
+        return Err(Failure::usage("--control must differ from --socket"));
+    }
+
+    if args.mlock {
+        lock_memory()?;
+    }
+    let store = Store::new(cfg.clone()).map_err(|e| {
+        let hint = if args.mlock { " (with --mlock, locked memory counts against RLIMIT_MEMLOCK: run as root or raise `ulimit -l`)" } else { "" };
+        Failure::new(format!("cannot create the device: {e}{hint}"))
+    })?;
+    let store = Arc::new(store);
+
+    // Bind everything before serving anything, so a failure leaves nothing behind.
+    let mut guards: Vec<SocketFileGuard> = Vec::new();
+    let unix = match &socket {
+        Some(path) => {
+            let l = listener::bind_unix(path)?;
+            guards.push(SocketFileGuard::new(path));
+            Some(l)
+        }
+        None => None,
+    };
+    let tcp_listener = match tcp {
+        Some(addr) => Some(listener::bind_tcp(addr)?),
+        None => None,
+    };
+    let control_listener = control::bind(&control_path).map_err(|e| Failure::new(format!("control socket: {e}")))?;
+    guards.push(SocketFileGuard::new(&control_path));
+    let _pid_file = match &args.pid_file {
+        Some(p) => Some(PidFile::write(p)?),
+        None => None,
+    };
+
+    let tcp_addr = tcp_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let device = DeviceInfo {
+        export_name: args.name.clone(),
+        nbd_socket: socket.as_ref().map(|p| p.display().to_string()),
+        nbd_tcp: tcp_addr.map(|a| a.to_string()),
+        control_socket: control_path.display().to_string(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let mut options = ServerOptions { verbose: args.verbose, ..ServerOptions::default() };
+    if let Some(w) = args.workers {
+        options.workers_per_connection = w as usize;
+    }
+    let description = format!("compcache {} {} device", human(store.disksize_bytes()), cfg.algorithm);
+    let server = Arc::new(Server::new(Export { name: args.name.clone(), description, store: store.clone() }, options));
+
+    let (tx, events) = mpsc::channel::<Event>();
+    spawn("signals", tx.clone(), move || Event::Signal(wait_for_signal(&signals)));
+    if let Some(l) = unix {
+        let s = server.clone();
+        spawn("nbd-unix", tx.clone(), move || Event::ListenerFailed(format!("NBD Unix listener failed: {}", listener::serve_unix(s, l))));
+    }
+    if let Some(l) = tcp_listener {
+        let s = server.clone();
+        spawn("nbd-tcp", tx.clone(), move || Event::ListenerFailed(format!("NBD TCP listener failed: {}", listener::serve_tcp(s, l))));
+    }
+    let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
+    spawn("control", tx, move || Event::ListenerFailed(format!("control listener failed: {}", control::serve(state, control_listener))));
+
+    let mut places: Vec<String> = Vec::new();
+    if let Some(p) = &device.nbd_socket {
+        places.push(format!("unix:{p}"));
+    }
+    if let Some(a) = &device.nbd_tcp {
+        places.push(format!("tcp:{a}"));
+    }
+    println!(
+        "compcache: serving {} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
+        human(store.disksize_bytes()),
+        store.disksize_bytes(),
+        cfg.algorithm,
+        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
+        args.name,
+        places.join(" and "),
+        device.control_socket,
+        device.pid
+    );
+
+    let result = match events.recv() {
+        Ok(Event::Signal(sig)) => {
+            eprintln!("compcache: {} received: stopping, removing {}", signal_name(sig), guards.iter().map(|g| g.path().display().to_string()).collect::<Vec<_>>().join(" and "));
+            Ok(())
+        }
+        Ok(Event::ListenerFailed(msg)) => Err(Failure::new(format!("{msg}; stopping"))),
+        Err(_) => Err(Failure::new("every listener stopped; stopping")),
+    };
+    // Remove the socket files and the PID file, then leave without waiting for connection
+    // threads: the device lives in this process's memory and ends with it.
+    drop(guards);
+    drop(_pid_file);
+    if let Err(f) = result {
+        eprintln!("compcache: error: {f}");
+        std::process::exit(f.exit_code());
+    }
+    std::process::exit(0);
+}
+
+/// Builds and checks the store configuration from the flags.
+fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
+    let size = parse_size(&args.size, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?;
+    if size < PAGE_SIZE as u64 {
+        return Err(Failure::usage(format!("--size {}: the device needs at least one {PAGE_SIZE}-byte page", args.size)));
+    }
+    let algorithm: Algorithm = args.algorithm.parse().map_err(|e: String| Failure::usage(format!("--algorithm: {e}")))?;
+    let mem_limit = match args.mem_limit.trim() {
+        "0" | "none" | "" => 0,
+        text => parse_size(text, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
+    };
+    if ram > 0 && mem_limit > ram {
+        return Err(Failure::usage(format!(
+            "--mem-limit {} ({}) is above physical RAM ({}): it could never take effect; give at most {} or 0 for no limit",
+            args.mem_limit,
+            human(mem_limit),
+            human(ram),
+            human(ram)
+        )));
+    }
+    // The slot table costs 16 bytes per page whether or not it is used; a device whose table
+    // alone would take half of RAM cannot be what was meant.
+    let slot_table = size / PAGE_SIZE as u64 * 16;
+    if ram > 0 && slot_table > ram / 2 {
+        return Err(Failure::usage(format!(
+            "--size {} ({}) needs a {} slot table, more than half of RAM ({}): choose a smaller size (25%-200% of RAM is usual)",
+            args.size,
+            human(size),
+            human(slot_table),
+            human(ram)
+        )));
+    }
+    if ram > 0 && size > 2 * ram {
+        eprintln!(
+            "compcache: warning: --size {} is more than twice RAM ({}): compressed memory rarely holds more than 2-3x",
+            human(size),
+            human(ram)
+        );
+    }
+    let cfg = Config { algorithm, level: args.level, mem_limit_bytes: mem_limit, ..Config::with_disksize(size) };
+    cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
+    Ok(cfg)
+}
+
+/// `PORT` or `ADDR:PORT`.
+fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
+    let addr = match text.parse::<u16>() {
+        Ok(port) => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+        Err(_) => text.parse::<SocketAddr>().map_err(|_| {
+            Failure::usage(format!("--listen {text}: give a port (10809) or an address and port (127.0.0.1:10809)"))
+        })?,
+    };
+    if !addr.ip().is_loopback() {
+        eprintln!(
+            "compcache: warning: NBD has no authentication: anyone who can reach {addr} can read and write the device"
+        );
+    }
+    Ok(addr)
+}
+
+fn spawn(name: &str, tx: mpsc::Sender<Event>, f: impl FnOnce() -> Event + Send + 'static) {
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+        let _ = tx.send(f());
+    });
+    if let Err(e) = spawned {
+        eprintln!("compcache: error: cannot start the {name} thread: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in this thread (and so in every thread it starts).
+fn block_shutdown_signals() -> Result<libc::sigset_t, Failure> {
+    // SAFETY: `set` is a plain C struct initialised by sigemptyset before any other use;
+    // pthread_sigmask only reads it. No Rust invariant depends on the signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(Failure::new(format!("cannot block SIGINT/SIGTERM: {}", std::io::Error::from_raw_os_error(rc))));
+        }
+        Ok(set)
+    }
+}
+
+/// Waits for one of the blocked signals; returns its number.
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    loop {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` was initialised by block_shutdown_signals and `sig` is a valid out
+        // pointer for the duration of the call.
+        let rc = unsafe { libc::sigwait(set, &mut sig) };
+        if rc == 0 {
+            return sig;
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+/// mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT): every page the server has or will
+/// touch stays in RAM, but untouched reservations (the store's address space) cost nothing.
+fn lock_memory() -> Result<(), Failure> {
+    // SAFETY: mlockall takes flags only and affects no Rust-visible state.
+    let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(Failure::new(format!(
+        "--mlock: mlockall failed: {e}: run as root (or with CAP_IPC_LOCK), or raise the locked-memory limit (`ulimit -l`)"
+    )))
+}
+
+/// A PID file, removed on drop if it still holds our PID.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn write(path: &Path) -> Result<PidFile, Failure> {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .map_err(|e| Failure::new(format!("--pid-file {}: {e}", path.display())))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        if std::fs::read_to_string(&self.0).map(|s| s.trim() == std::process::id().to_string()).unwrap_or(false) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(v: &[&str]) -> Args {
+        T::parse_from(std::iter::once("serve").chain(v.iter().copied())).args
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn defaults_are_a_quarter_of_ram_lz4_no_limit() {
+        let cfg = config_from(&args(&[]), 8 * GIB).unwrap();
+        assert_eq!(cfg.disksize_bytes, 2 * GIB);
+        assert_eq!(cfg.algorithm, Algorithm::Lz4);
+        assert_eq!(cfg.mem_limit_bytes, 0);
+    }
+
+    #[test]
+    fn flags_reach_the_config() {
+        let cfg = config_from(&args(&["--size", "1G", "--algorithm", "zstd", "--level", "-3", "--mem-limit", "10%"]), 8 * GIB).unwrap();
+        assert_eq!(cfg.disksize_bytes, GIB);
+        assert_eq!(cfg.algorithm, Algorithm::Zstd);
+        assert_eq!(cfg.level, Some(-3));
+        assert_eq!(cfg.mem_limit_bytes, 8 * GIB / 10 / 4096 * 4096);
+    }
+
+    #[test]
+    fn impossible_sizes_say_what_to_do() {
+        let e = config_from(&args(&["--mem-limit", "16G"]), 8 * GIB).unwrap_err().to_string();
+        assert!(e.contains("above physical RAM") && e.contains("0 for no limit"), "{e}");
+        let e = config_from(&args(&["--size", "2T"]), 8 * GIB).unwrap_err().to_string();
+        assert!(e.contains("slot table"), "{e}");
+        let e = config_from(&args(&["--size", "12Q"]), 8 * GIB).unwrap_err().to_string();
+        assert!(e.starts_with("--size"), "{e}");
+        let e = config_from(&args(&["--algorithm", "lzo"]), 8 * GIB).unwrap_err().to_string();
+        assert!(e.contains("lz4 or zstd"), "{e}");
+        let e = config_from(&args(&["--algorithm", "zstd", "--level", "99"]), 8 * GIB).unwrap_err().to_string();
+        assert!(e.contains("level 99"), "{e}");
+    }
+
+    #[test]
+    fn listen_takes_a_port_or_an_address() {
+        assert_eq!(parse_listen("10809").unwrap(), "127.0.0.1:10809".parse().unwrap());
+        assert_eq!(parse_listen("[::1]:7").unwrap(), "[::1]:7".parse().unwrap());
+        assert!(parse_listen("localhost").unwrap_err().to_string().contains("give a port"));
+    }
+}
