@@ -1,0 +1,347 @@
+//! Integration tests of the `compcache` binary: a real `compcache serve` on temporary sockets,
+//! driven through NBD (the crate's minimal client, and nbdinfo/nbdcopy when installed) and
+//! through `compcache stat`/`compact`. Every server is killed by its PID and its directory
+//! removed by a guard, also when a test fails. Tests assert behaviour and never time things.
+
+use compcache_nbd::client::Client;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_compcache");
+
+/// A temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("compcache-cli-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `compcache serve`; killed (by PID) on drop. Declared after its TempDir in
+/// tests so it is dropped first.
+struct ServerGuard {
+    child: Option<Child>,
+    ready_line: String,
+    socket: PathBuf,
+    control: PathBuf,
+    log: PathBuf,
+}
+
+impl ServerGuard {
+    /// Starts a server with `args` on sockets in `dir`; returns once it printed its ready line
+    /// (it binds every socket before printing).
+    fn start(dir: &TempDir, args: &[&str]) -> ServerGuard {
+        let socket = dir.path("nbd.sock");
+        let control = dir.path("nbd.sock.ctl");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve").args(args);
+        if !args.contains(&"--socket") && !args.contains(&"--listen") {
+            cmd.arg("--socket").arg(&socket);
+        }
+        if !args.contains(&"--control") {
+            cmd.arg("--control").arg(&control);
+        }
+        Self::spawn(cmd, socket, control, dir.path("server.log"))
+    }
+
+    /// Spawns `cmd`; its stderr goes to `log` (a file: a pipe nobody reads could fill up).
+    fn spawn(mut cmd: Command, socket: PathBuf, control: PathBuf, log: PathBuf) -> ServerGuard {
+        let stderr = std::fs::File::create(&log).unwrap();
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr).spawn().expect("spawn compcache");
+        let mut guard = ServerGuard { child: None, ready_line: String::new(), socket, control, log };
+        let stdout = child.stdout.take().unwrap();
+        guard.child = Some(child);
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        if line.is_empty() {
+            let status = guard.child.take().unwrap().wait().unwrap();
+            panic!("compcache serve exited ({status}) before it was ready: {}", std::fs::read_to_string(&guard.log).unwrap_or_default());
+        }
+        guard.ready_line = line.trim().to_string();
+        guard
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    fn client(&self) -> Client<std::os::unix::net::UnixStream> {
+        Client::connect_unix(&self.socket, "compcache").expect("connect to the NBD socket")
+    }
+
+    fn stat_json(&self) -> Value {
+        let out = compcache(&["stat", "--json", "--control", self.control.to_str().unwrap()]);
+        assert!(out.status.success(), "stat failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("stat --json prints JSON")
+    }
+
+    /// Sends SIGTERM and waits; returns the exit status and stderr.
+    fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        let child = self.child.take().unwrap();
+        // SAFETY: kill has no memory-safety preconditions; the PID is our own child, not yet
+        // reaped (we hold its Child), so it cannot have been reused.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait_with_output().unwrap().status;
+        (status, std::fs::read_to_string(&self.log).unwrap_or_default())
+    }
+}
+
+impl Drop for ServerGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // by PID (SIGKILL)
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(&self.control);
+    }
+}
+
+fn compcache(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).stdin(Stdio::null()).output().expect("run compcache")
+}
+
+fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn num(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or_else(|| panic!("stat --json has no {k}: {v}"))
+}
+
+/// A page of text-like bytes: compresses well but is not same-filled.
+fn text_page(i: u64) -> Vec<u8> {
+    let line = format!("page {i:08} of compcache test data, compressible and repetitive enough.\n");
+    line.as_bytes().iter().cycle().take(4096).copied().collect()
+}
+
+#[test]
+fn serve_write_read_and_stat() {
+    let dir = TempDir::new("serve");
+    let srv = ServerGuard::start(&dir, &["--size", "64M"]);
+    assert!(srv.ready_line.contains("64M") && srv.ready_line.contains(srv.socket.to_str().unwrap()), "{}", srv.ready_line);
+
+    let before = srv.stat_json();
+    assert_eq!(num(&before, "disksize"), 64 << 20);
+    assert_eq!(num(&before, "num_writes"), 0);
+    assert_eq!(before["comp_algorithm"], "lz4");
+
+    let mut c = srv.client();
+    assert_eq!(c.info.size, 64 << 20);
+    for i in 0..256u64 {
+        c.write(i * 4096, &text_page(i)).unwrap();
+    }
+    c.write(300 * 4096, &[0u8; 4096]).unwrap(); // a same-filled page
+    for i in (0..256u64).step_by(17) {
+        assert_eq!(c.read(i * 4096, 4096).unwrap(), text_page(i));
+    }
+
+    let after = srv.stat_json();
+    assert_eq!(num(&after, "num_writes"), 257);
+    assert!(num(&after, "num_reads") >= 16);
+    assert_eq!(num(&after, "orig_data_size"), 257 * 4096);
+    assert!(num(&after, "compr_data_size") < 256 * 4096 / 2, "text compresses: {after}");
+    assert!(num(&after, "mem_used_total") > 0);
+
+    c.trim(0, 128 * 4096).unwrap();
+    let trimmed = srv.stat_json();
+    assert_eq!(num(&trimmed, "notify_free"), 128);
+    assert_eq!(num(&trimmed, "orig_data_size"), 129 * 4096);
+
+    // Out of range: an error for the client, invalid_io for stat.
+    assert!(c.read(64 << 20, 1).is_err());
+    assert_eq!(num(&srv.stat_json(), "invalid_io"), 1);
+    c.disconnect().unwrap();
+
+    // The other views.
+    let ctl = srv.control.to_str().unwrap();
+    let table = compcache(&["stat", "--control", ctl]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success());
+    let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "LIMIT"]);
+    assert!(text.contains("orig_data_size") && text.contains("notify_free") && text.contains("64M"), "{text}");
+
+    let rz = compcache(&["stat", "--ramzswap", "--control", ctl]);
+    let rz = String::from_utf8_lossy(&rz.stdout);
+    assert!(rz.contains("DiskSize:") && rz.contains("65536 kB") && rz.contains("NotifyFree:"), "{rz}");
+
+    let mm = compcache(&["stat", "--mm-stat", "--control", ctl]);
+    let cols: Vec<u64> = String::from_utf8_lossy(&mm.stdout).split_whitespace().map(|c| c.parse().unwrap()).collect();
+    assert_eq!(cols.len(), 9, "zram's mm_stat has 9 columns");
+    assert_eq!(cols[0], 129 * 4096);
+
+    let compact = compcache(&["compact", "--control", ctl]);
+    assert!(compact.status.success(), "{}", stderr_of(&compact));
+    assert!(String::from_utf8_lossy(&compact.stdout).contains("pool pages freed"));
+}
+
+#[test]
+fn sigterm_removes_sockets_and_pid_file() {
+    let dir = TempDir::new("sigterm");
+    let pid_file = dir.path("server.pid");
+    let mut srv = ServerGuard::start(&dir, &["--size", "16M", "--pid-file", pid_file.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&pid_file).unwrap().trim(), srv.pid().to_string());
+    assert!(srv.socket.exists() && srv.control.exists());
+    let (status, stderr) = srv.terminate();
+    assert!(status.success(), "exit on SIGTERM: {status}; {stderr}");
+    assert!(stderr.contains("SIGTERM"), "{stderr}");
+    assert!(!srv.socket.exists(), "NBD socket removed");
+    assert!(!srv.control.exists(), "control socket removed");
+    assert!(!pid_file.exists(), "pid file removed");
+}
+
+#[test]
+fn a_live_socket_is_refused_and_a_stale_one_replaced() {
+    let dir = TempDir::new("inuse");
+    let srv = ServerGuard::start(&dir, &["--size", "16M"]);
+    let mut c = srv.client();
+    c.write(0, b"first server").unwrap();
+
+    // Second server on the same socket: refused, one clear line, non-zero exit.
+    let out = compcache(&["serve", "--size", "16M", "--socket", srv.socket.to_str().unwrap(), "--control", dir.path("other.ctl").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(err.contains("in use by a running server"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(!dir.path("other.ctl").exists(), "a refused server leaves nothing behind");
+
+    // The first server is unharmed.
+    assert_eq!(c.read(0, 12).unwrap(), b"first server");
+    c.disconnect().unwrap();
+
+    // A stale socket file (nobody listening) is replaced.
+    let stale = dir.path("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let dir2 = TempDir::new("stale-ctl");
+    let srv2 = ServerGuard::start(&dir2, &["--size", "16M", "--socket", stale.to_str().unwrap()]);
+    let mut c2 = Client::connect_unix(&stale, "compcache").unwrap();
+    c2.write(0, b"x").unwrap();
+    c2.disconnect().unwrap();
+    drop(srv2);
+}
+
+#[test]
+fn bad_flags_fail_with_one_clear_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["serve", "--size", "12Q"], "--size"),
+        (&["serve", "--size", "0"], "at least one"),
+        (&["serve", "--algorithm", "lzo"], "lz4 or zstd"),
+        (&["serve", "--algorithm", "zstd", "--level", "40"], "level 40"),
+        (&["serve", "--mem-limit", "1000T"], "above physical RAM"),
+        (&["serve", "--size", "100000T"], "slot table"),
+        (&["serve", "--listen", "nowhere"], "give a port"),
+        (&["serve", "--no-such-flag"], "--no-such-flag"),
+        (&["stat", "--json", "--ramzswap"], "cannot be used with"),
+    ];
+    for (args, needle) in cases {
+        let out = compcache(args);
+        assert!(!out.status.success(), "{args:?} must fail");
+        let err = stderr_of(&out);
+        assert!(err.contains(needle), "{args:?}: expected {needle:?} in: {err}");
+        if args[0] == "serve" && !args.contains(&"--no-such-flag") {
+            assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+            assert!(err.starts_with("compcache: error: "), "{err}");
+        }
+    }
+}
+
+#[test]
+fn stat_without_a_server_says_what_to_do() {
+    let dir = TempDir::new("noserver");
+    let out = compcache(&["stat", "--control", dir.path("nothing.ctl").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(err.contains("is `compcache serve` running? try --control PATH"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1);
+}
+
+#[test]
+fn serve_alone_uses_the_default_socket() {
+    // `compcache serve` with no flags: the default size (25% of RAM) and the default socket,
+    // which $COMPCACHE_SOCKET points into our temporary directory.
+    let dir = TempDir::new("default");
+    let socket = dir.path("default.sock");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve").env("COMPCACHE_SOCKET", &socket);
+    let srv = ServerGuard::spawn(cmd, socket.clone(), dir.path("default.sock.ctl"), dir.path("server.log"));
+    assert!(srv.ready_line.contains(socket.to_str().unwrap()), "{}", srv.ready_line);
+    let out = Command::new(BIN).args(["stat", "--json"]).env("COMPCACHE_SOCKET", &socket).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ram = compcache_store::physical_ram_bytes();
+    assert_eq!(num(&stats, "disksize"), ram / 4 / 4096 * 4096);
+}
+
+#[test]
+fn tcp_on_loopback() {
+    let dir = TempDir::new("tcp");
+    let srv = ServerGuard::start(&dir, &["--size", "16M", "--listen", "127.0.0.1:0", "--name", "swap0"]);
+    // The ready line names the port the kernel chose.
+    let addr = srv.ready_line.split("tcp:").nth(1).and_then(|s| s.split([';', ' ']).next()).expect("tcp address in the ready line");
+    assert!(addr.starts_with("127.0.0.1:"), "{}", srv.ready_line);
+    assert!(!srv.socket.exists(), "--listen without --socket serves TCP only");
+    let mut c = Client::connect_tcp(addr, "swap0").unwrap();
+    c.write(4095, b"over tcp").unwrap();
+    assert_eq!(c.read(4095, 8).unwrap(), b"over tcp");
+    c.disconnect().unwrap();
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+}
+
+#[test]
+fn nbdinfo_and_nbdcopy_round_trip() {
+    if !have("nbdinfo") || !have("nbdcopy") {
+        eprintln!("skipped: needs nbdinfo and nbdcopy (Debian package libnbd-bin)");
+        return;
+    }
+    let dir = TempDir::new("libnbd");
+    let srv = ServerGuard::start(&dir, &["--size", "32M"]);
+    let uri = format!("nbd+unix:///compcache?socket={}", srv.socket.display());
+
+    let info = Command::new("nbdinfo").args(["--json", &uri]).output().unwrap();
+    assert!(info.status.success(), "{}", stderr_of(&info));
+    let info: Value = serde_json::from_slice(&info.stdout).unwrap();
+    let export = &info["exports"][0];
+    assert_eq!(export["export-size"], 32 << 20);
+    for cap in ["can_trim", "can_zero", "can_flush", "can_fua", "can_multi_conn"] {
+        assert_eq!(export[cap], true, "{cap}");
+    }
+    assert_eq!(export["block_size_maximum"], 32 << 20);
+
+    let input = dir.path("in.bin");
+    let data: Vec<u8> = (0..(4u64 << 20) / 4096).flat_map(text_page).collect();
+    std::fs::write(&input, &data).unwrap();
+    let up = Command::new("nbdcopy").args([input.to_str().unwrap(), &uri]).output().unwrap();
+    assert!(up.status.success(), "{}", stderr_of(&up));
+    let output = dir.path("out.bin");
+    let down = Command::new("nbdcopy").args([&uri, output.to_str().unwrap()]).output().unwrap();
+    assert!(down.status.success(), "{}", stderr_of(&down));
+    let back = std::fs::read(&output).unwrap();
+    assert_eq!(back.len(), 32 << 20);
+    assert!(back[..data.len()] == data[..], "data read back differs");
+    assert!(back[data.len()..].iter().all(|&b| b == 0));
+
+    let stats = srv.stat_json();
+    assert!(num(&stats, "orig_data_size") >= data.len() as u64);
+    assert_eq!(num(&stats, "failed_writes"), 0);
+}
