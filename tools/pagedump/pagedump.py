@@ -334,20 +334,33 @@ def page_file_path(data_dir, program):
     return os.path.join(data_dir, f"pages-{program}.bin")
 
 
+def sidecar(path):
+    """The JSON sidecar of a page file, or {} when the file or its sidecar is missing."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path + ".json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def ensure_data(data_dir=DEFAULT_DATA_DIR, mib=64, programs=PROGRAMS, mixed=True):
-    """Makes data/pages-{program}.bin (and pages-mixed.bin) unless present with a sidecar.
+    """Makes data/pages-{program}.bin (and pages-mixed.bin) unless present with a sidecar
+    saying they were made for `mib` MiB.
 
     Returns {name: path}. Tests and benchmarks call this so page files exist when needed.
     """
-    paths = {}
+    paths, made = {}, False
     for p in programs:
         path = page_file_path(data_dir, p)
-        if not (os.path.exists(path) and os.path.exists(path + ".json")):
+        if sidecar(path).get("target_mib") != mib:
             dump_program(p, path, mib)
+            made = True
         paths[p] = path
     if mixed:
         path = page_file_path(data_dir, "mixed")
-        if not (os.path.exists(path) and os.path.exists(path + ".json")):
+        if made or not sidecar(path):
             mix_page_files([paths[p] for p in programs], path)
         paths["mixed"] = path
     return paths

@@ -121,3 +121,14 @@ def test_dump_of_a_live_child_finds_its_pages(tmp_path):
     assert hits >= 1000, f"only {hits} of ~1024 marker pages found"
     assert details["pages_present"] * PAGE == len(data)
     assert details["pages_unreadable"] == 0
+
+
+def test_sidecar_missing_or_broken_is_empty(tmp_path):
+    f = tmp_path / "pages-x.bin"
+    assert pd.sidecar(str(f)) == {}
+    f.write_bytes(bytes(PAGE))
+    assert pd.sidecar(str(f)) == {}, "a page file without its sidecar is remade"
+    (tmp_path / "pages-x.bin.json").write_text("{not json")
+    assert pd.sidecar(str(f)) == {}
+    meta = pd.write_page_file(str(f), bytes(PAGE) * 2, {"target_mib": 1})
+    assert pd.sidecar(str(f))["target_mib"] == 1 and meta["zero_pages"] == 2
