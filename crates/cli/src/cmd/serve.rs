@@ -206,9 +206,8 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
     };
     if ram > 0 && mem_limit > ram {
         return Err(Failure::usage(format!(
-            "--mem-limit {} ({}) is above physical RAM ({}): it could never take effect; give at most {} or 0 for no limit",
+            "--mem-limit {} is above physical RAM ({}): it could never take effect; give at most {} or 0 for no limit",
             args.mem_limit,
-            human(mem_limit),
             human(ram),
             human(ram)
         )));
@@ -218,9 +217,8 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
     let slot_table = size / PAGE_SIZE as u64 * 16;
     if ram > 0 && slot_table > ram / 2 {
         return Err(Failure::usage(format!(
-            "--size {} ({}) needs a {} slot table, more than half of RAM ({}): choose a smaller size (25%-200% of RAM is usual)",
+            "--size {} needs a {} slot table, more than half of RAM ({}): choose a smaller size (25%-200% of RAM is usual)",
             args.size,
-            human(size),
             human(slot_table),
             human(ram)
         )));
