@@ -23,6 +23,10 @@ enum Command {
     Serve(cmd::serve::Args),
     Stat(cmd::stat::Args),
     Compact(cmd::compact::Args),
+    Swapon(cmd::swapon::SwaponArgs),
+    Swapoff(cmd::swapon::SwapoffArgs),
+    Ublk(cmd::device::UblkArgs),
+    NbdAttach(cmd::device::NbdAttachArgs),
 }
 
 fn main() {
@@ -31,6 +35,10 @@ fn main() {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Stat(a) => cmd::stat::run(a),
         Command::Compact(a) => cmd::compact::run(a),
+        Command::Swapon(a) => cmd::swapon::run_swapon(a),
+        Command::Swapoff(a) => cmd::swapon::run_swapoff(a),
+        Command::Ublk(a) => cmd::device::run_ublk(a),
+        Command::NbdAttach(a) => cmd::device::run_nbd_attach(a),
     };
     if let Err(f) = result {
         eprintln!("compcache: error: {f}");

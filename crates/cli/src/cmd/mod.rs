@@ -3,3 +3,8 @@
 pub mod compact;
 pub mod serve;
 pub mod stat;
+// Swap set-up (swapon/swapoff) and the ublk / kernel-NBD servers it starts.
+pub mod device;
+pub mod swapdev;
+pub mod swapon;
+pub mod zramconf;
