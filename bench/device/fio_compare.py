@@ -283,6 +283,12 @@ def markdown(results, meta):
         lines.append(f"| {w} | " + " | ".join(cells) + " |")
     lines.append("| memory for the page file | " + " | ".join(
         fmt_bytes(r["memory"]["mem_bytes"]) for r in results) + " |")
+    lines.append("| page file / memory | " + " | ".join(
+        f"{meta['page_file_bytes'] / r['memory']['mem_bytes']:.2f}x" if r["memory"]["mem_bytes"]
+        else "n/a" for r in results) + " |")
+    lines.append("| server RSS growth (NBD) | " + " | ".join(
+        fmt_bytes(r["memory"]["rss_growth_bytes"]) if "rss_growth_bytes" in r["memory"]
+        else "n/a" for r in results) + " |")
     cc = next((r for r in results if r["target"].startswith("compcache")), None)
     if cc:
         lines += ["", "Ratios, compcache / baseline (IOPS: higher is better; memory: lower is "
