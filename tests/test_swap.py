@@ -141,6 +141,12 @@ def test_kernel_swaps_to_compcache(start_server, record_property):
             # Only the workload joins the limited cgroup (before it execs); the server and
             # nbdfuse stay where pytest is.
             preexec_fn=lambda: write(procs, os.getpid()))
+        # The server must not be limited with the workload, and its memory is locked.
+        with open(f"/proc/{srv.proc.pid}/cgroup") as f:
+            assert os.path.basename(cgroup) not in f.read()
+        with open(f"/proc/{srv.proc.pid}/status") as f:
+            vmlck = [int(l.split()[1]) for l in f if l.startswith("VmLck:")]
+        assert vmlck and vmlck[0] > 0, "compcache serve --mlock should lock its memory"
         lines, swapped_kib, stats_at_fill = [], 0, None
         deadline = time.monotonic() + 300
         for line in workload.stdout:
