@@ -4,6 +4,7 @@
 
 mod cmd;
 mod failure;
+mod maintenance;
 mod paths;
 mod units;
 

@@ -152,6 +152,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         let s = server.clone();
         spawn("nbd-tcp", tx.clone(), move || Event::ListenerFailed(format!("NBD TCP listener failed: {}", listener::serve_tcp(s, l))));
     }
+    crate::maintenance::spawn(store.clone()).map_err(|e| Failure::new(format!("cannot start the maintenance thread: {e}")))?;
     let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
     spawn("control", tx, move || Event::ListenerFailed(format!("control listener failed: {}", control::serve(state, control_listener))));
 

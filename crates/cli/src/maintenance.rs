@@ -1,0 +1,74 @@
+//! Background maintenance of a served device: automatic compaction.
+//!
+//! zram compacts only when userspace writes to `compact` or the kernel's shrinker asks. A swap
+//! device sees constant overwrite and discard churn, which leaves zspages half empty; here a
+//! thread checks once a second how many pool pages compaction could give back and compacts when
+//! that is worth it (at least 1/64 of the pool and 1 MiB), so `mem_used_total` stays close to
+//! `compr_data_size` without anyone asking. Compaction runs concurrently with I/O (it locks one
+//! slot at a time, see the store's locking rules).
+
+use compcache_store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+
+const PERIOD: Duration = Duration::from_secs(1);
+/// Compact when at least this many pages (1 MiB) can be given back...
+const MIN_PAGES: u64 = 256;
+/// ...and they are at least 1/FRACTION of the pool.
+const FRACTION: u64 = 64;
+
+/// Whether compaction is worth running now.
+pub fn worth_compacting(compactable_pages: u64, pool_pages: u64) -> bool {
+    compactable_pages >= MIN_PAGES && compactable_pages * FRACTION >= pool_pages
+}
+
+/// Starts the maintenance thread for `store`. It runs for the life of the process.
+pub fn spawn(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("maintenance".into()).spawn(move || loop {
+        std::thread::sleep(PERIOD);
+        let compactable = store.compactable_pages();
+        if worth_compacting(compactable, store.stats().pages_used) {
+            store.compact();
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compacts_only_when_enough_can_be_given_back() {
+        assert!(!worth_compacting(0, 1000));
+        assert!(!worth_compacting(255, 300), "under 1 MiB is not worth a pass");
+        assert!(!worth_compacting(1000, 100_000), "1% of the pool is not worth a pass");
+        assert!(worth_compacting(2000, 100_000));
+    }
+
+    #[test]
+    fn the_thread_compacts_a_fragmented_device() {
+        use compcache_store::{Config, PAGE_SIZE};
+        let store = Arc::new(Store::new(Config::with_disksize(8192 * PAGE_SIZE as u64)).unwrap());
+        let mut ctx = store.context();
+        let mut page = vec![0u8; PAGE_SIZE];
+        for i in 0..8192u64 {
+            // distinct, compressible pages of a few sizes
+            for (j, b) in page.iter_mut().enumerate() {
+                *b = if j < 600 + (i as usize % 7) * 64 { (i as usize * 7 + j * 13) as u8 } else { 0x20 + (j % 3) as u8 };
+            }
+            page[..8].copy_from_slice(&i.to_le_bytes());
+            store.write_page(&mut ctx, i, &page).unwrap();
+        }
+        for i in (0..8192u64).filter(|i| i % 8 != 0) {
+            store.discard_page(i);
+        }
+        assert!(worth_compacting(store.compactable_pages(), store.stats().pages_used));
+        let before = store.stats().mem_used_total;
+        spawn(store.clone()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while store.stats().pages_compacted == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(store.stats().mem_used_total < before, "the maintenance thread compacted");
+    }
+}
