@@ -33,5 +33,12 @@ class Context:
         name = f"compcache-bench-{os.getpid()}-{next(self._counter)}"
         return MemoryCgroup(self.system, self.ledger, name, limit_bytes, allow_swap, detected=self.cgroup_detected)
 
+    def verify_clean(self, what: str) -> list:
+        """After each configuration's teardown: is anything of ours still there?"""
+        left = self.ledger.leftovers(self.system)
+        if left:
+            self.progress(f"ERROR: after {what}, left behind: {', '.join(left)}")
+        return left
+
     def log(self, msg: str) -> None:
         self.progress(msg)

@@ -107,6 +107,9 @@ def run(ctx, p: dict, backend: str) -> dict:
         except Exception as e:  # record and go on with the next size
             entry["error"] = f"{e.__class__.__name__}: {e}"
             ctx.log(f"app {label} FAILED: {entry['error']}")
+        left = ctx.verify_clean(f"app {label}")
+        if left:
+            entry["leftovers"] = left
     return out
 
 

@@ -74,6 +74,9 @@ def run(ctx, p: dict, configs: list) -> dict:
         except Exception as e:  # record and go on with the next configuration
             res["error"] = f"{e.__class__.__name__}: {e}"
             ctx.log(f"fio [{name}] FAILED: {res['error']}")
+        left = ctx.verify_clean(f"fio [{name}]")
+        if left:
+            res["leftovers"] = left
         out["configs"][name] = res
     return out
 

@@ -19,6 +19,15 @@ def scan_argv(scan_bin: str, mib: int, passes: int, mode: str, pages_file: str |
     return [scan_bin, "-m", mode] + (["-p", pages_file] if pages_file else []) + [str(mib), str(passes)]
 
 
+def sweep_points(p: dict) -> list:
+    """[(mode, [factors])]: sweep_modes is a dict mode -> factors, or a list of modes that
+    share sweep_factors."""
+    modes = p["sweep_modes"]
+    if isinstance(modes, dict):
+        return list(modes.items())
+    return [(m, p["sweep_factors"]) for m in modes]
+
+
 def summarize_runs(runs: list, skip_first: bool = True) -> dict:
     """Mean and median over the runs that count (2.. when there are at least 2), or the
     failure status if any run failed (a failed point has no time)."""
@@ -71,6 +80,9 @@ def run(ctx, p: dict) -> dict:
         except Exception as e:  # record and go on with the next configuration
             res["error"] = f"{e.__class__.__name__}: {e}"
             ctx.log(f"scan [{name}] FAILED: {res['error']}")
+        left = ctx.verify_clean(f"scan [{name}]")
+        if left:
+            res["leftovers"] = left
         out["configs"][name] = res
     out["speedup_vs_disk"] = speedups(out["configs"])
     return out
@@ -87,8 +99,8 @@ def _run_config(ctx, p, cfg, res):
         res["recipe"] = {"runs": runs, **summarize_runs(runs), **smp.summary()}
         res["sweep"] = []
         limit = p["sweep_limit_bytes"]
-        for mode in p["sweep_modes"]:
-            for factor in p["sweep_factors"]:
+        for mode, factors in sweep_points(p):
+            for factor in factors:
                 mib = int(round(factor * (limit >> 20)))
                 argv = scan_argv(ctx.scan_bin, mib, p["sweep_passes"], mode, p.get("pages_file"))
                 with ctx.cgroup(limit, cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:

@@ -21,9 +21,9 @@ QUICK = {
         "pages_file": None,
         # The sweep: M from 1.0x to 2.5x of the limit, both access patterns.
         "sweep_limit_bytes": 64 * MiB,
-        "sweep_factors": [1.0, 1.5, 2.0, 2.5],
-        "sweep_modes": ["cyclic", "once"],
-        "sweep_passes": 3,
+        # mode -> factors of the limit; the quick set samples use-once more sparsely.
+        "sweep_modes": {"cyclic": [1.0, 1.5, 2.0, 2.5], "once": [1.5, 2.5]},
+        "sweep_passes": 2,
         "sweep_runs": 2,
         "swap_size_bytes": 1024 * MiB,
         "run_timeout_s": 180,
@@ -37,14 +37,14 @@ QUICK = {
         # Anonymous memory in the machine besides the file I/O: what swap can move out of
         # the way of the page cache (seed 000's point).
         "ballast_factor": 0.5,
-        "runtime_s": 3,
+        "runtime_s": 2,
         "swap_size_bytes": 256 * MiB,
         "run_timeout_s": 120,
     },
     "app": {
         "limit_bytes": 128 * MiB,
         "instance_mib": 16,
-        "counts": [4, 8, 12, 16],
+        "counts": [4, 8, 12, 16, 20],
         "size_percents": [0, 25, 50, 75, 100],
         "cycles": 3,
         "point_timeout_s": 120,
@@ -54,7 +54,7 @@ QUICK = {
 FULL = copy.deepcopy(QUICK)
 FULL["scan"].update({
     "sweep_limit_bytes": 512 * MiB,
-    "sweep_factors": [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5],
+    "sweep_modes": {"cyclic": [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5], "once": [1.0, 1.5, 2.0, 2.5]},
     "sweep_passes": 10,
     "sweep_runs": 5,
     "swap_size_bytes": 2048 * MiB,

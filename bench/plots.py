@@ -62,6 +62,7 @@ def plot_scan_sweep(scan: dict, mode: str, path: str) -> str | None:
         return None
     for f, i, _ in ooms:
         ax.plot([f], [ymax * 1.05], "x", color=f"C{i}", ms=9)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("M / memory limit")
     ax.set_ylabel("wall time (s), median of runs 2..")
     ax.set_title(f"scan M {p['sweep_passes']} ({mode}) in a {p['sweep_limit_bytes'] >> 20} MiB cgroup; x = OOM")
@@ -90,6 +91,9 @@ def plot_fio(fio: dict, file_bytes: int, path: str) -> str | None:
                 ax.plot([x["record_bytes"] >> 10 for x in pts], [x["bw_bytes"] / 1e6 for x in pts], "o-",
                         label=r["label"], color=f"C{i}")
         ax.set_xscale("log", base=2)
+        recs = sorted({x["record_bytes"] >> 10 for _, r in cfgs for x in r["points"]})
+        ax.set_xticks(recs, [f"{k // 1024}M" if k >= 1024 else f"{k}k" for k in recs], fontsize=7)
+        ax.set_ylim(bottom=0)  # throughput axes start at zero: no exaggerated gaps
         ax.set_title(TEST_NAMES[test], fontsize=10)
         ax.set_xlabel("record size (KiB)", fontsize=8)
         ax.set_ylabel("MB/s", fontsize=8)
@@ -125,6 +129,7 @@ def plot_app(app: dict, path: str) -> str | None:
         plt.close(fig)
         return None
     p = app["params"]
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("N instances")
     ax.set_ylabel(f"seconds for {p['cycles']} cycles")
     ax.set_title(f"app cycle, {p['limit_bytes'] >> 20} MiB cgroup, {p['instance_mib']} MiB each, "

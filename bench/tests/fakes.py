@@ -32,6 +32,11 @@ class FakeProc:
     def kill(self):
         self.returncode = -9
 
+    def communicate(self, timeout=None):
+        """Workloads: answer like scan does."""
+        self.returncode = 0
+        return (b"scan mib=1 passes=1 mode=cyclic total_s=0.1 verify=off mismatches=0\n", b"")
+
 
 class FakeSystem:
     """Files live in `self.files` (path -> str). Commands are logged in `self.commands` and

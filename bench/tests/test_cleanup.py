@@ -194,3 +194,25 @@ def test_preflight_ok_and_ignores_tools_of_unselected_configs():
     fs.tools.discard("nbdkit")
     fs.files["/usr/bin/python3"] = ""
     assert suite.preflight(fs, ["scan"], ["noswap", "disk", "zram-lz4"], None) == []
+
+
+def test_scan_experiment_survives_a_failing_config_and_leaves_nothing(tmp_path):
+    from bench import exp_scan, params
+    from bench.context import Context
+    from bench.runner import Progress
+    import io
+
+    fs, ledger = FakeSystem(), Ledger()
+    fs.fail["spawn:nbdkit"] = 1
+    log = io.StringIO()
+    ctx = Context(fs, ledger, Progress(stream=log), "/work", "/repo",
+                  ["noswap", "nbdkit-zstd", "zram-lz4", "compcache"], "/bin/scan", None, ("v1", "/sys/fs/cgroup/memory"))
+    p = params.get("quick")["scan"]
+    p.update({"recipe_runs": 2, "sweep_factors": [1.0], "sweep_modes": ["cyclic"], "sweep_runs": 1})
+    out = exp_scan.run(ctx, p)
+    assert "injected failure" in out["configs"]["nbdkit-zstd"]["error"]
+    assert out["configs"]["zram-lz4"]["recipe"]["status"] == "ok"
+    assert "cargo build" in out["configs"]["compcache"]["skipped"]
+    assert "FAILED" in log.getvalue() and "skipped" in log.getvalue()
+    _assert_clean(fs, ledger)
+    assert not [d for d in fs.dirs if "compcache-bench" in d], "every cgroup removed"

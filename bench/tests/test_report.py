@@ -36,6 +36,8 @@ def _scan():
                     runs = _runs([f * (base or 1), f * (base or 1) * 1.1])
                 sweep.append({"mode": mode, "factor": f, "mib": int(f * 64), "runs": runs,
                               **exp_scan.summarize_runs(runs)})
+                if name == "zram-lz4" and mode == "cyclic":
+                    sweep[-1].update({"compression_ratio": 2.0 * f, "ratio_sample": {"orig_data_size": int(f * MiB)}})
         configs[name] = {"label": label, "recipe": rec, "sweep": sweep}
     params = {"recipe_mib": 480, "recipe_passes": 10, "recipe_mode": "cyclic", "recipe_limit_bytes": 512 * MiB,
               "recipe_runs": 5, "sweep_limit_bytes": 64 * MiB, "sweep_passes": 3, "sweep_modes": ["cyclic", "once"]}
@@ -106,6 +108,7 @@ def test_markdown_has_every_table():
     md = report.markdown(_results())
     assert "scan recipe: `scan 480 10`" in md
     assert "| disk swap | 5.00 10.00 11.00 9.00 10.00 | 10.00 |" in md
+    assert "4.00:1 (cyclic 2x)" in md
     assert "+40%" in md  # zram: (10 - 6) / 10
     assert "3.50:1" in md
     assert "skipped: compcache binary not found" in md
