@@ -345,3 +345,25 @@ fn nbdinfo_and_nbdcopy_round_trip() {
     assert!(num(&stats, "orig_data_size") >= data.len() as u64);
     assert_eq!(num(&stats, "failed_writes"), 0);
 }
+
+#[test]
+fn mlock_keeps_the_server_locked_without_committing_the_device() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: --mlock needs root (or CAP_IPC_LOCK) to lock the store's reservation");
+        return;
+    }
+    let dir = TempDir::new("mlock");
+    let srv = ServerGuard::start(&dir, &["--size", "256M", "--mlock"]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", srv.pid())).unwrap();
+    let kib = |key: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert!(kib("VmLck:") > 0, "memory is locked: {status}");
+    assert!(kib("VmRSS:") < 128 << 10, "MCL_ONFAULT: the 256M device is not committed up front");
+    let mut c = srv.client();
+    c.write(0, &text_page(1)).unwrap();
+    assert_eq!(c.read(0, 4096).unwrap(), text_page(1));
+    c.disconnect().unwrap();
+}

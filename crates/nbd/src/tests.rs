@@ -479,3 +479,40 @@ fn malformed_clients_lose_nothing() {
     tf.join().unwrap();
     assert_eq!(srv.open_connections(), 0);
 }
+
+#[test]
+fn concurrent_clients_keep_their_own_data() {
+    let srv = server();
+    let writers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let srv = srv.clone();
+            std::thread::spawn(move || {
+                let (mut c, th) = connect(&srv);
+                let base = t * (4 << 20);
+                // Pipelined writes of whole and unaligned pieces, then a read-back.
+                for i in 0..64u64 {
+                    c.send(CMD_WRITE, 0, base + i * 4096, 4096, &pattern(t * 1000 + i, 4096)).unwrap();
+                }
+                for _ in 0..64 {
+                    assert_eq!(c.recv().unwrap().error, 0);
+                }
+                c.write(base + 100, b"unaligned overwrite").unwrap();
+                for i in 0..64u64 {
+                    let mut expect = pattern(t * 1000 + i, 4096);
+                    if i == 0 {
+                        expect[100..119].copy_from_slice(b"unaligned overwrite");
+                    }
+                    assert_eq!(c.read(base + i * 4096, 4096).unwrap(), expect, "client {t} page {i}");
+                }
+                c.disconnect().unwrap();
+                th.join().unwrap();
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().expect("a client thread failed");
+    }
+    let stats = srv.export.store.stats();
+    assert_eq!(stats.failed_writes + stats.failed_reads + stats.invalid_io, 0);
+    assert_eq!(stats.orig_data_size, 4 * 64 * 4096);
+}
