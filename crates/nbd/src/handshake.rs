@@ -46,6 +46,9 @@ impl fmt::Display for HandshakeError {
             HandshakeError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 write!(f, "handshake: client closed the connection in the middle of a message")
             }
+            HandshakeError::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                write!(f, "handshake: the client did not finish the handshake in time")
+            }
             HandshakeError::Io(e) => write!(f, "handshake: {e}"),
             HandshakeError::Protocol(m) => write!(f, "handshake: {m}"),
         }

@@ -20,6 +20,8 @@ pub trait Stream: Read + Write + Send + Sync + Sized + 'static {
     fn try_clone_stream(&self) -> io::Result<Self>;
     /// Shuts down both directions, waking any thread blocked on the socket.
     fn shutdown_both(&self);
+    /// Sets (or clears) the receive timeout of the socket (shared by every handle on it).
+    fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
 }
 
 impl Stream for UnixStream {
@@ -29,6 +31,9 @@ impl Stream for UnixStream {
     fn shutdown_both(&self) {
         let _ = self.shutdown(Shutdown::Both);
     }
+    fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
 }
 
 impl Stream for TcpStream {
@@ -37,6 +42,9 @@ impl Stream for TcpStream {
     }
     fn shutdown_both(&self) {
         let _ = self.shutdown(Shutdown::Both);
+    }
+    fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
     }
 }
 

@@ -34,6 +34,7 @@ use parking_lot::{Condvar, Mutex};
 use std::io::{self, BufReader, Read};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
+use std::time::Duration;
 
 /// The reader's buffer: large enough to take a header and a page of payload in one syscall.
 const READ_BUFFER_BYTES: usize = 256 << 10;
@@ -43,6 +44,10 @@ const READ_BUFFER_BYTES: usize = 256 << 10;
 const MAX_SKIP_BYTES: u64 = 2 * MAX_PAYLOAD_BYTES as u64;
 /// Worker read buffers that grew above this are freed after the request.
 const KEEP_SCRATCH_BYTES: usize = 1 << 20;
+/// A client must finish the handshake within this time, so that connections that never
+/// negotiate cannot pin threads and connection slots forever. Transmission has no timeout:
+/// the kernel's client may rightly stay idle for days.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Rejected requests logged per connection; the rest are only counted (`invalid_io`).
 const LOGGED_REJECTS: u32 = 8;
 
@@ -249,10 +254,12 @@ pub(crate) fn run_connection<S: Stream>(server: &Server, stream: S, label: &str)
     };
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
 
+    let _ = conn.shutdown.set_receive_timeout(Some(HANDSHAKE_TIMEOUT));
     let outcome = {
         let mut w = conn.writer.lock();
         handshake::negotiate(&mut reader, &mut *w, &server.export)
     };
+    let _ = conn.shutdown.set_receive_timeout(None);
     match outcome {
         Ok(Outcome::Transmission) => {}
         Ok(Outcome::Closed) => {
