@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The VM end-to-end test: a guest kernel (Debian bookworm-backports 6.12) swaps to compcache
+# under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
+#
+#   vm/run-test.sh            full run: 384 MiB guest, scan 448 MiB x 2 passes, ublk + nbd + crash
+#   vm/run-test.sh --quick    CI variant: 256 MiB guest, scan 320 MiB x 1 pass, ublk + nbd + crash
+#   options: --frontends ublk,nbd,crash   --mem MIB   --scan MIB   --passes N   --smp N
+#            --accel tcg|kvm  (default tcg: this project's machines' /dev/kvm runs no stock
+#                              kernels; use kvm where it works)
+#            --no-build       use the compcache binary already built
+#
+# One command from a fresh clone (as root, for apt): installs what is missing
+# (scripts/deps/apt-vm.txt, the rust musl target), builds a static compcache, fetches the
+# kernel into vm/cache/, builds the initramfs, boots qemu, and exits 0 only if the guest
+# reports "ALL PASS". The serial console is saved in vm/cache/last-run.log.
+# Times inside the guest are emulated under TCG: they are printed as information only.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
+cache="$here/cache"
+export PATH="$HOME/.cargo/bin:$PATH"
+
+mem=384 scan=448 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 timeout_s=900
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) mem=256 scan=320 passes=1 timeout_s=600 ;;
+    --frontends) frontends="$2"; shift ;;
+    --mem) mem="$2"; shift ;;
+    --scan) scan="$2"; shift ;;
+    --passes) passes="$2"; shift ;;
+    --smp) smp="$2"; shift ;;
+    --accel) accel="$2"; shift ;;
+    --no-build) build=0 ;;
+    --timeout) timeout_s="$2"; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "run-test: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+mkdir -p "$cache"
+
+# 1. Tools.
+need_apt=()
+while read -r p; do
+  p="${p%%#*}"; p="$(echo "$p" | tr -d '[:space:]')"; [ -n "$p" ] || continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")
+done <"$repo/scripts/deps/apt-vm.txt"
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "run-test: SKIP: missing ${need_apt[*]} and not root to install them" >&2; exit 0
+  fi
+  echo "run-test: installing ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+target=x86_64-unknown-linux-musl
+bin="$repo/target/$target/release/compcache"
+if [ "$build" = 1 ]; then
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+    rustup target add "$target"
+  fi
+  echo "run-test: building a static compcache ($target)"
+  (cd "$repo" && CC_x86_64_unknown_linux_musl=musl-gcc cargo build -q --release --target "$target" -p compcache)
+fi
+
+# 2. Kernel and initramfs.
+"$here/fetch-kernel.sh"
+COMPCACHE_BIN="$bin" "$here/build-initramfs.sh"
+
+# 3. Boot. qemu is the only process started here; it is ended by its PID on timeout.
+log="$cache/last-run.log"
+case "$accel" in
+  kvm) accel_opts=(-accel kvm -cpu host) ;;
+  *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
+esac
+append="console=ttyS0 panic=-1 oops=panic quiet loglevel=4 cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes"
+echo "run-test: booting $(cat "$cache/kernel/version") ($accel, ${mem} MiB, $smp CPUs): $frontends, scan ${scan} MiB x $passes"
+start=$(date +%s)
+qemu-system-x86_64 "${accel_opts[@]}" -m "$mem" -smp "$smp" -nographic -no-reboot \
+  -kernel "$cache/kernel/vmlinuz" -initrd "$cache/initramfs.cpio.gz" -append "$append" \
+  -nic none -serial mon:stdio </dev/null >"$log" 2>&1 &
+qemu_pid=$!
+cleanup() { kill "$qemu_pid" 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+tail_pid=""
+if [ -t 1 ] || [ "${CI:-}" = true ] || true; then
+  tail -n +1 -f --pid="$qemu_pid" "$log" | grep --line-buffered -E 'compcache|scan |RESULT|Kernel panic|BUG|Oops|error' &
+  tail_pid=$!
+fi
+waited=0
+while kill -0 "$qemu_pid" 2>/dev/null; do
+  if [ "$waited" -ge "$timeout_s" ]; then
+    echo "run-test: TIMEOUT after ${timeout_s}s: stopping qemu (pid $qemu_pid)"
+    kill "$qemu_pid" 2>/dev/null || true
+    break
+  fi
+  sleep 1; waited=$((waited + 1))
+done
+wait "$qemu_pid" 2>/dev/null || true
+[ -n "$tail_pid" ] && wait "$tail_pid" 2>/dev/null || true
+trap - EXIT INT TERM
+elapsed=$(( $(date +%s) - start ))
+echo "run-test: boot to result ${elapsed}s on the host clock (log: $log)"
+if grep -q 'compcache-vm: ALL PASS' "$log"; then
+  passed=$(grep -c 'RESULT .* PASS' "$log" || true)
+  echo "vm: $passed passed, 0 failed"
+  exit 0
+fi
+failed=$(grep -c 'RESULT .* FAIL' "$log" || true)
+passed=$(grep -c 'RESULT .* PASS' "$log" || true)
+[ "$failed" = 0 ] && failed=1
+echo "run-test: FAILED; last lines of the console:"
+tail -n 40 "$log"
+echo "vm: $passed passed, $failed failed"
+exit 1
