@@ -150,7 +150,9 @@ impl Drop for ConnectionCount<'_> {
     }
 }
 
-/// The one way this crate logs: one line on stderr, prefixed with who it is about.
+/// The one way this crate logs: one line on stderr, prefixed with who it is about. A closed
+/// stderr is ignored (`eprintln!` would panic and take a connection down with it).
 pub(crate) fn log(who: &str, msg: &str) {
-    eprintln!("compcache-nbd: {who}: {msg}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "compcache-nbd: {who}: {msg}");
 }

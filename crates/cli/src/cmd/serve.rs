@@ -8,6 +8,7 @@ use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_nbd::listener::{self, SocketFileGuard};
 use compcache_nbd::{Export, Server, ServerOptions};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
@@ -163,7 +164,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if let Some(a) = &device.nbd_tcp {
         places.push(format!("tcp:{a}"));
     }
-    println!(
+    // A closed stdout (a supervisor that stopped reading) must not kill a running device.
+    let _ = writeln!(
+        std::io::stdout(),
         "compcache: serving {} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
         human(store.disksize_bytes()),
         store.disksize_bytes(),
@@ -177,7 +180,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
     let result = match events.recv() {
         Ok(Event::Signal(sig)) => {
-            eprintln!("compcache: {} received: stopping, removing {}", signal_name(sig), guards.iter().map(|g| g.path().display().to_string()).collect::<Vec<_>>().join(" and "));
+            let files: Vec<String> = guards.iter().map(|g| g.path().display().to_string()).collect();
+            let _ = writeln!(std::io::stderr(), "compcache: {} received: stopping, removing {}", signal_name(sig), files.join(" and "));
             Ok(())
         }
         Ok(Event::ListenerFailed(msg)) => Err(Failure::new(format!("{msg}; stopping"))),
