@@ -27,6 +27,74 @@ pub struct Config {
     pub mem_limit_bytes: u64,
     /// Compressed sizes above this are stored raw.
     pub huge_threshold_bytes: usize,
+    /// The backing device (the backing tier); `None`: RAM only, writes beyond `mem_limit` fail.
+    pub backing: Option<BackingConfig>,
+}
+
+/// Default share of `mem_limit` above which cold pages are written back.
+pub const DEFAULT_WRITEBACK_HIGH_PCT: u8 = 90;
+/// Default share of `mem_limit` that writeback brings memory use down to.
+pub const DEFAULT_WRITEBACK_LOW_PCT: u8 = 75;
+/// Default segment size of the backing log: the unit of allocation, GC and sequential I/O.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 1 << 20;
+
+/// The backing device and its writeback policy (compcache 0.5's backing swap device; zram's
+/// `backing_dev`, `writeback`, `writeback_limit`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackingConfig {
+    /// A block device or a regular file; a missing file is created (sparse).
+    pub path: std::path::PathBuf,
+    /// Bytes of the device to use; 0: a block device's or existing file's size, or for a new
+    /// file the device size (`disksize_bytes`, plenty: pages go out compressed).
+    pub size_bytes: u64,
+    /// Write back cold pages when pool memory passes this percent of `mem_limit`...
+    pub high_pct: u8,
+    /// ...until it is under this percent.
+    pub low_pct: u8,
+    /// Total bytes writeback may write over the device's life; 0: no limit (zram's
+    /// `writeback_limit`). Overflow writes from the I/O path are not counted: refusing them
+    /// would fail the request.
+    pub writeback_limit_bytes: u64,
+    /// Bytes per second the background writer may write; 0: no limit. Applied by
+    /// [`crate::Store::maintain`] (front ends that call `writeback` directly pass their own budget).
+    pub writeback_rate_bytes: u64,
+    /// Send pages that do not compress (huge pages) to the backing device at once.
+    pub incompressible: bool,
+    /// Bring a written-back page back into RAM when it is read twice within a few seconds.
+    pub promote: bool,
+    /// Segment size in bytes (a multiple of 4096).
+    pub segment_bytes: u64,
+}
+
+impl BackingConfig {
+    /// A backing file or device at `path` with the default policy.
+    pub fn new(path: impl Into<std::path::PathBuf>) -> BackingConfig {
+        BackingConfig {
+            path: path.into(),
+            size_bytes: 0,
+            high_pct: DEFAULT_WRITEBACK_HIGH_PCT,
+            low_pct: DEFAULT_WRITEBACK_LOW_PCT,
+            writeback_limit_bytes: 0,
+            writeback_rate_bytes: 0,
+            incompressible: false,
+            promote: true,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+        }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        let bad = |m: String| Err(StoreError::Config(format!("backing device {}: {m}", self.path.display())));
+        if !(1..=100).contains(&self.high_pct) || self.low_pct >= self.high_pct {
+            return bad(format!(
+                "writeback watermarks high {}% low {}%: need 0 <= low < high <= 100",
+                self.high_pct, self.low_pct
+            ));
+        }
+        if self.segment_bytes < PAGE_SIZE as u64 * 4 || self.segment_bytes % PAGE_SIZE as u64 != 0 {
+            return bad(format!("segment size {} is not a multiple of {PAGE_SIZE} of at least 4 pages", self.segment_bytes));
+        }
+        Ok(())
+    }
 }
 
 impl Config {
@@ -38,6 +106,7 @@ impl Config {
             level: None,
             mem_limit_bytes: 0,
             huge_threshold_bytes: DEFAULT_HUGE_THRESHOLD_BYTES,
+            backing: None,
         }
     }
 
@@ -61,6 +130,9 @@ impl Config {
                 "huge threshold {} is outside 64..={PAGE_SIZE} bytes",
                 self.huge_threshold_bytes
             )));
+        }
+        if let Some(b) = &self.backing {
+            b.validate()?;
         }
         self.algorithm.check_level(self.level)
     }

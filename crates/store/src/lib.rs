@@ -11,14 +11,18 @@
 //! - [`compress`]: the compressor front end and one file per backend;
 //! - [`store`]: the read, write and discard paths;
 //! - [`stats`]: the counters, with zram's and ramzswap's names;
-//! - [`config`]: configuration and size expressions.
+//! - [`config`]: configuration and size expressions;
+//! - [`backing`]: the backing tier (backing device, log-structured packing, writeback, GC).
 //!
 //! ## Concurrency
 //! There is no global lock on the I/O path. A request locks only the slots it touches (one at
 //! a time); the allocator locks one size class for an allocation or free; the page arena lock
 //! is taken once per zspage created or destroyed. Compression runs outside every lock, in the
-//! caller's [`Context`]. Create one [`Context`] per worker thread.
+//! caller's [`Context`]. Create one [`Context`] per worker thread. The backing tier adds no
+//! lock to the RAM path; its own locks and where they sit in the order are in `backing/mod.rs`
+//! and `slot.rs`. Writeback and GC run only when a front end calls them, from a thread it owns.
 
+pub mod backing;
 pub mod compress;
 pub mod config;
 pub mod error;
@@ -29,7 +33,8 @@ pub mod zspool;
 mod zeroed;
 
 pub use compress::Algorithm;
-pub use config::{parse_size, physical_ram_bytes, Config};
+pub use backing::{BackingDevice, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
+pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config};
 pub use error::StoreError;
 pub use stats::Stats;
 pub use store::{Context, Store};

@@ -19,7 +19,23 @@
 //! 3. Lock order: slot lock, then a pool size-class lock, then the pool's page arena lock.
 //!    Never take a slot lock while holding a class lock. Never hold two slot locks.
 //! 4. Hold times are short (a copy of at most one page, or one compression for partial
-//!    writes); waiters spin briefly, then yield.
+//!    writes); waiters spin briefly, then yield. The one exception is a partial-page write
+//!    (`Store::update_page`) of a page on the backing device, or one that overflows to it:
+//!    the read-modify-write does its backing I/O under the slot lock. Whole-page reads and
+//!    writes never do I/O under a slot lock.
+//! 5. The meta word may be loaded without the lock, as a hint only ([`Slot::peek`]: kind,
+//!    access time, size). The backing tier's scans (writeback, GC) use it to skip slots that
+//!    cannot interest them; every decision is taken again under the lock.
+//! 6. The backing tier's locks (defined and described in `backing/mod.rs`) fit into this
+//!    order as follows: the maintenance mutex (one writeback or GC at a time) is taken before
+//!    any slot lock; the overflow log head and the free-segment list are leaves, taken after
+//!    a slot lock or with none, in that order (head, then free list), and no backing I/O
+//!    happens while either is held. So the full order is:
+//!    maintenance -> slot -> { pool class -> arena | overflow head -> free-segment list }.
+//! 7. A `BACKING` entry's bytes on the device are pinned for a reader by the segment's reader
+//!    count, taken under the slot lock (`backing::space::Pin`): a segment is reused only when
+//!    it holds no live record and no reader, so a reader that drops the slot lock before its
+//!    `pread` never reads a reused segment.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
@@ -91,7 +107,38 @@ const _: () = assert!(std::mem::size_of::<Slot>() == 16, "slot metadata budget i
 // SAFETY: two AtomicU64; all-zero is the EMPTY, unlocked slot.
 unsafe impl crate::zeroed::Zeroable for Slot {}
 
+/// What a slot holds, by kind only (see [`Slot::peek`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Empty,
+    Same,
+    Compressed,
+    Huge,
+    Backing,
+}
+
+/// A lock-free look at a slot's meta word (rule 5): possibly stale, never acted on alone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hint {
+    pub kind: Kind,
+    pub ac_time: u16,
+    pub size: u16,
+}
+
 impl Slot {
+    /// Reads the meta word without the lock (rule 5).
+    pub fn peek(&self) -> Hint {
+        let m = self.meta.load(Relaxed);
+        let kind = match (m & KIND_MASK) >> KIND_SHIFT {
+            KIND_EMPTY => Kind::Empty,
+            KIND_SAME => Kind::Same,
+            KIND_COMPRESSED => Kind::Compressed,
+            KIND_HUGE => Kind::Huge,
+            _ => Kind::Backing,
+        };
+        Hint { kind, ac_time: ((m & AC_MASK) >> AC_SHIFT) as u16, size: (m & SIZE_MASK) as u16 }
+    }
+
     /// Takes this slot's lock (rule 1).
     pub fn lock(&self) -> SlotGuard<'_> {
         let mut spins = 0u32;
@@ -136,7 +183,6 @@ impl SlotGuard<'_> {
         self.meta = (self.meta & !AC_MASK) | ((tick as u64) << AC_SHIFT);
     }
 
-    #[allow(dead_code)] // read by the writeback scan of the backing tier
     pub fn ac_time(&self) -> u16 {
         ((self.meta & AC_MASK) >> AC_SHIFT) as u16
     }

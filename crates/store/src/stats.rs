@@ -28,7 +28,9 @@ pub(crate) struct Counters {
     pub good_compress: AtomicU64,
     /// Sum of the stored sizes of compressed and huge pages, in bytes.
     pub compr_data_size: AtomicU64,
+    /// Slots whose page is on the backing device.
     pub bd_count: AtomicU64,
+    /// Pages read from / written to the backing device for requests, overflow and writeback.
     pub bd_reads: AtomicU64,
     pub bd_writes: AtomicU64,
     pub bd_bytes: AtomicU64,
@@ -93,8 +95,26 @@ pub struct Stats {
     pub bd_reads: u64,
     /// Pages written to the backing device.
     pub bd_writes: u64,
-    /// Bytes of compressed data currently on the backing device.
+    /// Bytes of compressed data currently on the backing device (record headers excluded).
     pub bd_bytes: u64,
+    /// Usable bytes of the backing device (whole segments); 0 without one.
+    pub bd_size_bytes: u64,
+    /// Bytes of the backing device in segments that are in use (open or holding records):
+    /// the space the backing file occupies, holes from dead records included.
+    pub bd_space_bytes: u64,
+    /// The backing file's space efficiency: `bd_bytes * 100 / bd_space_bytes` (GC keeps it up).
+    pub bd_efficiency_pct: u64,
+    /// Pages sent to the backing device by the write path (memory limit reached, or
+    /// incompressible with `--backing-incompressible`). Included in `bd_writes`.
+    pub bd_overflow_pages: u64,
+    /// Pages moved to the backing device by writeback (cold pages). Included in `bd_writes`.
+    pub bd_writeback_pages: u64,
+    /// Pages rewritten on the backing device by GC (not included in `bd_writes`).
+    pub bd_gc_pages: u64,
+    /// Pages brought back from the backing device into RAM because they were read again soon.
+    pub bd_promoted_pages: u64,
+    /// Failed backing device operations (I/O errors, device full, checksum failures).
+    pub bd_errors: u64,
 
     // --- request counters (the block layer's `stat`), in pages
     pub num_reads: u64,
@@ -144,7 +164,7 @@ impl Stats {
     pub fn ramzswap_text(&self) -> String {
         let kb = |b: u64| b / 1024;
         let zero_pages = self.same_pages;
-        [
+        let lines = [
             ("DiskSize", format!("{:>8} kB", kb(self.disksize))),
             ("MemLimit", format!("{:>8} kB", kb(self.mem_limit))),
             ("NumReads", format!("{:>8}", self.num_reads)),
@@ -163,9 +183,15 @@ impl Stats {
             ("MemUsedTotal", format!("{:>8} kB", kb(self.mem_used_total))),
             ("BDevNumReads", format!("{:>8}", self.bd_reads)),
             ("BDevNumWrites", format!("{:>8}", self.bd_writes)),
-        ]
-        .iter()
-        .map(|(k, v)| format!("{:<14}{v}\n", format!("{k}:")))
-        .collect()
+        ];
+        // With a backing device, what is on it (compcache's own lines, after ramzswap's).
+        let backing = [
+            ("BDevPages", format!("{:>8}", self.bd_count)),
+            ("BDevDataSize", format!("{:>8} kB", kb(self.bd_bytes))),
+            ("BDevSpace", format!("{:>8} kB", kb(self.bd_space_bytes))),
+            ("BDevEfficiency", format!("{:>8} %", self.bd_efficiency_pct)),
+        ];
+        let backing = if self.bd_size_bytes > 0 { &backing[..] } else { &[] };
+        lines.iter().chain(backing).map(|(k, v)| format!("{:<14}{v}\n", format!("{k}:"))).collect()
     }
 }

@@ -5,13 +5,22 @@
 //! update statistics. The new object is allocated before the old one is freed, so a write that
 //! fails (memory limit) leaves the page's old contents readable.
 //!
-//! Locking rules are in `slot.rs`; the pool's contract in `zspool/mod.rs`. This file is the
-//! only user of both and keeps both: every pool read happens under the owner's slot lock, and
+//! With a backing device (`backing/`), a page that the pool cannot take (memory limit) goes to
+//! the device instead: only the allocation failure branches off, so the RAM path is unchanged.
+//! Reads of a `BACKING` slot pin the record's segment under the slot lock and `pread` it after
+//! releasing the lock.
+//!
+//! Locking rules are in `slot.rs`; the pool's contract in `zspool/mod.rs`. This file and the
+//! backing tier's `policy.rs` and `gc.rs` (which use the helpers marked for them here) are the
+//! only users of both and keep both: every pool read happens under the owner's slot lock, and
 //! every pool free happens once, for an entry just taken out of its slot.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
+use crate::backing::log::HEADER as RECORD_HEADER;
+use crate::backing::space::Pin;
+use crate::backing::{Backing, BackingDevice};
 use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
 use crate::config::Config;
 use crate::error::StoreError;
@@ -28,35 +37,60 @@ const TICK_SECS: u64 = 1;
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
 pub struct Store {
-    slots: ZeroedSlice<Slot>,
-    pool: ZsPool,
+    pub(crate) slots: ZeroedSlice<Slot>,
+    pub(crate) pool: ZsPool,
     backend: Box<dyn Backend>,
     cfg: Config,
     num_pages: u64,
-    counters: Counters,
+    pub(crate) counters: Counters,
     created: Instant,
-    mem_limit_bytes: AtomicU64,
+    /// Ticks added to the clock (tests age pages without sleeping).
+    clock_offset: AtomicU64,
+    pub(crate) mem_limit_bytes: AtomicU64,
+    pub(crate) backing: Option<Backing>,
 }
 
 /// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
 /// for compression and does not allocate. Not shared: one per thread.
 pub struct Context {
-    comp: Box<dyn BackendContext>,
-    cbuf: Box<[u8]>,
+    pub(crate) comp: Box<dyn BackendContext>,
+    pub(crate) cbuf: Box<[u8]>,
     page: Box<[u8]>,
+    /// A backing record being written: header, then payload.
+    rec: Box<[u8]>,
 }
 
 /// What `fetch` left to do after releasing the slot lock.
-enum Fetched {
+enum Fetched<'a> {
     Done,
     /// `ctx.cbuf[..len]` holds compressed bytes to decompress into the output.
     Compressed(usize),
+    /// The page is the record at `loc` on the backing device, whose segment `_pin` keeps.
+    Backing { loc: u64, len: u16, _pin: Pin<'a> },
 }
 
 impl Store {
     /// Creates a device. Memory is committed only as pages are stored.
     pub fn new(cfg: Config) -> Result<Store, StoreError> {
         cfg.validate()?;
+        let backing = match &cfg.backing {
+            Some(b) => Some(Backing::open(b, cfg.disksize_bytes)?),
+            None => None,
+        };
+        Store::build(cfg, backing)
+    }
+
+    /// Creates a device whose backing tier uses `dev` instead of opening `cfg.backing.path`
+    /// (which must be set, for the policy): a front end with its own device, or a test
+    /// injecting faults.
+    pub fn with_backing_device(cfg: Config, dev: Box<dyn BackingDevice>) -> Result<Store, StoreError> {
+        cfg.validate()?;
+        let b = cfg.backing.as_ref().ok_or_else(|| StoreError::Config("a backing device needs a backing configuration".into()))?;
+        let backing = Backing::with_device(b, dev)?;
+        Store::build(cfg, Some(backing))
+    }
+
+    fn build(cfg: Config, backing: Option<Backing>) -> Result<Store, StoreError> {
         let num_pages = cfg.disksize_bytes / PAGE;
         let os = |what: &str, e: std::io::Error| StoreError::Config(format!("cannot reserve {what}: {e}"));
         let slots = ZeroedSlice::new(num_pages as usize).map_err(|e| os("the slot table", e))?;
@@ -72,7 +106,9 @@ impl Store {
             num_pages,
             counters: Counters::default(),
             created: Instant::now(),
+            clock_offset: AtomicU64::new(0),
             mem_limit_bytes: AtomicU64::new(cfg.mem_limit_bytes),
+            backing,
             cfg,
         })
     }
@@ -95,6 +131,7 @@ impl Store {
             comp: self.backend.new_context(),
             cbuf: vec![0u8; MAX_COMPRESSED_BYTES].into_boxed_slice(),
             page: vec![0u8; PAGE_SIZE].into_boxed_slice(),
+            rec: vec![0u8; RECORD_HEADER + PAGE_SIZE].into_boxed_slice(),
         }
     }
 
@@ -172,9 +209,17 @@ impl Store {
         Ok(())
     }
 
-    /// Makes completed writes durable. RAM needs nothing; a backing device will.
+    /// Makes completed writes durable: RAM needs nothing; the backing device is fsync'd.
     pub fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
+        match &self.backing {
+            Some(b) => b.sync(),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a backing device is configured.
+    pub fn has_backing(&self) -> bool {
+        self.backing.is_some()
     }
 
     /// Counts a request a front end rejected before it reached the store.
@@ -221,12 +266,21 @@ impl Store {
     pub fn read_page(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
         assert_eq!(out.len(), PAGE_SIZE);
         Counters::inc(&self.counters.num_reads);
-        let fetched = {
+        let (fetched, last_access) = {
             let mut g = self.slots[index as usize].lock();
+            let last_access = g.ac_time();
             g.touch(self.tick());
-            self.fetch(&g, ctx, out)
+            (self.fetch(&g, ctx, out), last_access)
         };
-        self.finish(ctx, index, fetched, out).inspect_err(|_| Counters::inc(&self.counters.failed_reads))
+        let backed = match fetched {
+            Fetched::Backing { loc, len, .. } => Some(Entry::Backing { loc, len }),
+            _ => None,
+        };
+        self.finish(ctx, index, fetched, out).inspect_err(|_| Counters::inc(&self.counters.failed_reads))?;
+        if let Some(entry) = backed {
+            self.maybe_promote(ctx, index, entry, last_access);
+        }
+        Ok(())
     }
 
     /// Frees slot `index` (swap-free-notify).
@@ -270,14 +324,40 @@ impl Store {
         let clen = ctx.comp.compress(page, &mut ctx.cbuf).filter(|&n| n <= self.cfg.huge_threshold_bytes && n < PAGE_SIZE - 8);
         let r = match clen {
             Some(n) => self.pool.alloc(&ctx.cbuf[..n], owner).map(|h| Entry::Compressed { handle: h.0, len: n as u16 }),
+            None if self.backing.as_ref().is_some_and(|b| b.cfg.incompressible) => {
+                return self.overflow(&mut ctx.rec, index, page);
+            }
             None => self.pool.alloc(page, owner).map(|h| Entry::Huge { handle: h.0 }),
         };
-        r.map_err(|PoolFull { used_bytes, limit_bytes }| StoreError::NoSpace { used_bytes, limit_bytes })
+        match r {
+            Ok(entry) => Ok(entry),
+            Err(_) if self.backing.is_some() => {
+                let payload = match clen {
+                    Some(n) => &ctx.cbuf[..n],
+                    None => page,
+                };
+                self.overflow(&mut ctx.rec, index, payload)
+            }
+            Err(PoolFull { used_bytes, limit_bytes }) => Err(StoreError::NoSpace { used_bytes, limit_bytes }),
+        }
+    }
+
+    /// Stores a page's payload (compressed, or raw) on the backing device: the pool is full,
+    /// or the page is incompressible and the user wants those on the device.
+    #[cold]
+    fn overflow(&self, rec: &mut [u8], index: u64, payload: &[u8]) -> Result<Entry, StoreError> {
+        let b = self.backing.as_ref().expect("overflow needs a backing device");
+        let rec = &mut rec[..RECORD_HEADER + payload.len()];
+        rec[RECORD_HEADER..].copy_from_slice(payload);
+        let loc = b.write_record(index, rec)?;
+        Counters::inc(&self.counters.bd_writes);
+        Counters::inc(&b.ctr.overflow_pages);
+        Ok(Entry::Backing { loc, len: payload.len() as u16 })
     }
 
     /// Copies what slot `g` holds into `out`, or its compressed bytes into `ctx.cbuf`, under
     /// the slot lock.
-    fn fetch(&self, g: &SlotGuard<'_>, ctx: &mut Context, out: &mut [u8]) -> Fetched {
+    fn fetch(&self, g: &SlotGuard<'_>, ctx: &mut Context, out: &mut [u8]) -> Fetched<'_> {
         match g.entry() {
             Entry::Empty => out.fill(0),
             Entry::Same(w) => out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w.to_ne_bytes())),
@@ -288,7 +368,12 @@ impl Store {
             }
             // SAFETY: as above.
             Entry::Huge { handle } => unsafe { self.pool.read(Handle(handle), out) },
-            Entry::Backing { .. } => unreachable!("no backing device is configured"),
+            Entry::Backing { loc, len } => {
+                let b = self.backing.as_ref().expect("BACKING entries exist only with a backing device");
+                // Under the slot lock the record is live, so its segment cannot be reused
+                // before the pin is dropped (slot.rs rule 7).
+                return Fetched::Backing { loc, len, _pin: b.space.pin(loc) };
+            }
         }
         Fetched::Done
     }
@@ -300,7 +385,57 @@ impl Store {
             Fetched::Compressed(len) => {
                 ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason })
             }
+            Fetched::Backing { loc, len, _pin } => {
+                let b = self.backing.as_ref().expect("BACKING entries exist only with a backing device");
+                let len = len as usize;
+                b.read_record(index, loc, &mut ctx.cbuf[..RECORD_HEADER + len])?;
+                drop(_pin);
+                Counters::inc(&self.counters.bd_reads);
+                let payload = &ctx.cbuf[RECORD_HEADER..RECORD_HEADER + len];
+                if len == PAGE_SIZE {
+                    out.copy_from_slice(payload);
+                    Ok(())
+                } else {
+                    ctx.comp.decompress(payload, out).map_err(|reason| StoreError::Corrupt { index, reason })
+                }
+            }
         }
+    }
+
+    /// Swaps `new` into slot `index` if the slot still holds `old`, then frees `old`. For
+    /// the backing tier (writeback, GC, promotion), which copies a page out, does its I/O
+    /// without the slot lock, and must not install a copy of a page rewritten meanwhile.
+    pub(crate) fn install(&self, index: u64, old: Entry, new: Entry) -> bool {
+        let mut g = self.slots[index as usize].lock();
+        if g.entry() != old {
+            return false;
+        }
+        g.replace(new);
+        drop::<SlotGuard>(g);
+        self.account(new, true);
+        self.release(old);
+        true
+    }
+
+    /// Copies the stored bytes of the RAM entry slot guard `g` holds (compressed or raw) into
+    /// `out`; returns their length, or `None` for entries without pool bytes.
+    pub(crate) fn copy_stored(&self, g: &SlotGuard<'_>, out: &mut [u8]) -> Option<usize> {
+        let (handle, len) = match g.entry() {
+            Entry::Compressed { handle, len } => (handle, len as usize),
+            Entry::Huge { handle } => (handle, PAGE_SIZE),
+            _ => return None,
+        };
+        // SAFETY: `g` is the owner's slot lock and `handle` its live object (pool contract 1).
+        unsafe { self.pool.read(Handle(handle), &mut out[..len]) };
+        Some(len)
+    }
+
+    /// Frees a pool object that was allocated but never installed in a slot (promotion lost
+    /// a race): its allocator is its only owner.
+    pub(crate) fn free_uninstalled(&self, handle: u64) {
+        // SAFETY: the object was allocated by the caller and never published in a slot, so
+        // no reader can reach it and this is its one free.
+        unsafe { self.pool.free(Handle(handle)) }
     }
 
     /// Frees what an entry taken out of its slot held.
@@ -311,7 +446,9 @@ impl Store {
             // one free of a live object and nobody can reach it any more.
             Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(Handle(handle)) },
             Entry::Empty | Entry::Same(_) => {}
-            Entry::Backing { .. } => unreachable!("no backing device is configured"),
+            Entry::Backing { loc, len } => {
+                self.backing.as_ref().expect("BACKING entries exist only with a backing device").free(loc, len)
+            }
         }
     }
 
@@ -335,7 +472,10 @@ impl Store {
                     Counters::inc(&c.huge_pages_since);
                 }
             }
-            Entry::Backing { .. } => {}
+            Entry::Backing { len, .. } => {
+                upd(&c.bd_count, 1);
+                upd(&c.bd_bytes, len as u64);
+            }
         }
         upd(&c.pages_stored, 1);
     }
@@ -376,7 +516,14 @@ impl Store {
 
     /// The coarse clock stored in slots as the access time.
     pub(crate) fn tick(&self) -> u16 {
-        (self.created.elapsed().as_secs() / TICK_SECS) as u16
+        (self.created.elapsed().as_secs() / TICK_SECS + self.clock_offset.load(Relaxed)) as u16
+    }
+
+    /// Moves the access-time clock forward by `secs` seconds, as if that much time had passed
+    /// (tests and benchmarks age pages without sleeping; front ends never call it).
+    #[doc(hidden)]
+    pub fn advance_clock(&self, secs: u64) {
+        self.clock_offset.fetch_add(secs / TICK_SECS, Relaxed);
     }
 
     /// A snapshot of the statistics.
@@ -388,6 +535,12 @@ impl Store {
         let stored = pages_stored_all - same.min(pages_stored_all);
         let pct = |n: u64| if stored == 0 { 0 } else { n * 100 / stored };
         let used = self.pool.total_pages();
+        let bd_bytes = g(&c.bd_bytes);
+        let (bd_size_bytes, bd_space_bytes, bd) = match &self.backing {
+            Some(b) => (b.space.num_segments() * b.space.seg_bytes, b.space.segments_in_use() * b.space.seg_bytes, Some(&b.ctr)),
+            None => (0, 0, None),
+        };
+        let bdc = |f: fn(&crate::backing::BackingCounters) -> &AtomicU64| bd.map_or(0, |c| g(f(c)));
         Stats {
             disksize: self.disksize_bytes(),
             comp_algorithm: self.cfg.algorithm.name().to_string(),
@@ -407,7 +560,15 @@ impl Store {
             bd_count: g(&c.bd_count),
             bd_reads: g(&c.bd_reads),
             bd_writes: g(&c.bd_writes),
-            bd_bytes: g(&c.bd_bytes),
+            bd_bytes,
+            bd_size_bytes,
+            bd_space_bytes,
+            bd_efficiency_pct: (bd_bytes * 100).checked_div(bd_space_bytes).unwrap_or(0),
+            bd_overflow_pages: bdc(|c| &c.overflow_pages),
+            bd_writeback_pages: bdc(|c| &c.writeback_pages),
+            bd_gc_pages: bdc(|c| &c.gc_pages),
+            bd_promoted_pages: bdc(|c| &c.promoted_pages),
+            bd_errors: bdc(|c| &c.errors),
             num_reads: g(&c.num_reads),
             num_writes: g(&c.num_writes),
             pages_stored: stored,

@@ -1,0 +1,221 @@
+//! The log-structured writer: records, log heads and batches.
+//!
+//! # Record format
+//! ```text
+//! loc:  crc32c (4 bytes, little endian) | payload (len bytes: compressed page, or 4096 raw)
+//! crc = crc32c(generation u32 | loc u64 | slot index u64 | len u16, all LE) extended over payload
+//! ```
+//! Records are packed back to back inside a segment (several compressed pages per 4 KiB
+//! block; a record may straddle blocks but never segments). The record carries no length or
+//! owner: the slot entry holds both (`BACKING { loc, len }`), and both are in the checksum, as
+//! are the location and the segment's generation. So a record read for the wrong slot, from
+//! the wrong place, from an earlier life of its segment, a hole, a truncated or a corrupted
+//! file never verifies: it is an error, never data.
+//!
+//! # Writers
+//! A [`LogHead`] appends to its OPEN segment and opens the next one when a record does not
+//! fit. There are two heads, so the two kinds of writer never wait for each other's I/O:
+//! - the overflow head (`Backing::overflow`), shared by request threads: a writer reserves
+//!   its record's place under the head's mutex and writes it after releasing it;
+//! - the maintenance head, owned by whoever holds the maintenance mutex (writeback and GC):
+//!   it places a whole [`Batch`] at once and writes it with one `pwrite` per contiguous run,
+//!   i.e. one or two large sequential writes per batch.
+
+use super::device::BackingDevice;
+use super::space::SpaceMap;
+use crate::slot::Entry;
+
+/// Bytes before each record's payload.
+pub(crate) const HEADER: usize = 4;
+
+/// The checksum a record at `loc` in a segment of generation `gen`, owned by slot `index`, carries.
+pub(crate) fn record_crc(gen: u32, loc: u64, index: u64, payload: &[u8]) -> u32 {
+    let mut h = [0u8; 22];
+    h[..4].copy_from_slice(&gen.to_le_bytes());
+    h[4..12].copy_from_slice(&loc.to_le_bytes());
+    h[12..20].copy_from_slice(&index.to_le_bytes());
+    h[20..22].copy_from_slice(&(payload.len() as u16).to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&h), payload)
+}
+
+/// Checks a record (header and payload) read from `loc`.
+pub(crate) fn verify(gen: u32, loc: u64, index: u64, record: &[u8]) -> Result<(), String> {
+    let stored = u32::from_le_bytes(record[..HEADER].try_into().expect("4-byte header"));
+    let want = record_crc(gen, loc, index, &record[HEADER..]);
+    if stored == want {
+        Ok(())
+    } else {
+        Err(format!("backing record at byte {loc} fails its checksum (stored {stored:#010x}, computed {want:#010x})"))
+    }
+}
+
+/// The backing device has no free segment left.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceFull;
+
+/// Where a head appends.
+#[derive(Default)]
+pub(crate) struct LogHead {
+    seg: Option<u32>,
+    fill: u64,
+}
+
+impl LogHead {
+    /// Reserves `bytes` (a whole record) and counts them live; returns (loc, generation).
+    /// `use_reserve`: GC may open the segments kept for it.
+    pub fn reserve(&mut self, space: &SpaceMap, bytes: u64, use_reserve: bool) -> Result<(u64, u32), DeviceFull> {
+        debug_assert!(bytes <= space.seg_bytes);
+        if let Some(seg) = self.seg {
+            if self.fill + bytes <= space.seg_bytes {
+                let loc = seg as u64 * space.seg_bytes + self.fill;
+                self.fill += bytes;
+                space.add_live(seg, bytes);
+                return Ok((loc, space.gen(seg)));
+            }
+            self.seg = None;
+            space.seal(seg);
+        }
+        let seg = space.open_segment(use_reserve).ok_or(DeviceFull)?;
+        self.seg = Some(seg);
+        self.fill = bytes;
+        space.add_live(seg, bytes);
+        Ok((seg as u64 * space.seg_bytes, space.gen(seg)))
+    }
+}
+
+/// One page in a batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Item {
+    pub index: u64,
+    /// The entry the slot held when the page was copied; the new location is installed only
+    /// if the slot still holds it.
+    pub old: Entry,
+    pub len: u16,
+    /// Offset of the record in the batch buffer.
+    off: usize,
+    /// Set by `write`.
+    pub loc: u64,
+    /// Write the record with a checksum that fails (GC moving a record that was already
+    /// corrupt: it must stay an error, not become data).
+    pub poison: bool,
+}
+
+/// Records gathered in memory, placed and written together.
+#[derive(Default)]
+pub(crate) struct Batch {
+    buf: Vec<u8>,
+    pub items: Vec<Item>,
+}
+
+/// Writing a batch failed: nothing in it may be installed; its space is freed.
+pub(crate) struct BatchError(pub std::io::Error);
+
+impl Batch {
+    /// Payload bytes gathered (headers included).
+    pub fn bytes(&self) -> usize {
+        self.buf.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.items.clear();
+    }
+
+    /// Adds a page of `len` payload bytes owned by slot `index`; the caller fills the
+    /// returned payload slice.
+    pub fn push(&mut self, index: u64, old: Entry, len: usize, poison: bool) -> &mut [u8] {
+        let off = self.buf.len();
+        self.buf.resize(off + HEADER + len, 0);
+        self.items.push(Item { index, old, len: len as u16, off, loc: 0, poison });
+        &mut self.buf[off + HEADER..]
+    }
+
+    /// Places every record with `head`, checksums them and writes them, one `pwrite` per run
+    /// of records contiguous on the device. When the device fills up, the records that did
+    /// not get a place are dropped from the batch (their pages stay where they are). Returns
+    /// whether the device was full and the number of `pwrite`s. On an I/O error every record's space is freed
+    /// and the caller must install none of them.
+    pub fn write(&mut self, head: &mut LogHead, space: &SpaceMap, dev: &dyn BackingDevice, use_reserve: bool) -> Result<(bool, u64), BatchError> {
+        let mut full = false;
+        let mut placed = 0;
+        let mut gens = Vec::with_capacity(self.items.len());
+        for it in self.items.iter_mut() {
+            match head.reserve(space, (HEADER + it.len as usize) as u64, use_reserve) {
+                Ok((loc, gen)) => {
+                    it.loc = loc;
+                    gens.push(gen);
+                    placed += 1;
+                }
+                Err(DeviceFull) => {
+                    full = true;
+                    break;
+                }
+            }
+        }
+        self.items.truncate(placed);
+        for (it, gen) in self.items.iter().zip(gens) {
+            let rec = &mut self.buf[it.off..it.off + HEADER + it.len as usize];
+            let crc = record_crc(gen, it.loc, it.index, &rec[HEADER..]);
+            let crc = if it.poison { !crc } else { crc };
+            rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
+        }
+        let mut i = 0;
+        let mut ios = 0;
+        while i < self.items.len() {
+            let start = i;
+            let mut end_loc = self.items[i].loc + (HEADER + self.items[i].len as usize) as u64;
+            i += 1;
+            while i < self.items.len() && self.items[i].loc == end_loc {
+                end_loc += (HEADER + self.items[i].len as usize) as u64;
+                i += 1;
+            }
+            let (first, last) = (&self.items[start], &self.items[i - 1]);
+            let bytes = &self.buf[first.off..last.off + HEADER + last.len as usize];
+            if let Err(e) = dev.write_at(bytes, first.loc) {
+                for it in &self.items {
+                    space.free(it.loc, (HEADER + it.len as usize) as u64);
+                }
+                self.items.clear();
+                return Err(BatchError(e));
+            }
+            ios += 1;
+        }
+        Ok((full, ios))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checksum_binds_place_owner_generation_and_bytes() {
+        let c = record_crc(1, 4096, 7, b"payload");
+        assert_ne!(c, record_crc(2, 4096, 7, b"payload"));
+        assert_ne!(c, record_crc(1, 4100, 7, b"payload"));
+        assert_ne!(c, record_crc(1, 4096, 8, b"payload"));
+        assert_ne!(c, record_crc(1, 4096, 7, b"paylOad"));
+        let mut rec = c.to_le_bytes().to_vec();
+        rec.extend_from_slice(b"payload");
+        assert!(verify(1, 4096, 7, &rec).is_ok());
+        assert!(verify(1, 4096, 7, &[0u8; 11]).is_err(), "a hole never verifies");
+    }
+
+    #[test]
+    fn a_head_packs_records_and_moves_on_when_a_segment_is_full() {
+        let space = SpaceMap::new(4 * 16384, 16384);
+        let mut h = LogHead::default();
+        let (a, _) = h.reserve(&space, 1000, false).unwrap();
+        let (b, _) = h.reserve(&space, 1000, false).unwrap();
+        assert_eq!((a, b), (0, 1000), "packed back to back");
+        let (c, _) = h.reserve(&space, 15000, false).unwrap();
+        assert_eq!(c, 16384, "does not straddle segments");
+        assert_eq!(space.segments_in_use(), 2);
+        h.reserve(&space, 16000, false).unwrap();
+        assert!(h.reserve(&space, 16000, false).is_err(), "full but for GC's reserve");
+        h.reserve(&space, 16000, true).unwrap();
+        assert!(h.reserve(&space, 16000, true).is_err(), "full");
+    }
+}

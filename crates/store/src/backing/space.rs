@@ -1,0 +1,234 @@
+//! The space map of the backing device: which segments are free, open or sealed, how many
+//! live bytes each holds, and who is reading it.
+//!
+//! The device is cut into segments of `seg_bytes` (1 MiB by default). A segment is
+//! - FREE: on the free list, holding nothing;
+//! - OPEN: the current segment of a log head (`log.rs`), which appends records to it;
+//! - SEALED: full (or abandoned by its head); it only loses live bytes, as records are
+//!   discarded, rewritten, promoted back to RAM or moved away by GC.
+//!
+//! A record's location (`loc`, the byte offset of its header) is what a slot's `BACKING` entry
+//! holds; `loc / seg_bytes` is its segment. A segment goes back to FREE when it is sealed, its
+//! live bytes are 0 and no reader pins it (slot.rs rule 7); whoever sees the last of those
+//! three conditions become true reclaims it. A segment's generation grows each time it is
+//! opened and is part of every record's checksum, so a stale record from an earlier life of
+//! the segment never verifies.
+//!
+//! Locking: the free list is one mutex (a leaf, slot.rs rule 6); everything else is atomics.
+//! Live bytes grow only while a segment is OPEN (under its head's lock), so once a SEALED
+//! segment reaches 0 it stays dead: the reclaim check cannot race with new records.
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+
+use super::device::BackingDevice;
+
+/// Free segments kept for GC (see [`SpaceMap::open_segment`]).
+pub(crate) const GC_RESERVE_SEGMENTS: u64 = 1;
+
+const FREE: u8 = 0;
+const OPEN: u8 = 1;
+const SEALED: u8 = 2;
+
+struct Segment {
+    live_bytes: AtomicU64,
+    readers: AtomicU32,
+    gen: AtomicU32,
+    state: AtomicU8,
+    /// Freed since its bytes were last punched out of the file.
+    dirty: AtomicBool,
+}
+
+pub(crate) struct SpaceMap {
+    pub seg_bytes: u64,
+    segs: Box<[Segment]>,
+    /// Free segment numbers; popped from the end, so low offsets are used first and freed
+    /// segments are reused before untouched ones (the file stays compact).
+    free: Mutex<Vec<u32>>,
+    in_use: AtomicU64,
+}
+
+/// Keeps a segment from being reused while a reader reads a record in it (slot.rs rule 7).
+pub(crate) struct Pin<'a> {
+    map: &'a SpaceMap,
+    seg: u32,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        // SeqCst with `free`'s: of a reader leaving and the last record going, at least one
+        // sees the other and reclaims the segment.
+        self.map.segs[self.seg as usize].readers.fetch_sub(1, SeqCst);
+        self.map.try_reclaim(self.seg);
+    }
+}
+
+impl SpaceMap {
+    pub fn new(device_bytes: u64, seg_bytes: u64) -> SpaceMap {
+        let n = (device_bytes / seg_bytes).min(u32::MAX as u64) as u32;
+        let segs = (0..n)
+            .map(|_| Segment {
+                live_bytes: AtomicU64::new(0),
+                readers: AtomicU32::new(0),
+                gen: AtomicU32::new(0),
+                state: AtomicU8::new(FREE),
+                dirty: AtomicBool::new(false),
+            })
+            .collect();
+        SpaceMap {
+            seg_bytes,
+            segs,
+            free: Mutex::new((0..n).rev().collect()),
+            in_use: AtomicU64::new(0),
+        }
+    }
+
+    pub fn num_segments(&self) -> u64 {
+        self.segs.len() as u64
+    }
+    pub fn seg_of(&self, loc: u64) -> u32 {
+        (loc / self.seg_bytes) as u32
+    }
+    pub fn gen(&self, seg: u32) -> u32 {
+        self.segs[seg as usize].gen.load(Acquire)
+    }
+    pub fn live_bytes(&self, seg: u32) -> u64 {
+        self.segs[seg as usize].live_bytes.load(Relaxed)
+    }
+    /// Segments not FREE.
+    pub fn segments_in_use(&self) -> u64 {
+        self.in_use.load(Relaxed)
+    }
+    pub fn free_segments(&self) -> u64 {
+        self.num_segments() - self.segments_in_use()
+    }
+
+    /// Takes a FREE segment and opens it with a new generation. The last
+    /// [`GC_RESERVE_SEGMENTS`] free segments go only to GC (`use_reserve`), so that a full
+    /// device can always make room by moving records.
+    pub fn open_segment(&self, use_reserve: bool) -> Option<u32> {
+        let seg = {
+            let mut free = self.free.lock();
+            if !use_reserve && free.len() as u64 <= GC_RESERVE_SEGMENTS {
+                return None;
+            }
+            free.pop()?
+        };
+        let s = &self.segs[seg as usize];
+        s.gen.fetch_add(1, AcqRel);
+        s.dirty.store(false, Relaxed);
+        s.state.store(OPEN, Release);
+        self.in_use.fetch_add(1, Relaxed);
+        Some(seg)
+    }
+
+    /// OPEN -> SEALED: no record will be added any more.
+    pub fn seal(&self, seg: u32) {
+        self.segs[seg as usize].state.store(SEALED, SeqCst);
+        self.try_reclaim(seg);
+    }
+
+    /// Counts a record placed in an OPEN segment (by its head, under the head's lock).
+    pub fn add_live(&self, seg: u32, bytes: u64) {
+        debug_assert_eq!(self.segs[seg as usize].state.load(Relaxed), OPEN);
+        self.segs[seg as usize].live_bytes.fetch_add(bytes, SeqCst);
+    }
+
+    /// Un-counts a record at `loc` of `bytes` (discarded, rewritten, moved, or never installed).
+    pub fn free(&self, loc: u64, bytes: u64) {
+        let seg = self.seg_of(loc);
+        let before = self.segs[seg as usize].live_bytes.fetch_sub(bytes, SeqCst);
+        assert!(before >= bytes, "segment {seg}: freeing {bytes} bytes of {before} live");
+        if before == bytes {
+            self.try_reclaim(seg);
+        }
+    }
+
+    /// Pins the segment of a live record for a reader. Call with the owner's slot lock held.
+    pub fn pin(&self, loc: u64) -> Pin<'_> {
+        let seg = self.seg_of(loc);
+        self.segs[seg as usize].readers.fetch_add(1, SeqCst);
+        Pin { map: self, seg }
+    }
+
+    /// SEALED, empty and unread -> FREE.
+    fn try_reclaim(&self, seg: u32) {
+        let s = &self.segs[seg as usize];
+        if s.state.load(SeqCst) != SEALED || s.live_bytes.load(SeqCst) != 0 || s.readers.load(SeqCst) != 0 {
+            return;
+        }
+        let mut free = self.free.lock();
+        if s.state.compare_exchange(SEALED, FREE, SeqCst, SeqCst).is_ok() {
+            s.dirty.store(true, Relaxed);
+            free.push(seg);
+            self.in_use.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// SEALED segments holding under `max_live_pct` percent of live bytes, emptiest first.
+    pub fn gc_candidates(&self, max_live_pct: u64) -> Vec<(u32, u64)> {
+        let mut v: Vec<(u32, u64)> = (0..self.segs.len() as u32)
+            .filter(|&i| self.segs[i as usize].state.load(Acquire) == SEALED)
+            .map(|i| (i, self.live_bytes(i)))
+            .filter(|&(_, live)| live * 100 < self.seg_bytes * max_live_pct)
+            .collect();
+        v.sort_by_key(|&(_, live)| live);
+        v
+    }
+
+    /// Punches freed segments out of the file, so a sparse backing file gives its blocks
+    /// back. Under the free-list lock, so that no segment is reopened meanwhile. Returns the
+    /// number punched.
+    pub fn punch_free(&self, dev: &dyn BackingDevice) -> std::io::Result<u64> {
+        let free = self.free.lock();
+        let mut n = 0;
+        for &seg in free.iter() {
+            let s = &self.segs[seg as usize];
+            if s.dirty.swap(false, Relaxed) {
+                dev.discard(seg as u64 * self.seg_bytes, self.seg_bytes)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_is_reclaimed_only_when_sealed_empty_and_unread() {
+        let m = SpaceMap::new(4 * 65536, 65536);
+        let s = m.open_segment(true).unwrap();
+        assert_eq!(s, 0, "low offsets first");
+        let g = m.gen(s);
+        m.add_live(s, 100);
+        m.add_live(s, 50);
+        m.free(100, 100);
+        assert_eq!(m.segments_in_use(), 1, "still open");
+        m.seal(s);
+        let pin = m.pin(0);
+        m.free(0, 50);
+        assert_eq!(m.segments_in_use(), 1, "pinned by a reader");
+        drop(pin);
+        assert_eq!(m.segments_in_use(), 0, "the last reader reclaims it");
+        let again = m.open_segment(false).unwrap();
+        assert_eq!(again, s, "freed segments are reused first");
+        assert!(m.gen(again) > g, "with a new generation");
+    }
+
+    #[test]
+    fn gc_candidates_are_sealed_sparse_segments_emptiest_first() {
+        let m = SpaceMap::new(4 * 65536, 65536);
+        for live in [60_000u64, 1000, 30_000] {
+            let s = m.open_segment(true).unwrap();
+            m.add_live(s, live);
+            m.seal(s);
+        }
+        assert!(m.open_segment(false).is_none(), "the last free segment is GC's");
+        let open = m.open_segment(true).unwrap();
+        m.add_live(open, 10);
+        assert_eq!(m.gc_candidates(50), vec![(1, 1000), (2, 30_000)]);
+    }
+}

@@ -1,0 +1,683 @@
+//! The backing tier: a small memory limit and a backing file in a temporary directory.
+//! - a model test: random writes, partial writes, discards, write-zeroes, reads, writeback,
+//!   GC, compaction and the passing of time read back exactly what a byte-array model holds;
+//! - overflow, cold-page writeback, promotion, GC and space reuse, statistics;
+//! - faults: a device that starts failing (EIO, ENOSPC), a backing file truncated, punched or
+//!   corrupted underneath: errors for the pages concerned, never wrong data, and everything
+//!   else still readable;
+//! - threads doing I/O while a maintenance thread writes back and collects.
+
+mod common;
+
+use common::{page, xorshift, Kind, PAGE};
+use compcache_store::{BackingConfig, BackingDevice, Config, FileDevice, Store, StoreError, WritebackBudget};
+use proptest::prelude::*;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const SEG: u64 = 16 * 1024;
+
+/// A temporary directory, removed on drop (also when a test fails).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!("compcache-backing-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn file(&self) -> PathBuf {
+        self.0.join("backing.img")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn config(pages: u64, mem_limit_pages: u64, backing: &Path, backing_bytes: u64) -> Config {
+    let mut b = BackingConfig::new(backing);
+    b.size_bytes = backing_bytes;
+    b.segment_bytes = SEG;
+    b.high_pct = 80;
+    b.low_pct = 50;
+    Config { mem_limit_bytes: mem_limit_pages * PAGE as u64, backing: Some(b), ..Config::with_disksize(pages * PAGE as u64) }
+}
+
+/// Switches a test flips to make the device fail.
+#[derive(Default)]
+struct Faults {
+    fail_writes: AtomicBool,
+    fail_reads: AtomicBool,
+    full: AtomicBool,
+    fail_sync: AtomicBool,
+    writes: AtomicU64,
+}
+
+/// A real backing file whose operations fail on demand.
+struct FaultyDevice {
+    inner: FileDevice,
+    faults: Arc<Faults>,
+}
+
+impl BackingDevice for FaultyDevice {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.faults.fail_reads.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc_eio()));
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if self.faults.fail_writes.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc_eio()));
+        }
+        if self.faults.full.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        self.faults.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        if self.faults.fail_sync.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc_eio()));
+        }
+        self.inner.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn describe(&self) -> String {
+        format!("faulty {}", self.inner.describe())
+    }
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+fn faulty_store(cfg: Config) -> (Store, Arc<Faults>) {
+    let b = cfg.backing.as_ref().unwrap();
+    let inner = FileDevice::open(&b.path, b.size_bytes, cfg.disksize_bytes).unwrap();
+    let faults = Arc::new(Faults::default());
+    let store = Store::with_backing_device(cfg, Box::new(FaultyDevice { inner, faults: faults.clone() })).unwrap();
+    (store, faults)
+}
+
+fn read(store: &Store, index: u64) -> Result<Vec<u8>, StoreError> {
+    let mut ctx = store.context();
+    let mut p = vec![0xEE; PAGE];
+    store.read_page(&mut ctx, index, &mut p).map(|()| p)
+}
+
+// --- model ---------------------------------------------------------------------------------
+
+const PAGES: u64 = 64;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { index: u64, kind: Kind, version: u64 },
+    Partial { offset: u64, len: usize, byte: u8 },
+    Discard { offset: u64, len: u64 },
+    Zeroes { offset: u64, len: u64 },
+    Read { offset: u64, len: usize },
+    Age { secs: u64 },
+    Writeback { idle_secs: u64 },
+    Gc,
+    Compact,
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![Just(Kind::Zero), Just(Kind::Same), Just(Kind::Text), Just(Kind::Random), Just(Kind::Mixed)]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let size = PAGES * PAGE as u64;
+    prop_oneof![
+        8 => (0..PAGES, kind(), 0..1000u64).prop_map(|(index, kind, version)| Op::Write { index, kind, version }),
+        2 => (0..size - 1, 1..3 * PAGE, any::<u8>()).prop_map(move |(offset, len, byte)| Op::Partial { offset, len: len.min((size - offset) as usize), byte }),
+        2 => (0..size, 1..8 * PAGE as u64).prop_map(move |(offset, len)| Op::Discard { offset, len: len.min(size - offset) }),
+        1 => (0..size, 1..3 * PAGE as u64).prop_map(move |(offset, len)| Op::Zeroes { offset, len: len.min(size - offset) }),
+        5 => (0..size - 1, 1..3 * PAGE).prop_map(move |(offset, len)| Op::Read { offset, len: len.min((size - offset) as usize) }),
+        1 => (1..30u64).prop_map(|secs| Op::Age { secs }),
+        2 => (0..10u64).prop_map(|idle_secs| Op::Writeback { idle_secs }),
+        1 => Just(Op::Gc),
+        1 => Just(Op::Compact),
+    ]
+}
+
+fn check_model(ops: Vec<Op>, incompressible: bool) -> Result<(), TestCaseError> {
+    let dir = TempDir::new();
+    let mut cfg = config(PAGES, 6, &dir.file(), 2 << 20);
+    cfg.backing.as_mut().unwrap().incompressible = incompressible;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.context();
+    let mut model = vec![0u8; PAGES as usize * PAGE];
+    for op in ops {
+        match op {
+            Op::Write { index, kind, version } => {
+                let p = page(kind, index, version);
+                store.write_page(&mut ctx, index, &p).unwrap();
+                model[index as usize * PAGE..][..PAGE].copy_from_slice(&p);
+            }
+            Op::Partial { offset, len, byte } => {
+                store.write(&mut ctx, offset, &vec![byte; len]).unwrap();
+                model[offset as usize..][..len].fill(byte);
+            }
+            Op::Discard { offset, len } => {
+                store.discard(offset, len).unwrap();
+                for i in offset.div_ceil(PAGE as u64)..(offset + len) / PAGE as u64 {
+                    model[i as usize * PAGE..][..PAGE].fill(0);
+                }
+            }
+            Op::Zeroes { offset, len } => {
+                store.write_zeroes(&mut ctx, offset, len).unwrap();
+                model[offset as usize..][..len as usize].fill(0);
+            }
+            Op::Read { offset, len } => {
+                let mut buf = vec![0xEE; len];
+                store.read(&mut ctx, offset, &mut buf).unwrap();
+                prop_assert!(buf == model[offset as usize..][..len], "read at {offset}+{len} differs");
+            }
+            Op::Age { secs } => store.advance_clock(secs),
+            Op::Writeback { idle_secs } => {
+                let r = store.writeback_idle(idle_secs, WritebackBudget::UNLIMITED);
+                prop_assert!(r.error.is_none(), "{:?}", r.error);
+                let r = store.writeback(WritebackBudget::UNLIMITED);
+                prop_assert!(r.error.is_none(), "{:?}", r.error);
+            }
+            Op::Gc => {
+                let r = store.gc(u64::MAX);
+                prop_assert!(r.error.is_none() && r.corrupt == 0, "{:?}", r);
+            }
+            Op::Compact => {
+                store.compact();
+            }
+        }
+        let s = store.stats();
+        prop_assert!(s.mem_used_total <= 6 * PAGE as u64, "the memory limit holds: {}", s.mem_used_total);
+        prop_assert_eq!(s.failed_reads + s.failed_writes + s.bd_errors, 0);
+        prop_assert!(s.bd_count <= s.pages_stored);
+        prop_assert!(s.bd_bytes <= s.bd_count * PAGE as u64);
+        prop_assert!(s.bd_space_bytes <= s.bd_size_bytes);
+    }
+    for i in 0..PAGES {
+        let p = read(&store, i).unwrap();
+        prop_assert!(p == model[i as usize * PAGE..][..PAGE], "page {i}");
+    }
+    store.flush().unwrap();
+    // Discarding everything frees every byte: pool and backing device.
+    store.discard(0, PAGES * PAGE as u64).unwrap();
+    let r = store.gc(u64::MAX);
+    prop_assert!(r.error.is_none());
+    let s = store.stats();
+    prop_assert_eq!((s.mem_used_total, s.compr_data_size, s.orig_data_size), (0, 0, 0));
+    prop_assert_eq!((s.bd_count, s.bd_bytes), (0, 0));
+    prop_assert!(s.bd_space_bytes <= 2 * SEG, "only the two open segments stay in use: {}", s.bd_space_bytes);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn the_store_with_a_backing_file_matches_the_model(ops in prop::collection::vec(op(), 1..150)) {
+        check_model(ops, false)?;
+    }
+
+    #[test]
+    fn incompressible_pages_on_the_backing_file_match_the_model(ops in prop::collection::vec(op(), 1..80)) {
+        check_model(ops, true)?;
+    }
+}
+
+// --- overflow, writeback, promotion, GC ------------------------------------------------------
+
+#[test]
+fn writes_beyond_the_memory_limit_go_to_the_backing_file_and_read_back() {
+    let dir = TempDir::new();
+    let store = Store::new(config(1024, 16, &dir.file(), 0)).unwrap();
+    let mut ctx = store.context();
+    for i in 0..512 {
+        store.write_page(&mut ctx, i, &page(Kind::Random, i, 1)).unwrap();
+    }
+    let s = store.stats();
+    assert!(s.mem_used_total <= 16 * PAGE as u64);
+    assert!(s.bd_count >= 512 - 16 && s.bd_writes == s.bd_count && s.bd_overflow_pages == s.bd_count, "{s:?}");
+    assert_eq!(s.failed_writes, 0);
+    assert_eq!(std::fs::metadata(dir.file()).unwrap().len(), 1024 * PAGE as u64, "a new file is sized to the device");
+    for i in 0..512 {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Random, i, 1), "page {i}");
+    }
+    assert_eq!(store.stats().bd_reads, s.bd_count);
+    assert!(store.stats().ramzswap_text().contains(&format!("BDevNumWrites:{:>8}", s.bd_writes)));
+}
+
+#[test]
+fn without_a_backing_device_the_limit_still_fails_writes() {
+    let store = Store::new(Config { mem_limit_bytes: 4 * PAGE as u64, ..Config::with_disksize(64 * PAGE as u64) }).unwrap();
+    let mut ctx = store.context();
+    let errs = (0..16).filter(|&i| store.write_page(&mut ctx, i, &page(Kind::Random, i, 1)).is_err()).count();
+    assert_eq!(errs, 12);
+    assert_eq!(store.stats().bd_count, 0);
+    assert_eq!(store.writeback(WritebackBudget::UNLIMITED), Default::default());
+}
+
+#[test]
+fn writeback_moves_cold_pages_out_and_keeps_hot_ones_in_ram() {
+    let dir = TempDir::new();
+    let mut cfg = config(4096, 128, &dir.file(), 0);
+    cfg.backing.as_mut().unwrap().high_pct = 60;
+    cfg.backing.as_mut().unwrap().low_pct = 40;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.context();
+    // 200 text pages of ~1.6 KiB compressed: about 85 pool pages, under the limit (128
+    // pages) but over the high watermark (77 pages).
+    let n = 200;
+    for i in 0..n {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 1)).unwrap();
+    }
+    assert_eq!(store.stats().bd_count, 0, "nothing overflowed");
+    assert!(store.stats().mem_used_total > 128 * PAGE as u64 * 60 / 100);
+    store.advance_clock(600);
+    let hot: Vec<u64> = (0..n).filter(|i| i % 10 == 0).collect();
+    for &i in &hot {
+        read(&store, i).unwrap();
+    }
+    // As the maintenance thread would: call until it has nothing to do (compaction frees
+    // fewer pool pages than the bytes written back, so one call may not reach the mark).
+    let mut r = store.writeback(WritebackBudget::UNLIMITED);
+    assert!(r.error.is_none() && r.pages > 0, "{r:?}");
+    for _ in 0..10 {
+        let more = store.writeback(WritebackBudget::UNLIMITED);
+        assert!(more.error.is_none());
+        r.pages += more.pages;
+        r.writes += more.writes;
+    }
+    let s = store.stats();
+    assert!(s.mem_used_total <= 128 * PAGE as u64 * 40 / 100, "down to the low watermark: {s:?}");
+    assert!(r.writes * 8 < r.pages, "batched: {} pages in {} writes", r.pages, r.writes);
+    assert_eq!((s.bd_writeback_pages, s.bd_writes, s.bd_reads), (r.pages, r.pages, 0));
+    for &i in &hot {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Text, i, 1));
+    }
+    assert_eq!(store.stats().bd_reads, 0, "hot pages stayed in RAM");
+    for i in 0..n {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Text, i, 1), "page {i}");
+    }
+    assert_eq!(store.stats().bd_reads, r.pages, "cold pages are read from the device");
+    // Packed: several compressed pages per 4 KiB block.
+    let s = store.stats();
+    assert!(s.bd_count * PAGE as u64 > 2 * s.bd_space_bytes, "{} pages in {} bytes", s.bd_count, s.bd_space_bytes);
+}
+
+#[test]
+fn writeback_respects_its_budget_and_total_limit() {
+    let dir = TempDir::new();
+    let mut cfg = config(4096, 1024, &dir.file(), 0);
+    cfg.backing.as_mut().unwrap().writeback_limit_bytes = 100 * 1024;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.context();
+    for i in 0..1000 {
+        store.write_page(&mut ctx, i, &page(Kind::Mixed, i, 1)).unwrap();
+    }
+    store.advance_clock(100);
+    let r = store.writeback_idle(50, WritebackBudget { max_bytes: 20 * 1024 });
+    assert!(r.bytes >= 20 * 1024 && r.bytes < 20 * 1024 + 2 * PAGE as u64, "{r:?}");
+    let r = store.writeback_idle(50, WritebackBudget::UNLIMITED);
+    assert!(r.bytes < 82 * 1024 && r.bytes > 70 * 1024, "the total limit stops it: {r:?}");
+    assert_eq!(store.writeback_idle(50, WritebackBudget::UNLIMITED).pages, 0, "limit used up");
+    assert_eq!(store.writeback_idle(50, WritebackBudget::UNLIMITED).pages, 0);
+    // young pages are not idle
+    store.write_page(&mut ctx, 2000, &page(Kind::Mixed, 2000, 1)).unwrap();
+}
+
+#[test]
+fn a_page_read_twice_soon_is_promoted_back_into_ram() {
+    let dir = TempDir::new();
+    let store = Store::new(config(256, 64, &dir.file(), 0)).unwrap();
+    let mut ctx = store.context();
+    for i in 0..20 {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 1)).unwrap();
+    }
+    store.advance_clock(100);
+    assert_eq!(store.writeback_idle(10, WritebackBudget::UNLIMITED).pages, 20);
+    assert_eq!(read(&store, 5).unwrap(), page(Kind::Text, 5, 1));
+    assert_eq!(store.stats().bd_promoted_pages, 0, "read once: stays on the device");
+    assert_eq!(read(&store, 5).unwrap(), page(Kind::Text, 5, 1));
+    let s = store.stats();
+    assert_eq!((s.bd_promoted_pages, s.bd_count, s.bd_reads), (1, 19, 2));
+    assert_eq!(read(&store, 5).unwrap(), page(Kind::Text, 5, 1));
+    assert_eq!(store.stats().bd_reads, 2, "served from RAM now");
+}
+
+#[test]
+fn gc_repacks_sparse_segments_and_freed_space_is_reused() {
+    let dir = TempDir::new();
+    // 64 segments of 16 KiB = 1 MiB of backing file.
+    let store = Store::new(config(4096, 8, &dir.file(), 1 << 20)).unwrap();
+    let mut ctx = store.context();
+    // 500 text pages of about 1.6 KiB compressed: 80% of the file.
+    let n = 500;
+    for i in 0..n {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 1)).unwrap();
+    }
+    let full = store.stats();
+    assert!(full.bd_count > 480);
+    for i in (0..n).filter(|i| i % 4 != 0) {
+        store.discard_page(i);
+    }
+    let sparse = store.stats();
+    assert!(sparse.bd_efficiency_pct < full.bd_efficiency_pct / 2, "{} -> {}", full.bd_efficiency_pct, sparse.bd_efficiency_pct);
+    let r = store.gc(u64::MAX);
+    assert!(r.error.is_none() && r.pages_moved > 0 && r.segments_freed > 0, "{r:?}");
+    let after = store.stats();
+    assert!(after.bd_space_bytes < sparse.bd_space_bytes / 2, "{} -> {}", sparse.bd_space_bytes, after.bd_space_bytes);
+    assert!(after.bd_efficiency_pct > 60, "repacked: {}%", after.bd_efficiency_pct);
+    assert_eq!(after.bd_gc_pages, r.pages_moved);
+    for i in 0..n {
+        let want = if i % 4 == 0 { page(Kind::Text, i, 1) } else { vec![0; PAGE] };
+        assert_eq!(read(&store, i).unwrap(), want, "page {i}");
+    }
+    // The device fills up again and again: freed segments are reused, GC keeps up.
+    for round in 2..8u64 {
+        for i in (0..n).filter(|i| i % 4 != 0) {
+            store.write_page(&mut ctx, i, &page(Kind::Text, i, round)).unwrap();
+        }
+        for i in (0..n).filter(|i| i % 4 != 0) {
+            store.discard_page(i);
+        }
+        assert!(store.gc(u64::MAX).error.is_none());
+    }
+    for i in (0..n).step_by(4) {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Text, i, 1), "page {i}");
+    }
+    assert_eq!(store.stats().failed_writes, 0);
+}
+
+#[test]
+fn a_full_backing_device_fails_writes_cleanly_and_gc_makes_room() {
+    let dir = TempDir::new();
+    // 8 segments of 16 KiB: room for about 30 random pages.
+    let store = Store::new(config(4096, 4, &dir.file(), 8 * SEG)).unwrap();
+    let mut ctx = store.context();
+    let mut written = 0;
+    let err = loop {
+        match store.write_page(&mut ctx, written, &page(Kind::Random, written, 1)) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, StoreError::Backing { .. }) && err.to_string().contains("full"), "{err}");
+    assert_eq!(err.errno(), libc_eio());
+    // an overwrite that cannot be stored leaves the old page
+    assert!(store.write_page(&mut ctx, 0, &page(Kind::Random, 0, 2)).is_err());
+    for i in 0..written {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Random, i, 1), "page {i}");
+    }
+    for i in (0..written).filter(|i| i % 2 == 0) {
+        store.discard_page(i);
+    }
+    let r = store.gc(u64::MAX);
+    assert!(r.segments_freed > 0, "{r:?}");
+    store.write_page(&mut ctx, 0, &page(Kind::Random, 0, 3)).unwrap();
+    assert_eq!(read(&store, 0).unwrap(), page(Kind::Random, 0, 3));
+}
+
+// --- faults ----------------------------------------------------------------------------------
+
+#[test]
+fn a_failing_device_fails_only_the_requests_it_serves_and_ram_pages_stay_readable() {
+    let dir = TempDir::new();
+    let (store, faults) = faulty_store(config(1024, 16, &dir.file(), 0));
+    let mut ctx = store.context();
+    for i in 0..100 {
+        store.write_page(&mut ctx, i, &page(Kind::Random, i, 1)).unwrap();
+    }
+    let on_device = store.stats().bd_count;
+    assert!(on_device > 80);
+
+    faults.fail_writes.store(true, Ordering::Relaxed);
+    let e = store.write_page(&mut ctx, 200, &page(Kind::Random, 200, 1)).unwrap_err();
+    assert!(matches!(e, StoreError::Backing { index: 200, .. }) && e.errno() == libc_eio(), "{e}");
+    let e = store.write_page(&mut ctx, 3, &page(Kind::Random, 3, 2)).unwrap_err();
+    assert!(e.to_string().contains("failed"), "{e}");
+    // Nothing is reported written that was not: the old pages are still there.
+    for i in 0..100 {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Random, i, 1), "page {i}");
+    }
+    assert_eq!(read(&store, 200).unwrap(), vec![0; PAGE], "the failed write left nothing");
+    // Same-filled pages need neither memory nor the device.
+    store.write_page(&mut ctx, 300, &page(Kind::Same, 300, 1)).unwrap();
+
+    faults.fail_writes.store(false, Ordering::Relaxed);
+    faults.fail_reads.store(true, Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for i in 0..100 {
+        match read(&store, i) {
+            Ok(p) => {
+                assert_eq!(p, page(Kind::Random, i, 1), "page {i}");
+                ok += 1;
+            }
+            Err(e) => {
+                assert!(matches!(e, StoreError::Backing { .. }) && e.errno() == libc_eio(), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert_eq!((failed, ok), (on_device, 100 - on_device), "exactly the pages on the device fail");
+    faults.fail_reads.store(false, Ordering::Relaxed);
+    assert_eq!(read(&store, 7).unwrap(), page(Kind::Random, 7, 1), "and recover with the device");
+
+    faults.fail_sync.store(true, Ordering::Relaxed);
+    assert!(matches!(store.flush(), Err(StoreError::Backing { .. })), "flush reports a failed fsync");
+    let s = store.stats();
+    assert!(s.bd_errors >= on_device + 3 && s.failed_writes == 2 && s.failed_reads == on_device, "{s:?}");
+}
+
+#[test]
+fn a_failed_writeback_keeps_the_pages_in_ram() {
+    let dir = TempDir::new();
+    let (store, faults) = faulty_store(config(1024, 0, &dir.file(), 0));
+    let mut ctx = store.context();
+    for i in 0..200 {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 1)).unwrap();
+    }
+    store.advance_clock(100);
+    faults.full.store(true, Ordering::Relaxed);
+    let r = store.writeback_idle(10, WritebackBudget::UNLIMITED);
+    assert!(r.pages == 0 && r.error.as_ref().is_some_and(|e| e.to_string().contains("No space left")), "{r:?}");
+    let s = store.stats();
+    assert_eq!(s.bd_count, 0);
+    assert!(s.bd_space_bytes <= SEG, "no space is held by the failed batch beyond the writer's open segment");
+    faults.full.store(false, Ordering::Relaxed);
+    for i in 0..200 {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Text, i, 1), "page {i}");
+    }
+    store.advance_clock(100);
+    let r = store.writeback_idle(10, WritebackBudget::UNLIMITED);
+    assert_eq!(r.pages, 200, "and go out once the device works: {r:?} {:?}", store.stats());
+    for i in 0..200 {
+        assert_eq!(read(&store, i).unwrap(), page(Kind::Text, i, 1), "page {i}");
+    }
+}
+
+/// Writes `n` pages that all end up on the backing file (no promotion); returns the store.
+fn store_with_pages_on_file(dir: &TempDir, n: u64) -> Store {
+    let mut cfg = config(1024, 0, &dir.file(), 0);
+    cfg.backing.as_mut().unwrap().promote = false;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.context();
+    for i in 0..n {
+        store.write_page(&mut ctx, i, &page(if i % 2 == 0 { Kind::Text } else { Kind::Random }, i, 1)).unwrap();
+    }
+    store.advance_clock(100);
+    assert_eq!(store.writeback_idle(10, WritebackBudget::UNLIMITED).pages, n);
+    store.flush().unwrap();
+    store
+}
+
+fn want(i: u64) -> Vec<u8> {
+    page(if i % 2 == 0 { Kind::Text } else { Kind::Random }, i, 1)
+}
+
+#[test]
+fn a_truncated_backing_file_gives_errors_never_data() {
+    let dir = TempDir::new();
+    let store = store_with_pages_on_file(&dir, 64);
+    std::fs::OpenOptions::new().write(true).open(dir.file()).unwrap().set_len(0).unwrap();
+    for i in 0..64 {
+        let e = read(&store, i).unwrap_err();
+        assert!(matches!(e, StoreError::Backing { .. }), "page {i}: {e}");
+    }
+    // Grown back, the file is a hole: zeroes, which fail their checksums.
+    std::fs::OpenOptions::new().write(true).open(dir.file()).unwrap().set_len(1 << 22).unwrap();
+    for i in 0..64 {
+        let e = read(&store, i).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt { .. }) && e.errno() == libc_eio(), "page {i}: {e}");
+    }
+    let s = store.stats();
+    assert_eq!(s.failed_reads, 128);
+    // Pages written afterwards work: the tier is not wedged.
+    let mut ctx = store.context();
+    store.write_page(&mut ctx, 500, &page(Kind::Text, 500, 1)).unwrap();
+    assert_eq!(read(&store, 500).unwrap(), page(Kind::Text, 500, 1));
+}
+
+#[test]
+fn corrupted_bytes_in_the_backing_file_are_reported_for_their_pages_only() {
+    use std::os::unix::fs::FileExt;
+    let dir = TempDir::new();
+    let store = store_with_pages_on_file(&dir, 64);
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(dir.file()).unwrap();
+    let used = store.stats().bd_space_bytes;
+    // Flip one bit every 5000 bytes of the used part.
+    let mut hits = 0;
+    let mut off = 1234;
+    while off < used {
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, off).unwrap();
+        f.write_all_at(&[b[0] ^ 0x10], off).unwrap();
+        hits += 1;
+        off += 5000;
+    }
+    let (mut ok, mut corrupt) = (0, 0);
+    for i in 0..64 {
+        match read(&store, i) {
+            Ok(p) => {
+                assert_eq!(p, want(i), "page {i} returned wrong data");
+                ok += 1;
+            }
+            Err(e) => {
+                assert!(matches!(e, StoreError::Corrupt { index, .. } if index == i), "{e}");
+                corrupt += 1;
+            }
+        }
+    }
+    assert!(corrupt > 0 && corrupt <= hits && ok > 0, "{corrupt} corrupt, {ok} fine, {hits} flips");
+    // GC moves corrupt records without making them valid.
+    for i in (0..64).filter(|i| i % 3 == 0) {
+        store.discard_page(i);
+    }
+    let r = store.gc(u64::MAX);
+    assert!(r.pages_moved > 0 || r.segments == 0, "{r:?}");
+    let mut after = 0;
+    for i in (0..64).filter(|i| i % 3 != 0) {
+        match read(&store, i) {
+            Ok(p) => assert_eq!(p, want(i), "page {i} returned wrong data after GC"),
+            Err(_) => after += 1,
+        }
+    }
+    assert!(after <= corrupt);
+}
+
+// --- concurrency -----------------------------------------------------------------------------
+
+fn kind_of(version: u64) -> Kind {
+    [Kind::Text, Kind::Mixed, Kind::Random, Kind::Text, Kind::Same][(version % 5) as usize]
+}
+
+/// True when `p` is some version of index `i`, or zeroes.
+fn plausible(i: u64, p: &[u8]) -> bool {
+    if p.iter().all(|&b| b == 0) {
+        return true;
+    }
+    if p[..8] == i.to_le_bytes() {
+        let v = u64::from_le_bytes(p[8..16].try_into().unwrap());
+        return p == page(kind_of(v), i, v);
+    }
+    let w = u64::from_ne_bytes(p[..8].try_into().unwrap());
+    w & 0xffff_ffff == i && p.chunks_exact(8).all(|c| c == &p[..8])
+}
+
+#[test]
+fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {
+    let dir = TempDir::new();
+    let pages = 512u64;
+    let mut cfg = config(pages, 32, &dir.file(), 4 << 20);
+    cfg.backing.as_mut().unwrap().high_pct = 60;
+    cfg.backing.as_mut().unwrap().low_pct = 30;
+    let store = Arc::new(Store::new(cfg).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let maintainer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let r = store.maintain(std::time::Duration::from_millis(10));
+                assert!(r.writeback.error.is_none() && r.gc.error.is_none(), "{r:?}");
+                store.advance_clock(1);
+                if rounds % 8 == 0 {
+                    let r = store.writeback_idle(3, WritebackBudget { max_bytes: 64 << 10 });
+                    assert!(r.error.is_none());
+                }
+                rounds += 1;
+                std::thread::yield_now();
+            }
+            rounds
+        })
+    };
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut ctx = store.context();
+                let mut rng = xorshift(t + 11);
+                let mut buf = vec![0u8; PAGE];
+                for n in 0..6_000u64 {
+                    let i = rng() % pages;
+                    match rng() % 10 {
+                        0..=3 => {
+                            let v = (n * 4 + t) * 5 + rng() % 5;
+                            store.write_page(&mut ctx, i, &page(kind_of(v), i, v)).unwrap();
+                        }
+                        4 => store.discard_page(i),
+                        _ => {
+                            store.read_page(&mut ctx, i, &mut buf).unwrap();
+                            assert!(plausible(i, &buf), "thread {t}: page {i} holds data never written there");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a worker saw wrong data or an error");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(maintainer.join().unwrap() > 0);
+    let s = store.stats();
+    assert!(s.bd_writes > 0 && s.bd_reads > 0, "the device was used: {s:?}");
+    assert_eq!(s.failed_reads + s.failed_writes + s.bd_errors, 0);
+    store.discard(0, pages * PAGE as u64).unwrap();
+    store.gc(u64::MAX);
+    let s = store.stats();
+    assert_eq!((s.orig_data_size, s.compr_data_size, s.mem_used_total, s.bd_count, s.bd_bytes), (0, 0, 0, 0, 0));
+    assert!(s.bd_space_bytes <= 2 * SEG);
+}
