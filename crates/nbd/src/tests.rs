@@ -516,3 +516,24 @@ fn concurrent_clients_keep_their_own_data() {
     assert_eq!(stats.failed_writes + stats.failed_reads + stats.invalid_io, 0);
     assert_eq!(stats.orig_data_size, 4 * 64 * 4096);
 }
+
+#[test]
+fn a_client_that_stops_reading_stalls_only_itself() {
+    let srv = server();
+    let (mut stuck, t_stuck) = connect(&srv);
+    // 96 reads of 1 MiB each, replies never read: far more than the socket buffers and the
+    // connection's in-flight budget hold, so its workers block writing and its reader waits.
+    for i in 0..96u64 {
+        stuck.send(CMD_READ, 0, (i % 16) << 20, 1 << 20, &[]).unwrap();
+    }
+    // Another client is served as usual meanwhile.
+    let (mut good, t_good) = connect(&srv);
+    good.write(0, b"unaffected").unwrap();
+    assert_eq!(good.read(0, 10).unwrap(), b"unaffected");
+    good.disconnect().unwrap();
+    t_good.join().unwrap();
+    // When the stuck client goes away, its connection unwinds completely.
+    drop(stuck);
+    t_stuck.join().expect("the stuck connection ends when its client leaves");
+    assert_eq!(srv.open_connections(), 0);
+}
