@@ -4,6 +4,8 @@
 //! ```text
 //! meta (u64):  bit 63       LOCK        held while a thread reads or changes this slot
 //!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING
+//!              bit 59       MOVING      set by writeback when it copies the page out; cleared
+//!                                       by every `replace` (see rule 8)
 //!              bits 32..=47 ac_time     coarse time of the last access (see `Store::tick`)
 //!              bits 0..=12  size        stored bytes (compressed length; 4096 for HUGE)
 //! data (u64):  SAME -> the fill word; COMPRESSED/HUGE -> pool handle; BACKING -> location
@@ -36,6 +38,13 @@
 //!    count, taken under the slot lock (`backing::space::Pin`): a segment is reused only when
 //!    it holds no live record and no reader, so a reader that drops the slot lock before its
 //!    `pread` never reads a reused segment.
+//! 8. Movers (writeback, GC, promotion) copy a page out under the lock, work without it, and
+//!    install the new place only if the slot still holds the same page. For a RAM entry,
+//!    "same entry" is not enough (a rewrite may get the freed handle back with the same
+//!    length): writeback sets MOVING when it copies, every `replace` clears it, and install
+//!    requires it. Only writeback sets it, under the maintenance mutex, so it has one owner
+//!    at a time. For a BACKING entry the location is unique while its segment is pinned, so
+//!    GC and promotion hold a pin on the segment from the copy to the install instead.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
@@ -48,6 +57,7 @@ const KIND_MASK: u64 = 0b111 << KIND_SHIFT;
 const AC_SHIFT: u32 = 32;
 const AC_MASK: u64 = 0xffff << AC_SHIFT;
 const SIZE_MASK: u64 = 0x1fff;
+const MOVING: u64 = 1 << 59;
 
 const KIND_EMPTY: u64 = 0;
 const KIND_SAME: u64 = 1;
@@ -178,6 +188,16 @@ impl SlotGuard<'_> {
         old
     }
 
+    /// Marks the page as being copied out by writeback (rule 8).
+    pub fn mark_moving(&mut self) {
+        self.meta |= MOVING;
+    }
+
+    /// True if nothing replaced the entry since `mark_moving`.
+    pub fn is_moving(&self) -> bool {
+        self.meta & MOVING != 0
+    }
+
     /// Records an access at `tick`.
     pub fn touch(&mut self, tick: u16) {
         self.meta = (self.meta & !AC_MASK) | ((tick as u64) << AC_SHIFT);
@@ -217,6 +237,20 @@ mod tests {
             assert_eq!(g.entry(), e);
             assert_eq!(g.ac_time(), 0xabcd, "replace keeps the access time");
         }
+    }
+
+    #[test]
+    fn the_moving_mark_survives_touch_and_dies_with_replace() {
+        let s = Slot::default();
+        let mut g = s.lock();
+        g.replace(Entry::Compressed { handle: 9, len: 100 });
+        g.mark_moving();
+        g.touch(7);
+        drop(g);
+        let mut g = s.lock();
+        assert!(g.is_moving() && g.entry() == Entry::Compressed { handle: 9, len: 100 });
+        g.replace(Entry::Compressed { handle: 9, len: 100 });
+        assert!(!g.is_moving(), "a rewrite with the same handle and length is still a rewrite");
     }
 
     #[test]

@@ -272,12 +272,14 @@ impl Store {
             g.touch(self.tick());
             (self.fetch(&g, ctx, out), last_access)
         };
-        let backed = match fetched {
-            Fetched::Backing { loc, len, .. } => Some(Entry::Backing { loc, len }),
+        // Promotion needs the record's segment pinned until it installs (slot.rs rule 8): a
+        // second pin, taken while `fetched` holds the first, so the segment cannot go between.
+        let backed = match &fetched {
+            Fetched::Backing { loc, len, _pin } => Some((Entry::Backing { loc: *loc, len: *len }, _pin.again())),
             _ => None,
         };
         self.finish(ctx, index, fetched, out).inspect_err(|_| Counters::inc(&self.counters.failed_reads))?;
-        if let Some(entry) = backed {
+        if let Some((entry, _pin)) = backed {
             self.maybe_promote(ctx, index, entry, last_access);
         }
         Ok(())
@@ -402,12 +404,13 @@ impl Store {
         }
     }
 
-    /// Swaps `new` into slot `index` if the slot still holds `old`, then frees `old`. For
-    /// the backing tier (writeback, GC, promotion), which copies a page out, does its I/O
-    /// without the slot lock, and must not install a copy of a page rewritten meanwhile.
-    pub(crate) fn install(&self, index: u64, old: Entry, new: Entry) -> bool {
+    /// Swaps `new` into slot `index` if the slot still holds `old` (and, with `marked`, was
+    /// not replaced since writeback marked it), then frees `old`. For the backing tier
+    /// (writeback, GC, promotion), which copies a page out, does its I/O without the slot
+    /// lock, and must not install a copy of a page rewritten meanwhile (slot.rs rule 8).
+    pub(crate) fn install(&self, index: u64, old: Entry, new: Entry, marked: bool) -> bool {
         let mut g = self.slots[index as usize].lock();
-        if g.entry() != old {
+        if g.entry() != old || (marked && !g.is_moving()) {
             return false;
         }
         g.replace(new);

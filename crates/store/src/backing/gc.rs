@@ -86,6 +86,12 @@ impl Store {
 
     fn collect(&self, b: &super::Backing, m: &mut super::Maint, victims: &[u32], rep: &mut GcReport) {
         let sp = &b.space;
+        // Pinned, a victim is not reused until we are done, so a slot pointing into it still
+        // points to the record we copied (slot.rs rule 8); and no write is in flight in it, so
+        // the image we read is complete.
+        let pins: Vec<_> = victims.iter().filter_map(|&seg| sp.pin_sealed(seg).map(|p| (seg, p))).collect();
+        let victims: Vec<u32> = pins.iter().map(|&(seg, _)| seg).collect();
+        let victims = &victims[..];
         let seg_bytes = sp.seg_bytes as usize;
         let mut image = vec![0u8; victims.len() * seg_bytes];
         let mut readable = vec![true; victims.len()];
@@ -124,6 +130,7 @@ impl Store {
         if !m.batch.is_empty() {
             self.gc_batch(b, m, rep);
         }
+        drop(pins);
     }
 
     fn gc_batch(&self, b: &super::Backing, m: &mut super::Maint, rep: &mut GcReport) -> bool {

@@ -175,12 +175,16 @@ impl Batch {
             let bytes = &self.buf[first.off..last.off + HEADER + last.len as usize];
             if let Err(e) = dev.write_at(bytes, first.loc) {
                 for it in &self.items {
+                    space.written(it.loc);
                     space.free(it.loc, (HEADER + it.len as usize) as u64);
                 }
                 self.items.clear();
                 return Err(BatchError(e));
             }
             ios += 1;
+        }
+        for it in &self.items {
+            space.written(it.loc);
         }
         Ok((full, ios))
     }

@@ -125,7 +125,9 @@ impl Backing {
         })?;
         let crc = log::record_crc(gen, loc, index, &rec[HEADER..]);
         rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
-        if let Err(e) = self.dev.write_at(rec, loc) {
+        let r = self.dev.write_at(rec, loc);
+        self.space.written(loc);
+        if let Err(e) = r {
             self.space.free(loc, rec.len() as u64);
             return Err(self.error(index, format!("write of {} bytes at byte {loc} failed: {e}", rec.len())));
         }

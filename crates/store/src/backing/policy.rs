@@ -202,7 +202,7 @@ impl Store {
             if !in_ram(h.kind) || age < min_age || age_bucket(age) < cut {
                 continue;
             }
-            let g = slot.lock();
+            let mut g = slot.lock();
             let age = now.wrapping_sub(g.ac_time());
             if age < min_age || age_bucket(age) < cut {
                 continue;
@@ -214,6 +214,7 @@ impl Store {
                 _ => continue,
             };
             let copied = self.copy_stored(&g, m.batch.push(index, old, len, false));
+            g.mark_moving();
             drop(g);
             debug_assert_eq!(copied, Some(len));
             gathered += len as u64;
@@ -257,8 +258,10 @@ impl Store {
             Ok((full, writes)) => {
                 f.full = full;
                 f.writes = writes;
+                // Writeback marked its pages; GC's sources are pinned (slot.rs rule 8).
+                let marked = purpose == Purpose::Writeback;
                 for it in &batch.items {
-                    if self.install(it.index, it.old, Entry::Backing { loc: it.loc, len: it.len }) {
+                    if self.install(it.index, it.old, Entry::Backing { loc: it.loc, len: it.len }, marked) {
                         f.installed += 1;
                         f.bytes += it.len as u64;
                     } else {
@@ -288,7 +291,7 @@ impl Store {
 
     /// Puts a page just read from the backing device back into RAM if it was read again soon
     /// and there is room under the low watermark. `entry` is the slot's entry when it was
-    /// read; `ctx.cbuf` still holds its record.
+    /// read; `ctx.cbuf` still holds its record; the caller pins its segment (slot.rs rule 8).
     pub(crate) fn maybe_promote(&self, ctx: &mut Context, index: u64, entry: Entry, last_access: u16) {
         let Some(b) = &self.backing else { return };
         let Entry::Backing { len, .. } = entry else { return };
@@ -303,7 +306,7 @@ impl Store {
         let payload = &ctx.cbuf[HEADER..HEADER + len as usize];
         let Ok(h) = self.pool.alloc(payload, index as u32) else { return };
         let new = if len as usize == PAGE_SIZE { Entry::Huge { handle: h.0 } } else { Entry::Compressed { handle: h.0, len } };
-        if self.install(index, entry, new) {
+        if self.install(index, entry, new, false) {
             Counters::inc(&b.ctr.promoted_pages);
         } else {
             self.free_uninstalled(h.0);

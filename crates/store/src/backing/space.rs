@@ -32,6 +32,9 @@ const SEALED: u8 = 2;
 
 struct Segment {
     live_bytes: AtomicU64,
+    /// Records reserved but not yet written (or failed). Grows only while OPEN, so a SEALED
+    /// segment with none will not be written again: only then may GC read it.
+    writers: AtomicU32,
     readers: AtomicU32,
     gen: AtomicU32,
     state: AtomicU8,
@@ -54,6 +57,15 @@ pub(crate) struct Pin<'a> {
     seg: u32,
 }
 
+impl Pin<'_> {
+    /// Another pin of the same segment; taking it while this one is held is safe at any time
+    /// (the segment cannot be reclaimed in between).
+    pub fn again(&self) -> Self {
+        self.map.segs[self.seg as usize].readers.fetch_add(1, SeqCst);
+        Pin { map: self.map, seg: self.seg }
+    }
+}
+
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
         // SeqCst with `free`'s: of a reader leaving and the last record going, at least one
@@ -69,6 +81,7 @@ impl SpaceMap {
         let segs = (0..n)
             .map(|_| Segment {
                 live_bytes: AtomicU64::new(0),
+                writers: AtomicU32::new(0),
                 readers: AtomicU32::new(0),
                 gen: AtomicU32::new(0),
                 state: AtomicU8::new(FREE),
@@ -128,10 +141,18 @@ impl SpaceMap {
         self.try_reclaim(seg);
     }
 
-    /// Counts a record placed in an OPEN segment (by its head, under the head's lock).
+    /// Counts a record placed in an OPEN segment (by its head, under the head's lock), and
+    /// its write in flight until [`SpaceMap::written`].
     pub fn add_live(&self, seg: u32, bytes: u64) {
-        debug_assert_eq!(self.segs[seg as usize].state.load(Relaxed), OPEN);
-        self.segs[seg as usize].live_bytes.fetch_add(bytes, SeqCst);
+        let s = &self.segs[seg as usize];
+        debug_assert_eq!(s.state.load(Relaxed), OPEN);
+        s.writers.fetch_add(1, SeqCst);
+        s.live_bytes.fetch_add(bytes, SeqCst);
+    }
+
+    /// The write of the record at `loc` is over (done or failed).
+    pub fn written(&self, loc: u64) {
+        self.segs[self.seg_of(loc) as usize].writers.fetch_sub(1, Release);
     }
 
     /// Un-counts a record at `loc` of `bytes` (discarded, rewritten, moved, or never installed).
@@ -151,6 +172,15 @@ impl SpaceMap {
         Pin { map: self, seg }
     }
 
+    /// Pins a SEALED segment with no write in flight, for GC to read and empty; `None` if
+    /// it is not such a segment (any more).
+    pub fn pin_sealed(&self, seg: u32) -> Option<Pin<'_>> {
+        let s = &self.segs[seg as usize];
+        s.readers.fetch_add(1, SeqCst);
+        let pin = Pin { map: self, seg };
+        (s.state.load(SeqCst) == SEALED && s.writers.load(Acquire) == 0).then_some(pin)
+    }
+
     /// SEALED, empty and unread -> FREE.
     fn try_reclaim(&self, seg: u32) {
         let s = &self.segs[seg as usize];
@@ -168,7 +198,10 @@ impl SpaceMap {
     /// SEALED segments holding under `max_live_pct` percent of live bytes, emptiest first.
     pub fn gc_candidates(&self, max_live_pct: u64) -> Vec<(u32, u64)> {
         let mut v: Vec<(u32, u64)> = (0..self.segs.len() as u32)
-            .filter(|&i| self.segs[i as usize].state.load(Acquire) == SEALED)
+            .filter(|&i| {
+                let s = &self.segs[i as usize];
+                s.state.load(Acquire) == SEALED && s.writers.load(Acquire) == 0
+            })
             .map(|i| (i, self.live_bytes(i)))
             .filter(|&(_, live)| live * 100 < self.seg_bytes * max_live_pct)
             .collect();
@@ -205,6 +238,8 @@ mod tests {
         let g = m.gen(s);
         m.add_live(s, 100);
         m.add_live(s, 50);
+        m.written(0);
+        m.written(100);
         m.free(100, 100);
         assert_eq!(m.segments_in_use(), 1, "still open");
         m.seal(s);
@@ -221,14 +256,15 @@ mod tests {
     #[test]
     fn gc_candidates_are_sealed_sparse_segments_emptiest_first() {
         let m = SpaceMap::new(4 * 65536, 65536);
-        for live in [60_000u64, 1000, 30_000] {
+        for live in [60_000u64, 1000, 30_000, 500] {
             let s = m.open_segment(true).unwrap();
             m.add_live(s, live);
             m.seal(s);
+            if live != 500 {
+                m.written(s as u64 * 65536);
+            }
         }
-        assert!(m.open_segment(false).is_none(), "the last free segment is GC's");
-        let open = m.open_segment(true).unwrap();
-        m.add_live(open, 10);
-        assert_eq!(m.gc_candidates(50), vec![(1, 1000), (2, 30_000)]);
+        assert!(m.open_segment(false).is_none(), "no free segment");
+        assert_eq!(m.gc_candidates(50), vec![(1, 1000), (2, 30_000)], "not the one still being written");
     }
 }
