@@ -64,12 +64,12 @@ impl fmt::Display for BindError {
         match self {
             BindError::InUse { path } => write!(
                 f,
-                "socket {} is in use by a running server: stop it first, or choose another path with --socket",
+                "socket {} is in use by a running server: stop it first, or choose another path",
                 path.display()
             ),
             BindError::NotASocket { path } => write!(
                 f,
-                "{} exists and is not a socket: remove it or choose another path with --socket",
+                "{} exists and is not a socket: remove it or choose another path",
                 path.display()
             ),
             BindError::Io { what, source } => write!(f, "{what}: {source}"),
