@@ -199,7 +199,11 @@ fn sigterm_removes_sockets_and_pid_file() {
     let mut srv = ServerGuard::start(&dir, &["--size", "16M", "--pid-file", pid_file.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(&pid_file).unwrap().trim(), srv.pid().to_string());
     assert!(srv.socket.exists() && srv.control.exists());
+    // A client still connected does not hold the shutdown up.
+    let mut c = srv.client();
+    c.write(0, b"in flight").unwrap();
     let (status, stderr) = srv.terminate();
+    assert!(c.read(0, 9).is_err(), "the connection ends with the server");
     assert!(status.success(), "exit on SIGTERM: {status}; {stderr}");
     assert!(stderr.contains("SIGTERM"), "{stderr}");
     assert!(!srv.socket.exists(), "NBD socket removed");
