@@ -42,10 +42,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
     } else if args.mm_stat {
         println!("{}", text("mm_stat"));
     } else {
-        let name = answer
-            .pointer("/device/nbd_socket")
-            .or_else(|| answer.pointer("/device/nbd_tcp"))
-            .and_then(Value::as_str)
+        // The NBD socket, else the TCP address, else the export name (a ublk or kernel-NBD
+        // device puts its /dev path there).
+        let name = ["/device/nbd_socket", "/device/nbd_tcp", "/device/export_name"]
+            .iter()
+            .find_map(|p| answer.pointer(p).and_then(Value::as_str))
             .unwrap_or("?");
         print!("{}", table(name, stats));
     }
