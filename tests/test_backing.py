@@ -36,7 +36,7 @@ def fio(tmp_path, name, text, expect_ok=True):
     job = tmp_path / f"{name}.fio"
     job.write_text(text)
     out = tmp_path / f"{name}.json"
-    p = run(["fio", "--output-format=json", f"--output={out}", str(job)], check=False, timeout=600)
+    p = run(["fio", "--output-format=json", f"--output={out}", str(job)], check=False, timeout=600, cwd=job.parent)
     body = out.read_text() if out.exists() else ""
     if expect_ok:
         assert p.returncode == 0, f"fio {name} failed ({p.returncode}):\n{p.stderr[-3000:]}\n{body[-3000:]}"

@@ -27,8 +27,9 @@ verify_fatal=1
 randrepeat=0
 {body}""")
     out = tmp_path / f"{name}.json"
+    # cwd: fio leaves its verify state files (*-verify.state) in the working directory.
     p = run(["fio", "--output-format=json", f"--output={out}", str(job)], check=False,
-            timeout=240)
+            timeout=240, cwd=tmp_path)
     text = out.read_text() if out.exists() else ""
     assert p.returncode == 0, f"fio {name} failed ({p.returncode}):\n{p.stderr}\n{text[-3000:]}"
     result = json.loads(text[text.index("{"):])
