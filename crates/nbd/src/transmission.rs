@@ -17,7 +17,11 @@
 //! 3. A write is applied only once its whole payload has arrived: a client that disconnects
 //!    mid-request loses that request and nothing else.
 //! 4. One reply is one `write_all` under the writer lock, so replies never interleave.
-//! 5. A connection logs at most a handful of lines: the first rejected requests, the first
+//! 5. No allocation on the I/O path once warm, for requests up to [`KEEP_BUFFER_BYTES`]: write
+//!    payloads come from a per-connection free list and read replies are assembled in each
+//!    worker's reused buffer. A swap device is written to when memory is short; a server
+//!    that must allocate to accept a swap-out could wait on the very reclaim it is serving.
+//! 6. A connection logs at most a handful of lines: the first rejected requests, the first
 //!    store error, and one line saying why it ended if that was not a clean `NBD_CMD_DISC`.
 //!
 //! # FUA and FLUSH
@@ -42,8 +46,11 @@ const READ_BUFFER_BYTES: usize = 256 << 10;
 /// on; a larger one is taken as hostile and the connection is closed (the protocol allows a
 /// hard disconnect for payloads "large enough to be deemed a denial of service attack").
 const MAX_SKIP_BYTES: u64 = 2 * MAX_PAYLOAD_BYTES as u64;
-/// Worker read buffers that grew above this are freed after the request.
-const KEEP_SCRATCH_BYTES: usize = 1 << 20;
+/// Buffers (write payloads, read replies) up to this size are kept for reuse; larger ones are
+/// freed after their request.
+pub const KEEP_BUFFER_BYTES: usize = 1 << 20;
+/// Write payload buffers kept per connection for reuse.
+const KEPT_PAYLOAD_BUFFERS: usize = 16;
 /// A client must finish the handshake within this time, so that connections that never
 /// negotiate cannot pin threads and connection slots forever. Transmission has no timeout:
 /// the kernel's client may rightly stay idle for days.
@@ -162,6 +169,32 @@ impl Budget {
     }
 }
 
+/// Write payload buffers of one connection, reused so that a warm connection does not
+/// allocate (rule 5).
+struct PayloadBuffers {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl PayloadBuffers {
+    /// A zeroed buffer of `len` bytes, reused when one is free.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut b = self.free.lock().pop().unwrap_or_default();
+        b.clear();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Returns a buffer for reuse (or frees it, if it is large or enough are kept).
+    fn give(&self, b: Vec<u8>) {
+        if b.capacity() > 0 && b.capacity() <= KEEP_BUFFER_BYTES {
+            let mut free = self.free.lock();
+            if free.len() < KEPT_PAYLOAD_BUFFERS {
+                free.push(b);
+            }
+        }
+    }
+}
+
 /// The state a connection's reader and workers share.
 struct Conn<S: Stream> {
     label: String,
@@ -171,6 +204,7 @@ struct Conn<S: Stream> {
     /// while blocked in `write`).
     shutdown: S,
     budget: Budget,
+    payloads: PayloadBuffers,
     /// A reply could not be sent: the connection is dead, queued jobs are dropped.
     failed: AtomicBool,
     /// A line about how this connection ends has been logged: log no more (rule 5).
@@ -247,6 +281,7 @@ pub(crate) fn run_connection<S: Stream>(server: &Server, stream: S, label: &str)
             max_bytes: server.options.max_inflight_bytes,
             max_requests: server.options.max_inflight_requests.max(1),
         },
+        payloads: PayloadBuffers { free: Mutex::new(Vec::new()) },
         failed: AtomicBool::new(false),
         quiet: AtomicBool::new(false),
         rejects_logged: AtomicU32::new(0),
@@ -368,14 +403,16 @@ fn read_requests<S: Stream>(reader: &mut BufReader<S>, store: &Store, conn: &Con
         let cost = job.cost();
         conn.budget.acquire(cost);
         if cmd == Command::Write {
-            job.payload = vec![0u8; req.len as usize];
+            job.payload = conn.payloads.take(req.len as usize);
             match read_full(reader, &mut job.payload) {
                 Ok(n) if n == job.payload.len() => {}
                 Ok(n) => {
+                    conn.payloads.give(job.payload);
                     conn.budget.release(cost);
                     return End::Error(truncated_write(&req, n));
                 }
                 Err(e) => {
+                    conn.payloads.give(job.payload);
                     conn.budget.release(cost);
                     if conn.failed.load(Ordering::Acquire) {
                         return End::Failed;
@@ -427,11 +464,11 @@ fn worker<S: Stream>(store: &Store, conn: &Conn<S>, rx: &Mutex<mpsc::Receiver<Jo
                 }
             };
             conn.send(&out[..reply_len]);
-            if out.capacity() > KEEP_SCRATCH_BYTES {
+            if out.capacity() > KEEP_BUFFER_BYTES + SIMPLE_REPLY_BYTES {
                 out = Vec::new();
             }
         }
-        drop(job);
+        conn.payloads.give(job.payload);
         conn.budget.release(cost);
     }
 }
@@ -458,6 +495,27 @@ mod tests {
     }
 
     const SIZE: u64 = 1 << 20;
+
+    #[test]
+    fn payload_buffers_are_reused_and_bounded() {
+        let pool = PayloadBuffers { free: Mutex::new(Vec::new()) };
+        let b = pool.take(4096);
+        assert_eq!(b, vec![0u8; 4096]);
+        let ptr = b.as_ptr();
+        pool.give(b);
+        let mut again = pool.take(100);
+        assert_eq!(again.as_ptr(), ptr, "a warm connection reuses its buffer");
+        assert_eq!(again.len(), 100);
+        again.fill(7);
+        pool.give(again);
+        assert_eq!(pool.take(200), vec![0u8; 200], "reused buffers come back zeroed");
+        pool.give(vec![0u8; KEEP_BUFFER_BYTES + 1]);
+        assert!(pool.free.lock().is_empty(), "large buffers are freed, not kept");
+        for _ in 0..2 * KEPT_PAYLOAD_BUFFERS {
+            pool.give(vec![0u8; 16]);
+        }
+        assert_eq!(pool.free.lock().len(), KEPT_PAYLOAD_BUFFERS);
+    }
 
     #[test]
     fn valid_requests_pass() {
