@@ -603,3 +603,22 @@ fn random_requests_match_a_model_device() {
     c.disconnect().unwrap();
     t.join().unwrap();
 }
+
+#[test]
+fn seed_corpus_replays_cleanly() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let mut seeds: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    seeds.sort();
+    assert!(seeds.len() >= 10, "the seed corpus is in {}", dir.display());
+    let srv = server();
+    let (mut good, tg) = connect(&srv);
+    let keep = pattern(11, 32 << 10);
+    good.write(2 << 20, &keep).unwrap();
+    for seed in &seeds {
+        misbehave(&srv, &std::fs::read(seed).unwrap());
+    }
+    assert_eq!(good.read(2 << 20, keep.len() as u32).unwrap(), keep);
+    good.disconnect().unwrap();
+    tg.join().unwrap();
+    assert_eq!(srv.open_connections(), 0);
+}
