@@ -61,6 +61,11 @@ pub(crate) struct LogHead {
 }
 
 impl LogHead {
+    /// Bytes the open segment can still take (0 without one).
+    pub fn room(&self, space: &SpaceMap) -> u64 {
+        self.seg.map_or(0, |_| space.seg_bytes - self.fill)
+    }
+
     /// Reserves `bytes` (a whole record) and counts them live; returns (loc, generation).
     /// `use_reserve`: GC may open the segments kept for it.
     pub fn reserve(&mut self, space: &SpaceMap, bytes: u64, use_reserve: bool) -> Result<(u64, u32), DeviceFull> {

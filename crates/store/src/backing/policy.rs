@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use super::gc::GcReport;
 use super::log::{BatchError, HEADER};
+use super::space::GC_RESERVE_SEGMENTS;
 use super::{Backing, Maint};
 use crate::error::StoreError;
 use crate::slot::{Entry, Kind};
@@ -165,6 +166,12 @@ impl Store {
     fn write_back_coldest(&self, b: &Backing, m: &mut Maint, want: u64, min_age: u16) -> WritebackReport {
         let mut rep = WritebackReport::default();
         if want == 0 || self.num_pages() == 0 {
+            return rep;
+        }
+        // A full device: do not gather a batch only to find no place for it (GC, which may
+        // use the reserved segments, makes room first).
+        if b.space.free_segments() <= GC_RESERVE_SEGMENTS && m.head.room(&b.space) < (HEADER + PAGE_SIZE) as u64 {
+            rep.device_full = true;
             return rep;
         }
         let now = self.tick();
