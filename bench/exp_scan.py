@@ -85,6 +85,7 @@ def run(ctx, p: dict) -> dict:
             res["leftovers"] = left
         out["configs"][name] = res
     out["speedup_vs_disk"] = speedups(out["configs"])
+    out["pressure_speedup_vs_disk"] = speedups(out["configs"], "pressure")
     return out
 
 
@@ -97,6 +98,13 @@ def _run_config(ctx, p, cfg, res):
             runs = _runs(ctx, cfg, cg, argv, p["recipe_runs"], p["run_timeout_s"],
                          f"recipe {p['recipe_mib']} MiB x{p['recipe_passes']} in {limit >> 20} MiB")
         res["recipe"] = {"runs": runs, **summarize_runs(runs), **smp.summary()}
+    pr = p.get("pressure_recipe")
+    if pr:
+        argv = scan_argv(ctx.scan_bin, pr["mib"], pr["passes"], pr["mode"], p.get("pages_file"))
+        with ctx.cgroup(pr["limit_bytes"], cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:
+            runs = _runs(ctx, cfg, cg, argv, pr["runs"], p["run_timeout_s"],
+                         f"pressure recipe {pr['mib']} MiB x{pr['passes']} in {pr['limit_bytes'] >> 20} MiB")
+        res["pressure"] = {"runs": runs, **summarize_runs(runs), **smp.summary()}
         res["sweep"] = []
         limit = p["sweep_limit_bytes"]
         for mode, factors in sweep_points(p):
@@ -110,12 +118,12 @@ def _run_config(ctx, p, cfg, res):
                                      **summarize_runs(runs), **smp.summary()})
 
 
-def speedups(configs: dict) -> dict:
+def speedups(configs: dict, key: str = "recipe") -> dict:
     """The seed's measure, within this run: (t_disk - t_x) / t_disk of recipe means."""
-    disk = configs.get("disk", {}).get("recipe", {}).get("mean_s")
+    disk = configs.get("disk", {}).get(key, {}).get("mean_s")
     out = {}
     for name, res in configs.items():
-        t = res.get("recipe", {}).get("mean_s")
+        t = res.get(key, {}).get("mean_s")
         if disk and t:
             out[name] = {"speedup": round((disk - t) / disk, 4), "disk_over_x": round(disk / t, 4)}
     return out

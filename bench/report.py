@@ -30,37 +30,54 @@ def _mib(v) -> str:
     return "-" if not v else f"{v / (1 << 20):.1f}"
 
 
-def scan_tables(scan: dict) -> str:
-    p = scan["params"]
-    cfgs = scan["configs"]
-    sp = scan.get("speedup_vs_disk", {})
+def _recipe_rows(cfgs: dict, key: str, sp: dict) -> list:
     rows = []
     for name, r in cfgs.items():
         if "skipped" in r or "error" in r:
-            rows.append([r.get("label", name), "skipped: " + r["skipped"] if "skipped" in r else "error: " + r["error"],
-                         "", "", "", "", "", ""])
+            rows.append([r.get("label", name), "skipped: " + r["skipped"] if "skipped" in r else "error: " + r["error"]]
+                        + [""] * 8)
             continue
-        rec = r["recipe"]
+        rec = r.get(key)
+        if rec is None:
+            continue
         runs = " ".join(_t(x["wall_s"]) if x["status"] == "ok" else x["status"].upper() for x in rec["runs"])
         s = sp.get(name)
+        spread = "-" if rec.get("min_s") is None else f"{rec['min_s']:.2f}-{rec['max_s']:.2f}"
         # The recipe hardly swaps (as in the seed); the sweep shows the ratio under load.
         best = max((x for x in r.get("sweep", []) if x.get("compression_ratio")),
                    key=lambda x: x.get("ratio_sample", {}).get("orig_data_size") or 0, default=None)
-        rows.append([r["label"], runs, _status_cell(rec), _status_cell(rec, "median_s"),
+        rows.append([r["label"], runs, _status_cell(rec), _status_cell(rec, "median_s"), spread,
                      "-" if not s else f"{s['speedup'] * 100:+.0f}%",
+                     _mib(rec.get("peak_cg_swap_bytes")),
                      _mib(rec.get("peak_mem_used_total")),
                      "-" if not rec.get("compression_ratio") else f"{rec['compression_ratio']:.2f}:1",
                      "-" if best is None else f"{best['compression_ratio']:.2f}:1 ({best['mode']} {best['factor']:g}x)"])
+    return rows
+
+
+RECIPE_HEAD = ["config", "runs (s)", "mean 2.. (s)", "median 2.. (s)", "range 2.. (s)", "speedup vs disk",
+               "swapped MiB (peak)", "device MiB (peak)", "ratio", "ratio in sweep"]
+
+
+def scan_tables(scan: dict) -> str:
+    p = scan["params"]
+    cfgs = scan["configs"]
     out = [f"#### scan recipe: `scan {p['recipe_mib']} {p['recipe_passes']}` ({p['recipe_mode']}) in a "
            f"{p['recipe_limit_bytes'] >> 20} MiB machine, {p['recipe_runs']} runs",
            "",
-           table(["config", "runs (s)", "mean 2.. (s)", "median 2.. (s)", "speedup vs disk", "device MiB (peak)",
-                  "ratio", "ratio in sweep"], rows),
+           table(RECIPE_HEAD, _recipe_rows(cfgs, "recipe", scan.get("speedup_vs_disk", {}))),
            "",
            "Speedup is the seed's (t_disk - t) / t_disk of the means of runs 2.., within this run "
-           "(seed 004: +33% for ramzswap). Device MiB is memory used by the compressed store, outside the "
-           "cgroup's limit (for nbdkit: its resident size, which --swap's mlockall inflates). Ratio: "
-           "orig_data_size / mem_used_total where the device held most data; none below 1 MiB stored.", ""]
+           "(seed 004: +33% for ramzswap). Swapped MiB is the cgroup's swap use (seed 004: 28-32 MB). "
+           "Device MiB is memory used by the compressed store, outside the cgroup's limit (for nbdkit: its "
+           "resident size, which --swap's mlockall inflates). Ratio: orig_data_size / mem_used_total where the "
+           "device held most data; none below 4 MiB stored. A speedup smaller than the range of the runs is noise.",
+           ""]
+    pr = p.get("pressure_recipe")
+    if pr and any(r.get("pressure") for r in cfgs.values()):
+        out += [f"#### scan recipe at the seed's pressure: `scan {pr['mib']} {pr['passes']}` ({pr['mode']}) in a "
+                f"{pr['limit_bytes'] >> 20} MiB machine, {pr['runs']} runs", "",
+                table(RECIPE_HEAD, _recipe_rows(cfgs, "pressure", scan.get("pressure_speedup_vs_disk", {}))), ""]
     modes = sorted({pt["mode"] for r in cfgs.values() for pt in r.get("sweep", [])})
     names = [n for n, r in cfgs.items() if r.get("sweep")]
     for mode in modes:

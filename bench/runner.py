@@ -71,8 +71,8 @@ class Sampler:
 
     def summary(self) -> dict:
         out = {f"peak_{k}": v for k, v in self.peak.items()}
-        # Below 1 MiB stored the fixed overhead of the allocator dominates: no ratio.
-        ratio = compression_ratio(self.at_peak_orig) if self.at_peak_orig.get("orig_data_size", 0) >= 1 << 20 else None
+        # Below 4 MiB stored the fixed overhead of the store dominates: no ratio.
+        ratio = compression_ratio(self.at_peak_orig) if self.at_peak_orig.get("orig_data_size", 0) >= 4 << 20 else None
         if ratio is not None:
             out["compression_ratio"] = round(ratio, 3)
             out["ratio_sample"] = {k: self.at_peak_orig.get(k) for k in

@@ -109,10 +109,12 @@ def test_nbd_teardown_order_swapoff_before_server_stops():
     assert "--swap" in cfg.info["server_argv"], "nbdkit locks itself in memory"
 
 
-def test_compcache_served_with_mlock():
+def test_compcache_served_with_mlock_and_discard():
     fs, ledger = FakeSystem(), Ledger()
     with _config("compcache", fs, ledger) as cfg:
         assert "--mlock" in cfg.info["server_argv"]
+        assert cfg.info["swap_discard"] == "pages"
+        assert any(c[0] == "swapon" and "--discard=pages" in c for c in fs.commands)
         assert cfg.stats()["orig_data_size"] == 4096000
 
 

@@ -107,7 +107,7 @@ def test_fio_argv_mirrors_iozone_tests():
 def test_markdown_has_every_table():
     md = report.markdown(_results())
     assert "scan recipe: `scan 480 10`" in md
-    assert "| disk swap | 5.00 10.00 11.00 9.00 10.00 | 10.00 |" in md
+    assert "| disk swap | 5.00 10.00 11.00 9.00 10.00 | 10.00 | 10.00 | 9.00-11.00 | +0% |" in md
     assert "4.00:1 (cyclic 2x)" in md
     assert "+40%" in md  # zram: (10 - 6) / 10
     assert "3.50:1" in md
