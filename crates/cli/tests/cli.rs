@@ -93,10 +93,15 @@ impl ServerGuard {
 
     /// Sends SIGTERM and waits; returns the exit status and stderr.
     fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        self.signal(libc::SIGTERM)
+    }
+
+    /// Sends `sig` and waits; returns the exit status and stderr.
+    fn signal(&mut self, sig: i32) -> (std::process::ExitStatus, String) {
         let child = self.child.take().unwrap();
         // SAFETY: kill has no memory-safety preconditions; the PID is our own child, not yet
         // reaped (we hold its Child), so it cannot have been reused.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(child.id() as i32, sig) };
         let status = child.wait_with_output().unwrap().status;
         (status, std::fs::read_to_string(&self.log).unwrap_or_default())
     }
@@ -209,6 +214,32 @@ fn sigterm_removes_sockets_and_pid_file() {
     assert!(!srv.socket.exists(), "NBD socket removed");
     assert!(!srv.control.exists(), "control socket removed");
     assert!(!pid_file.exists(), "pid file removed");
+}
+
+/// Whether this process ignores `sig` (a child inherits that).
+fn ignored_here(sig: i32) -> bool {
+    // SAFETY: a null new action only reads the current one into `old`, a plain C struct.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+#[test]
+fn sigint_and_sighup_stop_cleanly_too() {
+    for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGHUP, "SIGHUP")] {
+        if ignored_here(sig) {
+            // The server inherits an ignored signal and rightly keeps ignoring it (nohup).
+            eprintln!("skipped {name}: this test runs with {name} ignored");
+            continue;
+        }
+        let dir = TempDir::new(name);
+        let mut srv = ServerGuard::start(&dir, &["--size", "16M"]);
+        let (status, stderr) = srv.signal(sig);
+        assert!(status.success(), "{name}: {status}; {stderr}");
+        assert!(stderr.contains(name), "{stderr}");
+        assert!(!srv.socket.exists() && !srv.control.exists(), "{name}: sockets removed");
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! `compcache serve`: create a compressed RAM device and serve it over NBD until SIGINT or
-//! SIGTERM, with a control socket for `compcache stat`.
+//! `compcache serve`: create a compressed RAM device and serve it over NBD until SIGINT,
+//! SIGTERM or SIGHUP, with a control socket for `compcache stat`.
 
 use crate::failure::Failure;
 use crate::paths;
@@ -109,7 +109,7 @@ enum Event {
 
 pub fn run(args: Args) -> Result<(), Failure> {
     // Before any thread exists, so that every thread inherits the mask and only the signal
-    // thread below receives SIGINT/SIGTERM.
+    // thread below receives SIGINT/SIGTERM/SIGHUP.
     let signals = block_shutdown_signals()?;
 
     let ram = physical_ram_bytes();
@@ -349,18 +349,27 @@ fn spawn(name: &str, tx: mpsc::Sender<Event>, f: impl FnOnce() -> Event + Send +
     }
 }
 
-/// Blocks SIGINT and SIGTERM in this thread (and so in every thread it starts).
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and so in every thread it starts). A
+/// hangup (the terminal closed) stops the server cleanly instead of killing it with its
+/// socket files left behind. SIGHUP is left alone when it is ignored (`nohup`): Linux keeps a
+/// blocked signal pending even when its action is to ignore it, so `sigwait` would see it.
 fn block_shutdown_signals() -> Result<libc::sigset_t, Failure> {
-    // SAFETY: `set` is a plain C struct initialised by sigemptyset before any other use;
-    // pthread_sigmask only reads it. No Rust invariant depends on the signal mask.
+    // SAFETY: `set` and `old` are plain C structs; `set` is initialised by sigemptyset before
+    // any other use and `old` is only written by sigaction (a null new action changes
+    // nothing). pthread_sigmask only reads `set`. No Rust invariant depends on signal state.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        let mut old: libc::sigaction = std::mem::zeroed();
+        let hup_ignored = libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN;
+        if !hup_ignored {
+            libc::sigaddset(&mut set, libc::SIGHUP);
+        }
         let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         if rc != 0 {
-            return Err(Failure::new(format!("cannot block SIGINT/SIGTERM: {}", std::io::Error::from_raw_os_error(rc))));
+            return Err(Failure::new(format!("cannot block SIGINT/SIGTERM/SIGHUP: {}", std::io::Error::from_raw_os_error(rc))));
         }
         Ok(set)
     }
@@ -383,6 +392,7 @@ fn signal_name(sig: i32) -> &'static str {
     match sig {
         libc::SIGINT => "SIGINT",
         libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
         _ => "signal",
     }
 }
