@@ -7,9 +7,13 @@ use crate::compress::Algorithm;
 use crate::error::StoreError;
 use crate::PAGE_SIZE;
 
-/// Compressed pages larger than this are stored raw ("huge pages"), as zram does: keeping a
-/// 3.5 KiB compressed copy saves too little to pay for decompressing it on every read.
-pub const DEFAULT_HUGE_THRESHOLD_BYTES: usize = PAGE_SIZE * 3 / 4;
+/// The default huge threshold: compressed pages larger than this are stored raw ("huge
+/// pages"). It is the largest size the allocator stores more densely than a raw page
+/// (`zspool::huge_payload_threshold`, 3628 bytes): beyond it, keeping the compressed copy saves
+/// no memory and costs a decompression on every read.
+pub fn default_huge_threshold_bytes() -> usize {
+    crate::zspool::huge_payload_threshold()
+}
 
 /// The default device size as a share of physical RAM.
 pub const DEFAULT_SIZE_PERCENT: u64 = 25;
@@ -105,7 +109,7 @@ impl Config {
             algorithm: Algorithm::Lz4,
             level: None,
             mem_limit_bytes: 0,
-            huge_threshold_bytes: DEFAULT_HUGE_THRESHOLD_BYTES,
+            huge_threshold_bytes: default_huge_threshold_bytes(),
             backing: None,
         }
     }

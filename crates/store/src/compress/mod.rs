@@ -14,7 +14,7 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Algorithm {
-    /// LZ4 (lz4_flex): the default, as in zram; fastest.
+    /// LZ4 (the reference liblz4): the default, as in zram; fastest.
     Lz4,
     /// Zstandard with a level (1..=22; default 3): better ratio, slower.
     Zstd,

@@ -66,6 +66,20 @@ pub(super) fn shape(i: usize) -> ClassShape {
     ClassShape { size, pages_per_zspage: k, objs_per_zspage: k * PAGE_SIZE / size }
 }
 
+/// The largest payload the pool stores more densely than a raw page. Past it a zspage holds no
+/// more objects than it has pages (zsmalloc's "huge class size"), so a raw page costs the same
+/// memory and saves decompressing on every read. This is the default huge threshold: the
+/// kernel's zram uses zsmalloc's figure the same way (older zram used 3/4 of a page).
+pub fn huge_payload_threshold() -> usize {
+    (1..=PAGE_SIZE - HEADER)
+        .rev()
+        .find(|&len| {
+            let s = shape(class_for(len));
+            s.objs_per_zspage > s.pages_per_zspage
+        })
+        .expect("small objects pack more than one per page")
+}
+
 /// For each class, the class that serves it. Neighbouring classes whose zspages have the same
 /// page count and object count are merged into the largest of them (as zsmalloc merges
 /// classes): the larger objects cost no more memory, and fewer classes means fewer
@@ -110,15 +124,25 @@ mod tests {
     }
 
     #[test]
+    fn the_huge_threshold_is_where_zspages_stop_saving_memory() {
+        let t = huge_payload_threshold();
+        assert!(t > PAGE_SIZE * 3 / 4 && t < PAGE_SIZE, "{t}");
+        let s = shape(class_for(t));
+        assert!(s.objs_per_zspage > s.pages_per_zspage);
+        let s = shape(class_for(t + 1));
+        assert_eq!(s.objs_per_zspage, s.pages_per_zspage, "one past it gains nothing over raw pages");
+    }
+
+    #[test]
     fn zspages_waste_little() {
         for i in 0..HUGE_CLASS {
             let s = shape(i);
             assert!(s.objs_per_zspage >= 1 && s.objs_per_zspage < 4096, "object index fits 12 bits");
             let waste = s.pages_per_zspage * PAGE_SIZE - s.objs_per_zspage * s.size;
             let pct = waste as f64 * 100.0 / (s.pages_per_zspage * PAGE_SIZE) as f64;
-            // Classes just above half a page cannot do better than ~5.5% within 8 pages; those
-            // above the default huge threshold (3 KiB) are used only when it is raised.
-            if s.size <= crate::config::DEFAULT_HUGE_THRESHOLD_BYTES + HEADER {
+            // Classes just above half a page cannot do better than ~5.5% within 8 pages; past
+            // 3 KiB a class holds few objects per zspage and waste up to one object per zspage.
+            if s.size <= 3072 + HEADER {
                 assert!(pct < 6.0, "class {i} size {} wastes {pct:.1}%", s.size);
             }
             assert_eq!(s.size % 8, 0, "headers never straddle a page boundary");

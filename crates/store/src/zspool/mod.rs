@@ -32,6 +32,7 @@ mod arena;
 mod class;
 
 use arena::{Arena, NONE};
+pub use class::huge_payload_threshold;
 use class::{class_for, merged_classes, shape, ClassShape, HEADER, HUGE_CLASS, MAX_CHAIN, NUM_CLASSES};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
