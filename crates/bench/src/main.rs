@@ -84,7 +84,7 @@ fn main() {
     }
     let data = Arc::new(data);
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    eprintln!("{pages} pages ({} MiB) from {} file(s), {} runs each", pages * PAGE_SIZE >> 20, files.len(), args.runs);
+    eprintln!("{pages} pages ({} MiB) from {} file(s), {} runs each", (pages * PAGE_SIZE) >> 20, files.len(), args.runs);
 
     let mut rows = Vec::new();
     let mut last_stats = None;

@@ -19,6 +19,7 @@
 //! 2. During [`ZsPool::compact`], the `relocate` callback holds the owner's slot lock while it
 //!    calls the mover and installs the new handle, and calls the mover only if the slot still
 //!    holds the handle it was given.
+//!
 //! With that, an object never moves or disappears under a reader, and a zspage is released
 //! only after every object on it has moved away under its owner's lock.
 //!
@@ -59,6 +60,10 @@ impl Handle {
         self.0 as usize & 0xfff
     }
 }
+
+/// The callback [`ZsPool::compact`] calls for each object it wants to move:
+/// `relocate(owner_slot, handle, mover)`; `mover()` moves the object and returns its new handle.
+pub type Relocate<'a> = dyn FnMut(u32, Handle, &mut dyn FnMut() -> Option<Handle>) + 'a;
 
 /// Allocation failed: the memory limit (or the reserved address space) is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +167,7 @@ impl ZsPool {
     /// zspages, class by class. For each object to move, calls `relocate(owner, handle, mover)`;
     /// the callback must follow contract rule 2, and the mover returns the object's new handle
     /// (or `None` when there is no room to move it). Returns the number of pages released.
-    pub fn compact(&self, relocate: &mut dyn FnMut(u32, Handle, &mut dyn FnMut() -> Option<Handle>)) -> u64 {
+    pub fn compact(&self, relocate: &mut Relocate<'_>) -> u64 {
         let mut freed = 0;
         for ci in 0..HUGE_CLASS {
             freed += self.compact_class(ci, relocate);
@@ -305,7 +310,7 @@ impl ZsPool {
 
     // --- compaction ----------------------------------------------------------------------------
 
-    fn compact_class(&self, ci: usize, relocate: &mut dyn FnMut(u32, Handle, &mut dyn FnMut() -> Option<Handle>)) -> u64 {
+    fn compact_class(&self, ci: usize, relocate: &mut Relocate<'_>) -> u64 {
         let shape = self.classes[ci].shape;
         let mut freed = 0;
         loop {
