@@ -536,7 +536,7 @@ impl Store {
         let pages_stored_all = g(&c.pages_stored);
         let same = g(&c.same_pages);
         let stored = pages_stored_all - same.min(pages_stored_all);
-        let pct = |n: u64| if stored == 0 { 0 } else { n * 100 / stored };
+        let pct = |n: u64| (n * 100).checked_div(stored).unwrap_or(0);
         let used = self.pool.total_pages();
         let bd_bytes = g(&c.bd_bytes);
         let (bd_size_bytes, bd_space_bytes, bd) = match &self.backing {
