@@ -104,8 +104,15 @@ def main(argv=None) -> int:
     out_dir = a.out or os.path.join(DEFAULT_OUT, f"{stamp}-{a.profile}")
     from .suite import run_suite
 
-    results = run_suite(a.profile, a.experiments, a.configs, out_dir, os.path.join(a.workdir, stamp),
-                        fio_configs=a.fio_configs, app_backend=a.app_backend, overrides=overrides)
+    from .suite import Interrupted
+
+    try:
+        results = run_suite(a.profile, a.experiments, a.configs, out_dir, os.path.join(a.workdir, stamp),
+                            fio_configs=a.fio_configs, app_backend=a.app_backend, overrides=overrides)
+    except (Interrupted, KeyboardInterrupt) as e:
+        # Teardown has run by now (and said whether anything is left); partial results stay.
+        print(f"bench: interrupted ({e or 'Ctrl-C'}); partial results in {out_dir}", file=sys.stderr)
+        return 130
     results["command"] = "python3 -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)

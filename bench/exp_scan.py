@@ -98,13 +98,13 @@ def _run_config(ctx, p, cfg, res):
             runs = _runs(ctx, cfg, cg, argv, p["recipe_runs"], p["run_timeout_s"],
                          f"recipe {p['recipe_mib']} MiB x{p['recipe_passes']} in {limit >> 20} MiB")
         res["recipe"] = {"runs": runs, **summarize_runs(runs), **smp.summary()}
-    pr = p.get("pressure_recipe")
-    if pr:
-        argv = scan_argv(ctx.scan_bin, pr["mib"], pr["passes"], pr["mode"], p.get("pages_file"))
-        with ctx.cgroup(pr["limit_bytes"], cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:
-            runs = _runs(ctx, cfg, cg, argv, pr["runs"], p["run_timeout_s"],
-                         f"pressure recipe {pr['mib']} MiB x{pr['passes']} in {pr['limit_bytes'] >> 20} MiB")
-        res["pressure"] = {"runs": runs, **summarize_runs(runs), **smp.summary()}
+        pr = p.get("pressure_recipe")
+        if pr:
+            argv = scan_argv(ctx.scan_bin, pr["mib"], pr["passes"], pr["mode"], p.get("pages_file"))
+            with ctx.cgroup(pr["limit_bytes"], cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:
+                runs = _runs(ctx, cfg, cg, argv, pr["runs"], p["run_timeout_s"],
+                             f"pressure recipe {pr['mib']} MiB x{pr['passes']} in {pr['limit_bytes'] >> 20} MiB")
+            res["pressure"] = {"runs": runs, **summarize_runs(runs), **smp.summary()}
         res["sweep"] = []
         limit = p["sweep_limit_bytes"]
         for mode, factors in sweep_points(p):

@@ -211,7 +211,22 @@ def test_scan_experiment_survives_a_failing_config_and_leaves_nothing(tmp_path):
                   ["noswap", "nbdkit-zstd", "zram-lz4", "compcache"], "/bin/scan", None, ("v1", "/sys/fs/cgroup/memory"))
     p = params.get("quick")["scan"]
     p.update({"recipe_runs": 2, "sweep_factors": [1.0], "sweep_modes": ["cyclic"], "sweep_runs": 1})
+    p["pressure_recipe"] = {"mib": 2, "passes": 1, "mode": "cyclic", "limit_bytes": MiB, "runs": 2}
+    active = []
+    real_spawn = fs.spawn
+
+    def spawn(argv, **kw):
+        if "/bin/scan" in argv:
+            active.append(list(fs.swaps))  # which swap devices were on while each workload ran
+        return real_spawn(argv, **kw)
+
+    fs.spawn = spawn
     out = exp_scan.run(ctx, p)
+    zr = out["configs"]["zram-lz4"]
+    assert [len(zr[k]["runs"]) for k in ("recipe", "pressure")] == [2, 2]
+    assert len(zr["sweep"]) == 1 and zr["sweep"][0]["status"] == "ok"
+    # Every workload of a swap configuration ran while its device was on (noswap: none).
+    assert active[:5] == [[]] * 5 and active[5:10] == [["/dev/zram5"]] * 5 and len(active) == 10
     assert "injected failure" in out["configs"]["nbdkit-zstd"]["error"]
     assert out["configs"]["zram-lz4"]["recipe"]["status"] == "ok"
     assert "cargo build" in out["configs"]["compcache"]["skipped"]
