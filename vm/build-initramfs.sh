@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the guest's initramfs for the VM end-to-end test: busybox-static, the guest init
-# script, ublk_drv.ko and nbd.ko from the fetched kernel, the compcache binary (static, musl)
-# and the scan program (static). Output: vm/cache/initramfs.cpio.gz (gitignored).
+# script, ublk_drv.ko and nbd.ko from the fetched kernel, the compcache binary (with the
+# shared libraries it needs, found by ldd, if it is not static) and the scan program
+# (static). Output: vm/cache/initramfs.cpio.gz (gitignored).
 #
 # Inputs (all optional):
-#   COMPCACHE_BIN  the compcache binary to put in (default: the musl release build)
+#   COMPCACHE_BIN  the compcache binary to put in (default: target/release/compcache)
 #   SCAN_BIN       a static scan binary (default: built from tools/scan/scan.c into vm/cache)
 # Run vm/fetch-kernel.sh first (vm/run-test.sh does both).
 set -euo pipefail
@@ -15,7 +16,7 @@ kdir="$cache/kernel"
 root="$cache/initramfs-root"
 out="$cache/initramfs.cpio.gz"
 
-compcache_bin="${COMPCACHE_BIN:-$repo/target/x86_64-unknown-linux-musl/release/compcache}"
+compcache_bin="${COMPCACHE_BIN:-$repo/target/release/compcache}"
 [ -x "$compcache_bin" ] || { echo "build-initramfs: no compcache binary at $compcache_bin" >&2; exit 1; }
 [ -s "$kdir/modules/ublk_drv.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
 busybox="$(command -v busybox || true)"
@@ -36,6 +37,13 @@ chmod 755 "$root/init"
 cp "$kdir/modules/ublk_drv.ko" "$kdir/modules/nbd.ko" "$root/lib/modules/"
 cp "$compcache_bin" "$root/bin/compcache"
 strip "$root/bin/compcache" 2>/dev/null || true
+# A dynamic (glibc) binary brings its loader and libraries, at the same paths as here.
+if ! file -L "$compcache_bin" | grep -q 'statically linked'; then
+  for lib in $(ldd "$compcache_bin" | grep -oE '/[^ ]+'); do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+fi
 cp "$scan_bin" "$root/bin/scan"
 cp "$here/guest/zram-generator.conf" "$root/etc/compcache-test.conf"
 # The kernel opens /dev/console for init before devtmpfs is mounted: it must be in the archive.

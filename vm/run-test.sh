@@ -7,10 +7,12 @@
 #   options: --frontends ublk,nbd,crash   --mem MIB   --scan MIB   --passes N   --smp N
 #            --accel tcg|kvm  (default tcg: this project's machines' /dev/kvm runs no stock
 #                              kernels; use kvm where it works)
+#            --static         put a static (musl) compcache in the guest instead of the
+#                             glibc release build and its libraries
 #            --no-build       use the compcache binary already built
 #
 # One command from a fresh clone (as root, for apt): installs what is missing
-# (scripts/deps/apt-vm.txt, the rust musl target), builds a static compcache, fetches the
+# (scripts/deps/apt-vm.txt), builds compcache (release), fetches the
 # kernel into vm/cache/, builds the initramfs, boots qemu, and exits 0 only if the guest
 # reports "ALL PASS". The serial console is saved in vm/cache/last-run.log.
 # Times inside the guest are emulated under TCG: they are printed as information only.
@@ -20,7 +22,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=384 scan=448 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 timeout_s=900
+mem=384 scan=448 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=256 scan=320 passes=1 timeout_s=600 ;;
@@ -31,6 +33,7 @@ while [ $# -gt 0 ]; do
     --smp) smp="$2"; shift ;;
     --accel) accel="$2"; shift ;;
     --no-build) build=0 ;;
+    --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
@@ -52,14 +55,20 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   echo "run-test: installing ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-target=x86_64-unknown-linux-musl
-bin="$repo/target/$target/release/compcache"
-if [ "$build" = 1 ]; then
-  if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
-    rustup target add "$target"
+if [ "$static" = 1 ]; then
+  target=x86_64-unknown-linux-musl
+  bin="$repo/target/$target/release/compcache"
+  if [ "$build" = 1 ]; then
+    rustup target list --installed 2>/dev/null | grep -qx "$target" || rustup target add "$target"
+    echo "run-test: building a static compcache ($target)"
+    (cd "$repo" && CC_x86_64_unknown_linux_musl=musl-gcc cargo build -q --release --target "$target" -p compcache)
   fi
-  echo "run-test: building a static compcache ($target)"
-  (cd "$repo" && CC_x86_64_unknown_linux_musl=musl-gcc cargo build -q --release --target "$target" -p compcache)
+else
+  bin="$repo/target/release/compcache"
+  if [ "$build" = 1 ]; then
+    echo "run-test: building compcache (release)"
+    (cd "$repo" && cargo build -q --release -p compcache)
+  fi
 fi
 
 # 2. Kernel and initramfs.
@@ -67,25 +76,25 @@ fi
 COMPCACHE_BIN="$bin" "$here/build-initramfs.sh"
 
 # 3. Boot. qemu is the only process started here; it is ended by its PID on timeout.
+# Its monitor socket (vm/cache/monitor.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
+# guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks).
 log="$cache/last-run.log"
 case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
-append="console=ttyS0 panic=-1 oops=panic quiet loglevel=4 cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes"
+append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes"
 echo "run-test: booting $(cat "$cache/kernel/version") ($accel, ${mem} MiB, $smp CPUs): $frontends, scan ${scan} MiB x $passes"
 start=$(date +%s)
 qemu-system-x86_64 "${accel_opts[@]}" -m "$mem" -smp "$smp" -nographic -no-reboot \
   -kernel "$cache/kernel/vmlinuz" -initrd "$cache/initramfs.cpio.gz" -append "$append" \
-  -nic none -serial mon:stdio </dev/null >"$log" 2>&1 &
+  -nic none -serial mon:stdio -monitor "unix:$cache/monitor.sock,server,nowait" </dev/null >"$log" 2>&1 &
 qemu_pid=$!
 cleanup() { kill "$qemu_pid" 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
-tail_pid=""
-if [ -t 1 ] || [ "${CI:-}" = true ] || true; then
-  tail -n +1 -f --pid="$qemu_pid" "$log" | grep --line-buffered -E 'compcache|scan |RESULT|Kernel panic|BUG|Oops|error' &
-  tail_pid=$!
-fi
+# Show the guest's progress as it comes (the whole console is in the log).
+tail -n +1 -f --pid="$qemu_pid" "$log" | grep --line-buffered -E 'compcache|scan |RESULT|Kernel panic|BUG|Oops|rror' &
+tail_pid=$!
 waited=0
 while kill -0 "$qemu_pid" 2>/dev/null; do
   if [ "$waited" -ge "$timeout_s" ]; then
@@ -96,7 +105,7 @@ while kill -0 "$qemu_pid" 2>/dev/null; do
   sleep 1; waited=$((waited + 1))
 done
 wait "$qemu_pid" 2>/dev/null || true
-[ -n "$tail_pid" ] && wait "$tail_pid" 2>/dev/null || true
+wait "$tail_pid" 2>/dev/null || true
 trap - EXIT INT TERM
 elapsed=$(( $(date +%s) - start ))
 echo "run-test: boot to result ${elapsed}s on the host clock (log: $log)"

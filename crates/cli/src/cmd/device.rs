@@ -13,6 +13,7 @@ use std::sync::Arc;
 use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 
+use super::reserve;
 use super::swapdev::{is_active_swap, pin_server_memory, signal_ready, swapoff, StopSignals};
 use super::zramconf;
 use crate::failure::Failure;
@@ -78,6 +79,13 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DIR")]
     pub stats_dir: Option<PathBuf>,
 
+    /// Memory kept resident and free for the I/O path, so that storing a swapped-out page
+    /// never waits for memory (see docs/swap.md): a SIZE, `auto` (1/128 of RAM, 8..=128 MiB)
+    /// or 0 for none. Default: auto for ublk; 0 for nbd-attach, whose device then shows the
+    /// reserve's scratch space at its end (swapon keeps swap out of it).
+    #[arg(long, value_name = "SIZE|auto|0")]
+    pub reserve: Option<String>,
+
     /// File descriptor to write "READY <device>" to once the device is up (used by swapon).
     #[arg(long, value_name = "FD", hide = true)]
     pub ready_fd: Option<i32>,
@@ -121,19 +129,38 @@ pub struct NbdAttachArgs {
 struct Session {
     store: Arc<Store>,
     cfg: Config,
+    /// The size the front end exposes (the store may be larger by the reserve's scratch).
+    size_bytes: u64,
     server: ServerArgs,
     signals: StopSignals,
     frontend: &'static str,
 }
 
 impl Session {
-    fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: &'static str) -> Result<Session, Failure> {
+    fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: &'static str, default_reserve: &str) -> Result<Session, Failure> {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
         let signals = StopSignals::block()?;
         pin_server_memory(!server.no_mlock)?;
-        let cfg = store_args.config()?;
+        let mut cfg = store_args.config()?;
+        let size_bytes = cfg.disksize_bytes;
+        let reserve_bytes = match server.reserve.as_deref().unwrap_or(default_reserve) {
+            "auto" => reserve::default_high_bytes(physical_ram_bytes()),
+            "0" | "none" => 0,
+            t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
+        };
+        let user_limit = cfg.mem_limit_bytes;
+        cfg.disksize_bytes += reserve_bytes;
         let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
-        Ok(Session { store, cfg, server: server.clone(), signals, frontend })
+        if reserve_bytes > 0 {
+            let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes, user_limit);
+            keeper.prime();
+            std::thread::Builder::new()
+                .name("reserve".into())
+                .spawn(move || keeper.keep())
+                .map_err(|e| Failure::new(format!("starting the reserve keeper: {e}")))?;
+        }
+        cfg.disksize_bytes = size_bytes;
+        Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend })
     }
 
     /// Runs while the device is up: announce it, serve `compcache stat`, wait for a stop
@@ -199,7 +226,7 @@ impl Session {
 
 pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     compcache_ublk::kernel_support()?;
-    let session = Arc::new(Session::start(&args.store, &args.server, "ublk")?);
+    let session = Arc::new(Session::start(&args.store, &args.server, "ublk", "auto")?);
     let mut opts = compcache_ublk::Options { mlock_io_buffers: !args.server.no_mlock, ..Default::default() };
     if let Some(q) = args.queues {
         opts.nr_queues = q;
@@ -209,7 +236,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
         opts.dev_id = id;
     }
     let s = Arc::clone(&session);
-    let size = session.cfg.disksize_bytes;
+    let size = session.size_bytes;
     compcache_ublk::serve(Arc::clone(&session.store), size, &opts, move |dev, alive| {
         let detail = format!("{} queues x depth {}", dev.nr_queues, dev.queue_depth);
         s.while_up(Path::new(&dev.bdev_path), &detail, alive);
@@ -223,7 +250,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
 
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     compcache_kernel_nbd::kernel_support()?;
-    let session = Session::start(&args.store, &args.server, "nbd")?;
+    let session = Session::start(&args.store, &args.server, "nbd", "0")?;
     let description = format!("compcache {} {} device", human(session.cfg.disksize_bytes), session.cfg.algorithm);
     let export = compcache_nbd::Export { name: "compcache".into(), description, store: Arc::clone(&session.store) };
     let server = Arc::new(compcache_nbd::Server::new(export, compcache_nbd::ServerOptions::default()));

@@ -5,6 +5,7 @@ pub mod serve;
 pub mod stat;
 // Swap set-up (swapon/swapoff) and the ublk / kernel-NBD servers it starts.
 pub mod device;
+pub mod reserve;
 pub mod swapdev;
 pub mod swapon;
 pub mod zramconf;

@@ -112,7 +112,10 @@ pub fn is_active_swap(dev: &Path) -> bool {
 ///   untouched address space costs nothing (`MCL_ONFAULT`; without it `MCL_FUTURE` would
 ///   populate the whole reservation at once);
 /// - `PR_SET_IO_FLUSHER` on this thread, inherited by every thread started afterwards: memory
-///   reclaim entered by the server never waits for I/O, so it cannot wait on itself.
+///   reclaim entered by the server never waits for I/O, so it cannot wait on itself;
+/// - `oom_score_adj = -1000`: the OOM killer never picks the server, whose death would take
+///   every swapped-out page with it (zram's memory is the kernel's, which it cannot kill
+///   either). nbd-client does the same with `-swap`.
 pub fn pin_server_memory(mlock: bool) -> Result<(), Failure> {
     if mlock {
         // SAFETY: mlockall takes flags only and changes no Rust-visible state.
@@ -126,6 +129,9 @@ pub fn pin_server_memory(mlock: bool) -> Result<(), Failure> {
     // SAFETY: prctl with integer arguments only; affects this thread's reclaim flags.
     if unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) } != 0 {
         eprintln!("compcache: warning: PR_SET_IO_FLUSHER: {} (needs CAP_SYS_RESOURCE)", io::Error::last_os_error());
+    }
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        eprintln!("compcache: warning: oom_score_adj: {e} (needs CAP_SYS_RESOURCE)");
     }
     Ok(())
 }

@@ -211,7 +211,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     let mut cmd = Command::new(exe);
     cmd.arg(if frontend == "ublk" { "ublk" } else { "nbd-attach" })
         .args(["--size", &s.size_bytes.to_string(), "--algorithm", &s.algorithm])
-        .args(["--mem-limit", &s.mem_limit_bytes.to_string()])
+        .args(["--mem-limit", &s.mem_limit_bytes.to_string(), "--reserve", "auto"])
         .args(["--stats-dir", STATE_DIR, "--ready-fd", &ready_w.as_raw_fd().to_string()]);
     if let Some(l) = s.level {
         cmd.args(["--level", &l.to_string()]);
