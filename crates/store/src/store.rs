@@ -33,6 +33,8 @@ use crate::PAGE_SIZE;
 const PAGE: u64 = PAGE_SIZE as u64;
 /// Seconds per access-time tick (the slot keeps 16 bits of it).
 const TICK_SECS: u64 = 1;
+/// Most bytes one `pread` of adjacent backing records may cover.
+const MAX_RUN_BYTES: u64 = 1 << 20;
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
@@ -58,6 +60,8 @@ pub struct Context {
     page: Box<[u8]>,
     /// A backing record being written: header, then payload.
     rec: Box<[u8]>,
+    /// A run of backing records being read (grows to the largest run read).
+    run: Vec<u8>,
 }
 
 /// What `fetch` left to do after releasing the slot lock.
@@ -132,6 +136,7 @@ impl Store {
             cbuf: vec![0u8; MAX_COMPRESSED_BYTES].into_boxed_slice(),
             page: vec![0u8; PAGE_SIZE].into_boxed_slice(),
             rec: vec![0u8; RECORD_HEADER + PAGE_SIZE].into_boxed_slice(),
+            run: Vec::new(),
         }
     }
 
@@ -145,7 +150,14 @@ impl Store {
             let pos = offset + done as u64;
             let (index, in_page) = (pos / PAGE, (pos % PAGE) as usize);
             let n = (PAGE_SIZE - in_page).min(buf.len() - done);
-            if n == PAGE_SIZE {
+            if n == PAGE_SIZE && self.backing.is_some() {
+                // Every whole page from here on at once: records adjacent on the device are
+                // read with one pread.
+                let pages = (buf.len() - done) / PAGE_SIZE;
+                self.read_pages(ctx, index, &mut buf[done..done + pages * PAGE_SIZE])?;
+                done += pages * PAGE_SIZE;
+                continue;
+            } else if n == PAGE_SIZE {
                 self.read_page(ctx, index, &mut buf[done..done + n])?;
             } else {
                 let mut page = std::mem::take(&mut ctx.page);
@@ -280,9 +292,95 @@ impl Store {
         };
         self.finish(ctx, index, fetched, out).inspect_err(|_| Counters::inc(&self.counters.failed_reads))?;
         if let Some((entry, _pin)) = backed {
-            self.maybe_promote(ctx, index, entry, last_access);
+            let Entry::Backing { len, .. } = entry else { unreachable!("a backing entry") };
+            self.maybe_promote(index, entry, last_access, &ctx.cbuf[RECORD_HEADER..RECORD_HEADER + len as usize]);
         }
         Ok(())
+    }
+
+    /// Reads whole pages `first..` into `out` (a multiple of a page), with a backing device:
+    /// pages in RAM as `read_page` does; pages on the device are pinned under their slot
+    /// locks, then read run by run, one `pread` per run of records adjacent on the device
+    /// (writeback and overflow write neighbouring pages next to each other, and swap reads
+    /// ahead), then verified and decompressed one by one. Fails with the first error, after
+    /// serving every page it can.
+    fn read_pages(&self, ctx: &mut Context, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        let b = self.backing.as_ref().expect("read_pages is the backing device's read path");
+        struct Deferred<'a> {
+            page: usize,
+            loc: u64,
+            len: u16,
+            last_access: u16,
+            _pin: Pin<'a>,
+        }
+        let mut deferred: Vec<Deferred<'_>> = Vec::new();
+        let mut result = Ok(());
+        let fail = |r: &mut Result<(), StoreError>, e: StoreError| {
+            Counters::inc(&self.counters.failed_reads);
+            if r.is_ok() {
+                *r = Err(e);
+            }
+        };
+        for (k, page) in out.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            let index = first + k as u64;
+            Counters::inc(&self.counters.num_reads);
+            let (fetched, last_access) = {
+                let mut g = self.slots[index as usize].lock();
+                let last_access = g.ac_time();
+                g.touch(self.tick());
+                (self.fetch(&g, ctx, page), last_access)
+            };
+            match fetched {
+                Fetched::Backing { loc, len, _pin } => deferred.push(Deferred { page: k, loc, len, last_access, _pin }),
+                other => {
+                    if let Err(e) = self.finish(ctx, index, other, page) {
+                        fail(&mut result, e);
+                    }
+                }
+            }
+        }
+        let rec_bytes = |d: &Deferred<'_>| (RECORD_HEADER + d.len as usize) as u64;
+        let mut i = 0;
+        while i < deferred.len() {
+            let start = deferred[i].loc;
+            let mut end = start + rec_bytes(&deferred[i]);
+            let mut j = i + 1;
+            while j < deferred.len() && deferred[j].loc == end && end - start + rec_bytes(&deferred[j]) <= MAX_RUN_BYTES {
+                end += rec_bytes(&deferred[j]);
+                j += 1;
+            }
+            let run = &deferred[i..j];
+            i = j;
+            let n = (end - start) as usize;
+            if ctx.run.len() < n {
+                ctx.run.resize(n, 0);
+            }
+            if let Err(e) = b.read_raw(first + run[0].page as u64, start, &mut ctx.run[..n]) {
+                for _ in run {
+                    fail(&mut result, e.clone());
+                }
+                continue;
+            }
+            for d in run {
+                let index = first + d.page as u64;
+                let rec = &ctx.run[(d.loc - start) as usize..][..RECORD_HEADER + d.len as usize];
+                if let Err(e) = b.check(index, d.loc, rec) {
+                    fail(&mut result, e);
+                    continue;
+                }
+                Counters::inc(&self.counters.bd_reads);
+                let payload = &rec[RECORD_HEADER..];
+                let page = &mut out[d.page * PAGE_SIZE..][..PAGE_SIZE];
+                if payload.len() == PAGE_SIZE {
+                    page.copy_from_slice(payload);
+                } else if let Err(reason) = ctx.comp.decompress(payload, page) {
+                    fail(&mut result, StoreError::Corrupt { index, reason });
+                    continue;
+                }
+                self.maybe_promote(index, Entry::Backing { loc: d.loc, len: d.len }, d.last_access, payload);
+            }
+        }
+        result
     }
 
     /// Frees slot `index` (swap-free-notify).

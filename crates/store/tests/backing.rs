@@ -57,6 +57,7 @@ struct Faults {
     full: AtomicBool,
     fail_sync: AtomicBool,
     writes: AtomicU64,
+    reads: AtomicU64,
 }
 
 /// A real backing file whose operations fail on demand.
@@ -73,6 +74,7 @@ impl BackingDevice for FaultyDevice {
         if self.faults.fail_reads.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(libc_eio()));
         }
+        self.faults.reads.fetch_add(1, Ordering::Relaxed);
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -505,6 +507,35 @@ fn a_failed_writeback_keeps_the_pages_in_ram() {
     assert_eq!(r.pages, 200, "and go out once the device works: {r:?} {:?}", store.stats());
     for i in 0..200 {
         assert_eq!(read(&store, i).unwrap(), page(Kind::Text, i, 1), "page {i}");
+    }
+}
+
+#[test]
+fn a_multi_page_read_reads_adjacent_records_with_one_pread_and_fails_only_for_bad_pages() {
+    let dir = TempDir::new();
+    let mut cfg = config(1024, 0, &dir.file(), 0);
+    cfg.backing.as_mut().unwrap().segment_bytes = 1 << 20; // the default: the pages fit in one
+    let (store, faults) = faulty_store(cfg);
+    let mut ctx = store.context();
+    let kinds = [Kind::Text, Kind::Mixed, Kind::Random, Kind::Zero, Kind::Same];
+    let want: Vec<u8> = (0..64).flat_map(|i| page(kinds[i as usize % 5], i, 1)).collect();
+    store.write(&mut ctx, 0, &want).unwrap();
+    store.advance_clock(100);
+    let in_ram = (0..64).filter(|i| !matches!(kinds[*i as usize % 5], Kind::Zero | Kind::Same)).count() as u64;
+    assert_eq!(store.writeback_idle(10, WritebackBudget::UNLIMITED).pages, in_ram);
+    let mut back = vec![0u8; 64 * PAGE];
+    store.read(&mut ctx, 0, &mut back).unwrap();
+    assert!(back == want, "a 64-page read across RAM and device pages");
+    assert_eq!(faults.reads.load(Ordering::Relaxed), 1, "written back together, read back together");
+    // One record that fails its checksum fails the request, and only that page alone.
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(dir.file()).unwrap();
+    f.write_all_at(&[0xff; 8], 20).unwrap();
+    store.advance_clock(100); // no promotion: the last read was long ago
+    let e = store.read(&mut ctx, 0, &mut back).unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { index: 0, .. }), "{e}");
+    for i in 1..64 {
+        assert_eq!(read(&store, i).unwrap(), want[i as usize * PAGE..][..PAGE], "page {i}");
     }
 }
 

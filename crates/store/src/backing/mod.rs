@@ -137,9 +137,20 @@ impl Backing {
     /// Reads and verifies the record of slot `index` at `loc` into `rec` (header + payload).
     /// The caller pinned the segment under the slot lock.
     pub fn read_record(&self, index: u64, loc: u64, rec: &mut [u8]) -> Result<(), StoreError> {
-        if let Err(e) = self.dev.read_at(rec, loc) {
-            return Err(self.error(index, format!("read of {} bytes at byte {loc} failed: {e}", rec.len())));
-        }
+        self.read_raw(index, loc, rec)?;
+        self.check(index, loc, rec)
+    }
+
+    /// Reads `buf.len()` bytes at `loc` (one record or a run of them; `index` names the first
+    /// page for the error).
+    pub fn read_raw(&self, index: u64, loc: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.dev
+            .read_at(buf, loc)
+            .map_err(|e| self.error(index, format!("read of {} bytes at byte {loc} failed: {e}", buf.len())))
+    }
+
+    /// Verifies the record of slot `index` read from `loc` (its segment pinned).
+    pub fn check(&self, index: u64, loc: u64, rec: &[u8]) -> Result<(), StoreError> {
         let gen = self.space.gen(self.space.seg_of(loc));
         log::verify(gen, loc, index, rec).map_err(|reason| {
             self.log(index, &reason);

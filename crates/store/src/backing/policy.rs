@@ -31,7 +31,7 @@ use super::{Backing, Maint};
 use crate::error::StoreError;
 use crate::slot::{Entry, Kind};
 use crate::stats::Counters;
-use crate::store::{Context, Store};
+use crate::store::Store;
 use crate::PAGE_SIZE;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -298,8 +298,8 @@ impl Store {
 
     /// Puts a page just read from the backing device back into RAM if it was read again soon
     /// and there is room under the low watermark. `entry` is the slot's entry when it was
-    /// read; `ctx.cbuf` still holds its record; the caller pins its segment (slot.rs rule 8).
-    pub(crate) fn maybe_promote(&self, ctx: &mut Context, index: u64, entry: Entry, last_access: u16) {
+    /// read, `payload` its record's payload; the caller pins its segment (slot.rs rule 8).
+    pub(crate) fn maybe_promote(&self, index: u64, entry: Entry, last_access: u16, payload: &[u8]) {
         let Some(b) = &self.backing else { return };
         let Entry::Backing { len, .. } = entry else { return };
         if !b.cfg.promote || self.tick().wrapping_sub(last_access) > PROMOTE_WITHIN_SECS {
@@ -310,7 +310,6 @@ impl Store {
         if limit != 0 && self.pool.total_pages() * PAGE + len as u64 > room {
             return;
         }
-        let payload = &ctx.cbuf[HEADER..HEADER + len as usize];
         let Ok(h) = self.pool.alloc(payload, index as u32) else { return };
         let new = if len as usize == PAGE_SIZE { Entry::Huge { handle: h.0 } } else { Entry::Compressed { handle: h.0, len } };
         if self.install(index, entry, new, false) {
