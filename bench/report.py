@@ -189,7 +189,9 @@ def markdown(results: dict) -> str:
     out = [f"### compcache bench, profile `{results['profile']}`, {results.get('started_utc', '')}", "",
            f"Kernel {m.get('kernel')}, {m.get('cpus')} CPUs ({m.get('cpu_model', '?')}), "
            f"{m.get('mem_total_kib', 0) >> 20} GiB, cgroup {' '.join(m.get('cgroup', []))}; "
-           f"{'; '.join(f'{k} {v}' for k, v in m.get('versions', {}).items())}.", ""]
+           f"{'; '.join(f'{k} {v}' for k, v in m.get('versions', {}).items())}. "
+           f"Load average at start {' '.join(m.get('loadavg_at_start', ['?']))}, "
+           f"at end {' '.join(m.get('loadavg_at_end', ['?']))}; elapsed {results.get('elapsed_s', '?')} s.", ""]
     exps = results.get("experiments", {})
     if "scan" in exps:
         out.append(scan_tables(exps["scan"]))

@@ -79,6 +79,10 @@ def machine_record(system: System, compcache_bin) -> dict:
     except OSError:
         pass
     rec["cgroup"] = list(cgroup_mod.detect(system) or ())
+    try:  # how busy the shared machine was: read the results in its light
+        rec["loadavg_at_start"] = system.read("/proc/loadavg").split()[:3]
+    except OSError:
+        pass
     rec["versions"] = {
         "fio": _cmd_version(["fio", "--version"]),
         "nbdkit": _cmd_version(["nbdkit", "--version"]),
@@ -159,6 +163,10 @@ def run_suite(profile: str, experiments: list, configs: list, out_dir: str, work
         results["leftovers"] = left
         results["finished_utc"] = dt.datetime.utcnow().isoformat() + "Z"
         results["elapsed_s"] = round(progress.elapsed(), 1)
+        try:
+            results["machine"]["loadavg_at_end"] = system.read("/proc/loadavg").split()[:3]
+        except OSError:
+            pass
         _save(results, out_dir)
         if left:
             progress("ERROR: left behind: " + ", ".join(left))
