@@ -260,8 +260,11 @@ static int fill_region(const struct options *o, const struct page_source *src,
 		}
 		if (hashes)
 			hashes[i] = page_hash(p);
+		/* The page file's cache is charged to our memory cgroup and would
+		 * push the region out while it is being filled: drop it as we go. */
+		if (src->fd >= 0 && i % 2048 == 2047)
+			posix_fadvise(src->fd, 0, 0, POSIX_FADV_DONTNEED);
 	}
-	/* The page file's cache would be charged to our memory cgroup: drop it. */
 	if (src->fd >= 0)
 		posix_fadvise(src->fd, 0, 0, POSIX_FADV_DONTNEED);
 	return 0;
