@@ -233,3 +233,21 @@ def test_scan_experiment_survives_a_failing_config_and_leaves_nothing(tmp_path):
     assert "FAILED" in log.getvalue() and "skipped" in log.getvalue()
     _assert_clean(fs, ledger)
     assert not [d for d in fs.dirs if "compcache-bench" in d], "every cgroup removed"
+
+
+def test_run_suite_refuses_before_touching_anything(tmp_path):
+    fs = FakeSystem(root=False)
+    with pytest.raises(SystemExit, match="refusing to start:\n  must run as root"):
+        suite.run_suite("quick", ["scan"], ["noswap"], str(tmp_path / "out"), "/work", system=fs)
+    assert fs.commands == [] and fs.writes == [] and not (tmp_path / "out").exists()
+
+
+def test_cli_rejects_unknown_configs_and_bad_overrides(capsys):
+    from bench import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--configs", "noswap,floppy"])
+    assert "unknown: floppy" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--set", "nosuch.key=1"])
+    assert "--set wants EXP.KEY=VALUE" in capsys.readouterr().err
