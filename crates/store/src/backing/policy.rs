@@ -305,6 +305,9 @@ impl Store {
         if !b.cfg.promote || self.tick().wrapping_sub(last_access) > PROMOTE_WITHIN_SECS {
             return;
         }
+        if b.cfg.incompressible && len as usize == PAGE_SIZE {
+            return; // the user wants incompressible pages on the device
+        }
         let limit = self.mem_limit_bytes.load(Relaxed);
         let room = limit * b.cfg.low_pct as u64 / 100;
         if limit != 0 && self.pool.total_pages() * PAGE + len as u64 > room {
