@@ -712,3 +712,48 @@ fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {
     assert_eq!((s.orig_data_size, s.compr_data_size, s.mem_used_total, s.bd_count, s.bd_bytes), (0, 0, 0, 0, 0));
     assert!(s.bd_space_bytes <= 2 * SEG);
 }
+
+#[test]
+fn every_backing_statistic_is_updated() {
+    // Each bd_* field moves in a scenario that should move it: none is declared and forgotten.
+    let dir = TempDir::new();
+    let (store, faults) = faulty_store(config(4096, 8, &dir.file(), 1 << 20));
+    let mut ctx = store.context();
+    for i in 0..200 {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 1)).unwrap(); // overflow
+    }
+    store.discard(0, 8 * PAGE as u64).unwrap(); // free room in RAM and holes on the device
+    for i in 1000..1008 {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 1)).unwrap(); // back into RAM
+    }
+    store.advance_clock(100);
+    store.writeback_idle(10, WritebackBudget::UNLIMITED); // writeback
+    for i in (8..200).filter(|i| i % 3 != 0) {
+        store.discard_page(i);
+    }
+    store.set_mem_limit(0);
+    read(&store, 9).unwrap();
+    read(&store, 9).unwrap(); // promotion
+    store.gc(u64::MAX); // GC
+    faults.fail_reads.store(true, Ordering::Relaxed);
+    assert!(read(&store, 12).is_err()); // an error
+    let s = store.stats();
+    let fields = [
+        ("bd_count", s.bd_count),
+        ("bd_reads", s.bd_reads),
+        ("bd_writes", s.bd_writes),
+        ("bd_bytes", s.bd_bytes),
+        ("bd_size_bytes", s.bd_size_bytes),
+        ("bd_space_bytes", s.bd_space_bytes),
+        ("bd_efficiency_pct", s.bd_efficiency_pct),
+        ("bd_overflow_pages", s.bd_overflow_pages),
+        ("bd_writeback_pages", s.bd_writeback_pages),
+        ("bd_gc_pages", s.bd_gc_pages),
+        ("bd_promoted_pages", s.bd_promoted_pages),
+        ("bd_errors", s.bd_errors),
+    ];
+    for (name, v) in fields {
+        assert!(v > 0, "{name} never moved: {s:?}");
+    }
+    assert_eq!(s.bd_stat_line().split_whitespace().map(|v| v.parse().unwrap()).collect::<Vec<u64>>(), [s.bd_count, s.bd_reads, s.bd_writes]);
+}
