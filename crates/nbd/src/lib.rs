@@ -14,13 +14,16 @@
 //! - [`client`]: a minimal blocking NBD client, for tests and tools.
 //!
 //! ## Threads of a connection
-//! A reader thread per connection reads and validates requests (and write payloads) and hands
-//! them to that connection's workers, each of which owns a store [`compcache_store::Context`].
-//! Replies are written under the connection's writer lock, so concurrent replies never
-//! interleave. Workers are per connection (not one pool for all) so that a client that stops
-//! reading its replies stalls only its own connection. Memory per connection is bounded by
-//! [`ServerOptions::max_inflight_bytes`] and the maximum payload of
-//! [`MAX_PAYLOAD_BYTES`].
+//! Each connection has its own workers (the connection's thread and
+//! [`ServerOptions::workers_per_connection`]` - 1` more), each with its own store
+//! [`compcache_store::Context`]. Workers take turns reading a request from the socket, then
+//! serve it themselves (one store call) and write its reply under the connection's writer
+//! lock, so concurrent replies never interleave and no request changes threads. At queue
+//! depth 1 one worker does everything; deeper queues run up to `workers` requests of one
+//! connection at once. Workers are per connection (not one pool for all) so that a client that
+//! stops reading its replies stalls only its own connection. Memory per connection is bounded
+//! by [`ServerOptions::max_inflight_bytes`] and the maximum payload of [`MAX_PAYLOAD_BYTES`].
+//! The rules (which lock protects what, in which order) are at the top of [`transmission`].
 //!
 //! ## Capabilities
 //! Declared in [`TRANSMISSION_FLAGS`]: FLUSH, FUA, TRIM, WRITE_ZEROES and MULTI_CONN. Every
@@ -79,13 +82,15 @@ impl Export {
 /// Tunables of the server, with defaults that suit a swap device.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// Worker threads (each with its own store context) per connection.
+    /// Worker threads (each with its own store context) per connection, counting the
+    /// connection's own thread; at most this many requests of one connection run at once.
     pub workers_per_connection: usize,
     /// Payload bytes one connection may have in flight (read buffers plus write payloads
     /// received but not yet stored). A single request of up to [`MAX_PAYLOAD_BYTES`] is
     /// always admitted when nothing else is in flight.
     pub max_inflight_bytes: usize,
-    /// Requests one connection may have in flight.
+    /// Requests one connection may have in flight (each worker holds at most one, so the
+    /// smaller of this and `workers_per_connection` applies).
     pub max_inflight_requests: usize,
     /// Connections served at once; more are closed at once with a log line.
     pub max_connections: usize,

@@ -8,6 +8,7 @@ use crate::{log, Server};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -22,6 +23,21 @@ pub trait Stream: Read + Write + Send + Sync + Sized + 'static {
     fn shutdown_both(&self);
     /// Sets (or clears) the receive timeout of the socket (shared by every handle on it).
     fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Bytes received and not yet read, without blocking (`FIONREAD`).
+    fn queued_bytes(&self) -> io::Result<usize>;
+}
+
+/// `FIONREAD` on a socket: the bytes waiting in its receive queue.
+fn fionread(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `fd` is an open descriptor for the lifetime of the borrow, and FIONREAD writes
+    // exactly one `c_int` through the pointer, which points to `n`, live and writable for the
+    // duration of the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
 }
 
 impl Stream for UnixStream {
@@ -34,6 +50,9 @@ impl Stream for UnixStream {
     fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(timeout)
     }
+    fn queued_bytes(&self) -> io::Result<usize> {
+        fionread(self.as_fd())
+    }
 }
 
 impl Stream for TcpStream {
@@ -45,6 +64,9 @@ impl Stream for TcpStream {
     }
     fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(timeout)
+    }
+    fn queued_bytes(&self) -> io::Result<usize> {
+        fionread(self.as_fd())
     }
 }
 
@@ -254,6 +276,28 @@ mod tests {
         guard.remove(); // inode changed: the guard must not remove the new server's file
         assert!(path.exists());
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn queued_bytes_counts_what_is_not_read_yet() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        assert_eq!(b.queued_bytes().unwrap(), 0);
+        a.write_all(b"hello").unwrap();
+        assert_eq!(b.queued_bytes().unwrap(), 5);
+        let mut two = [0u8; 2];
+        b.read_exact(&mut two).unwrap();
+        assert_eq!(b.queued_bytes().unwrap(), 3);
+
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(s.queued_bytes().unwrap(), 0);
+        c.write_all(&[1u8; 100]).unwrap();
+        c.flush().unwrap();
+        // TCP on loopback delivers at once, but wait for it without timing anything.
+        let mut b = [0u8; 100];
+        s.peek(&mut b).unwrap();
+        assert!(s.queued_bytes().unwrap() > 0);
     }
 
     #[test]

@@ -1,60 +1,103 @@
 //! The transmission phase: read a request, validate it completely, then make one store call.
 //!
 //! # Shape of a connection
-//! The connection's thread runs the handshake, then becomes the *reader*: it reads request
-//! headers (and write payloads), validates each one with [`validate`], answers rejected ones
-//! itself, and queues accepted ones for the connection's *workers*. Each worker owns a store
-//! [`Context`] and executes a request with exactly one store call (the `match` in
-//! [`execute`]), then writes the reply under the writer lock. Replies may leave in any order;
-//! the client matches them by handle, as the protocol allows.
+//! After the handshake a connection is served by its *workers* (`workers_per_connection`; the
+//! connection's own thread is worker 0), each with its own store [`Context`] and request
+//! buffer. Workers take turns at the socket: the worker holding the *read turn* reads one
+//! request header, validates it with [`validate`], reads its payload (for WRITE), and gives
+//! the turn back, so that the next worker can read the next request; then it executes the
+//! request with exactly one store call (the `match` in `execute`) and writes the reply
+//! itself. No request is handed from one thread to another: up to `workers` requests of one
+//! connection run at once. Replies may leave in any order; the client matches them by handle,
+//! as the protocol allows.
+//!
+//! **The short path** (`keep_turn`): when nothing else is waiting to be read and the request
+//! is quick (RAM only, at most `QUICK_REQUEST_BYTES`), the worker keeps the turn while it
+//! serves the request and then reads the next one itself: at queue depth 1 one thread does
+//! everything and the other workers sleep, instead of being woken once per request only to
+//! block in `read`.
+//!
+//! # Concurrency rules
+//! Locks of one connection, in the only order in which they nest (1, then 2, then 3):
+//! 1. **The read turn** (`ReadTurn`: the receive half of the socket with its buffered bytes,
+//!    the request sequence counter, and why the connection ends). Held from the first byte of
+//!    a request header to the last byte of its payload (or of a rejected WRITE's skipped
+//!    payload); held on through serving and replying only on the short path. Workers waiting
+//!    for it sleep on a condition variable: no spinning, the idle workers of a quiet
+//!    connection cost nothing, and a worker that finds it free takes it without sleeping.
+//! 2. **The in-flight state** (`Inflight`: bytes and requests in flight, and the modifying
+//!    request each worker executes). Taken briefly: under the read turn to admit a request
+//!    (the holder of the read turn is the only worker that waits for room in the budget), to
+//!    release one, and by FLUSH to wait for earlier writes. Both waits sleep on its condition
+//!    variable (which releases the mutex) and may hold the read turn meanwhile: what they
+//!    wait for (other workers finishing their requests) needs neither.
+//! 3. **The writer lock** (`Conn::writer`: the send half). No lock is taken under it; a reply
+//!    is written whole under it (rule 4). The workers waiting on locks 1 and 2 only ever wait
+//!    for workers that do not wait for them, so there is no cycle; a client that stops
+//!    reading its replies blocks its own connection's workers in `write`, and nothing else.
+//!
+//! The atomics of `Conn`: `failed` (Release/Acquire) says the connection is dead (a reply
+//! could not be sent, or a worker panicked); it is set before the socket is shut down and
+//! before waiters on the in-flight state are woken, so a worker woken by either sees it. The
+//! log counters and flags are Relaxed/AcqRel and only bound log lines.
 //!
 //! # What must hold
 //! 1. A request is validated completely before anything is done: command, flags, length,
 //!    range. A rejected request costs nothing but its reply (and, for WRITE, skipping its
 //!    payload); it is counted in the store's `invalid_io`.
-//! 2. Memory is bounded: a payload is at most [`MAX_PAYLOAD_BYTES`], and the reader admits a
-//!    request only when the connection's in-flight bytes and requests fit its budget.
+//! 2. Memory is bounded: a payload is at most [`MAX_PAYLOAD_BYTES`]; a worker holds one
+//!    request at a time, and a request is admitted only when the connection's in-flight bytes
+//!    and requests fit its budget (an idle connection always admits one).
 //! 3. A write is applied only once its whole payload has arrived: a client that disconnects
 //!    mid-request loses that request and nothing else.
-//! 4. One reply is one `write_all` under the writer lock, so replies never interleave.
-//! 5. No allocation on the I/O path once warm, for requests up to [`KEEP_BUFFER_BYTES`]: write
-//!    payloads come from a per-connection free list and read replies are assembled in each
-//!    worker's reused buffer. A swap device is written to when memory is short; a server
-//!    that must allocate to accept a swap-out could wait on the very reclaim it is serving.
+//! 4. One reply is one `write_all` under the writer lock (a READ's header and data from one
+//!    buffer), so replies never interleave, and a typical reply is one syscall.
+//! 5. No allocation on the I/O path once warm, for requests up to [`KEEP_BUFFER_BYTES`]: each
+//!    worker reads WRITE payloads into, and assembles READ replies in, its own reused buffer.
+//!    A swap device is written to when memory is short; a server that must allocate to accept
+//!    a swap-out could wait on the very reclaim it is serving.
 //! 6. A connection logs at most a handful of lines: the first rejected requests, the first
 //!    store error, and one line saying why it ended if that was not a clean `NBD_CMD_DISC`.
+//! 7. `NBD_CMD_DISC` stops the reading; requests read before it are executed and answered,
+//!    then the connection is closed.
 //!
 //! # FUA and FLUSH
 //! The store keeps everything in RAM, and a request is in the store before it is replied to:
-//! FUA needs nothing beyond replying after the store call, and FLUSH calls `Store::flush`
-//! (which writes back whatever a backing tier buffers, if any).
+//! FUA needs nothing beyond replying after the store call. FLUSH calls `Store::flush` (which
+//! fsyncs the backing device, if any) only once every modifying request (WRITE,
+//! WRITE_ZEROES, TRIM) read before it on this connection has been executed and answered. The
+//! protocol asks less (the writes *completed* before the FLUSH was received; those are in the
+//! store already), but a client that pipelines writes and a flush gets what it meant, and its
+//! flush reply comes after those writes' replies.
 
 use crate::handshake::{self, Outcome};
 use crate::listener::Stream;
 use crate::wire::*;
 use crate::{log, Server, MAX_PAYLOAD_BYTES};
 use compcache_store::{Context, Store, StoreError};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::{self, BufReader, Read};
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::mpsc;
 use std::time::Duration;
 
-/// The reader's buffer: large enough to take a header and a page of payload in one syscall.
+/// The receive buffer: large enough to take a header and a page of payload in one syscall,
+/// and many pipelined headers at once.
 const READ_BUFFER_BYTES: usize = 256 << 10;
 /// A rejected WRITE's payload up to this size is read and dropped so the connection can go
 /// on; a larger one is taken as hostile and the connection is closed (the protocol allows a
 /// hard disconnect for payloads "large enough to be deemed a denial of service attack").
 const MAX_SKIP_BYTES: u64 = 2 * MAX_PAYLOAD_BYTES as u64;
-/// Buffers (write payloads, read replies) up to this size are kept for reuse; larger ones are
-/// freed after their request.
+/// A worker's request buffer is kept for the next request up to this data size; a larger one
+/// is freed after its request.
 pub const KEEP_BUFFER_BYTES: usize = 1 << 20;
-/// Write payload buffers kept per connection for reuse.
-const KEPT_PAYLOAD_BUFFERS: usize = 16;
 /// A client must finish the handshake within this time, so that connections that never
 /// negotiate cannot pin threads and connection slots forever. Transmission has no timeout:
 /// the kernel's client may rightly stay idle for days.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Requests up to this size (READ/WRITE data, TRIM/WRITE_ZEROES range) count as quick for
+/// the short path: 16 pages, a few tens of microseconds of (de)compression at most.
+const QUICK_REQUEST_BYTES: usize = 64 << 10;
 /// Rejected requests logged per connection; the rest are only counted (`invalid_io`).
 const LOGGED_REJECTS: u32 = 8;
 
@@ -124,12 +167,12 @@ pub fn validate(req: &Request, disksize_bytes: u64) -> Result<Command, Reject> {
     Ok(cmd)
 }
 
-/// An accepted request on its way to a worker.
+/// A request read and admitted by a worker, served by that same worker.
 struct Job {
     req: Request,
     cmd: Command,
-    /// The WRITE payload; empty for other commands.
-    payload: Vec<u8>,
+    /// Position in the connection's request stream (from 1), for FLUSH ordering.
+    seq: u64,
 }
 
 impl Job {
@@ -140,81 +183,207 @@ impl Job {
             _ => 0,
         }
     }
+
+    /// Whether the request changes the device (what a later FLUSH must wait for).
+    fn modifies(&self) -> bool {
+        matches!(self.cmd, Command::Write | Command::WriteZeroes | Command::Trim)
+    }
 }
 
-/// The in-flight budget of one connection (rule 2).
-struct Budget {
-    state: Mutex<(usize, usize)>,
-    freed: Condvar,
+/// The in-flight state of one connection (lock 2; rules 2 and FLUSH ordering).
+struct Inflight {
+    state: Mutex<InflightState>,
+    changed: Condvar,
     max_bytes: usize,
     max_requests: usize,
 }
 
-impl Budget {
-    fn acquire(&self, bytes: usize) {
+struct InflightState {
+    bytes: usize,
+    requests: usize,
+    /// Per worker: the `seq` of the modifying request it is executing, 0 if none.
+    modifying: Vec<u64>,
+}
+
+impl Inflight {
+    fn new(workers: usize, max_bytes: usize, max_requests: usize) -> Inflight {
+        Inflight {
+            state: Mutex::new(InflightState { bytes: 0, requests: 0, modifying: vec![0; workers] }),
+            changed: Condvar::new(),
+            max_bytes,
+            max_requests: max_requests.max(1),
+        }
+    }
+
+    /// Admits `job` for `worker`, waiting for room; false if the connection failed meanwhile.
+    fn admit(&self, worker: usize, job: &Job, failed: &AtomicBool) -> bool {
+        let bytes = job.cost();
         let mut s = self.state.lock();
         // An idle connection always admits one request, whatever its size.
-        while s.1 > 0 && (s.0 + bytes > self.max_bytes || s.1 >= self.max_requests) {
-            self.freed.wait(&mut s);
+        while s.requests > 0 && (s.bytes + bytes > self.max_bytes || s.requests >= self.max_requests) {
+            if failed.load(Ordering::Acquire) {
+                return false;
+            }
+            self.changed.wait(&mut s);
         }
-        s.0 += bytes;
-        s.1 += 1;
+        s.bytes += bytes;
+        s.requests += 1;
+        if job.modifies() {
+            s.modifying[worker] = job.seq;
+        }
+        true
     }
 
-    fn release(&self, bytes: usize) {
-        let mut s = self.state.lock();
-        s.0 -= bytes;
-        s.1 -= 1;
-        self.freed.notify_all();
-    }
-}
-
-/// Write payload buffers of one connection, reused so that a warm connection does not
-/// allocate (rule 5).
-struct PayloadBuffers {
-    free: Mutex<Vec<Vec<u8>>>,
-}
-
-impl PayloadBuffers {
-    /// A zeroed buffer of `len` bytes, reused when one is free.
-    fn take(&self, len: usize) -> Vec<u8> {
-        let mut b = self.free.lock().pop().unwrap_or_default();
-        b.clear();
-        b.resize(len, 0);
-        b
-    }
-
-    /// Returns a buffer for reuse (or frees it, if it is large or enough are kept).
-    fn give(&self, b: Vec<u8>) {
-        if b.capacity() > 0 && b.capacity() <= KEEP_BUFFER_BYTES {
-            let mut free = self.free.lock();
-            if free.len() < KEPT_PAYLOAD_BUFFERS {
-                free.push(b);
+    /// Releases what [`Inflight::admit`] took, once the request is answered.
+    fn release(&self, worker: usize, job: &Job) {
+        {
+            let mut s = self.state.lock();
+            s.bytes -= job.cost();
+            s.requests -= 1;
+            if job.modifies() {
+                s.modifying[worker] = 0;
             }
         }
+        self.changed.notify_all();
+    }
+
+    /// Waits until every modifying request read before request `seq` has been answered (or
+    /// the connection failed).
+    fn wait_for_earlier_writes(&self, seq: u64, failed: &AtomicBool) {
+        let mut s = self.state.lock();
+        while s.modifying.iter().any(|&m| m != 0 && m < seq) && !failed.load(Ordering::Acquire) {
+            self.changed.wait(&mut s);
+        }
+    }
+
+    /// Wakes every waiter (after `failed` was set, so that they see it).
+    fn wake_all(&self) {
+        let _s = self.state.lock();
+        self.changed.notify_all();
     }
 }
 
-/// The state a connection's reader and workers share.
+/// A worker's buffer for its current request: room for a simple reply header, then the data
+/// (a WRITE's payload coming in, a READ's data going out), so a READ reply leaves in one
+/// write (rule 4). Reused from request to request (rule 5): it grows to the largest request
+/// served and is freed after one above [`KEEP_BUFFER_BYTES`].
+#[derive(Default)]
+struct RequestBuffer {
+    bytes: Vec<u8>,
+}
+
+impl RequestBuffer {
+    /// The data area for a request of `len` bytes. Its previous contents are left as they are
+    /// (no zeroing on the hot path): a WRITE payload overwrites all of it before it is used,
+    /// and READ data is sent only after the store filled all of it.
+    fn data(&mut self, len: usize) -> &mut [u8] {
+        let end = SIMPLE_REPLY_BYTES + len;
+        if self.bytes.len() < end {
+            self.bytes.resize(end, 0);
+        }
+        &mut self.bytes[SIMPLE_REPLY_BYTES..end]
+    }
+
+    /// The successful reply to a READ of `len` bytes whose data is in [`RequestBuffer::data`].
+    fn read_reply(&mut self, handle: u64, len: usize) -> &[u8] {
+        self.bytes[..SIMPLE_REPLY_BYTES].copy_from_slice(&simple_reply(0, handle));
+        &self.bytes[..SIMPLE_REPLY_BYTES + len]
+    }
+
+    /// Frees the buffer if the last request made it large.
+    fn trim(&mut self) {
+        if self.bytes.len() > SIMPLE_REPLY_BYTES + KEEP_BUFFER_BYTES {
+            self.bytes = Vec::new();
+        }
+    }
+}
+
+/// What the holder of the read turn owns (lock 1).
+struct ReadSide<S: Stream> {
+    stream: BufReader<S>,
+    /// `seq` of the last request read.
+    last_seq: u64,
+    /// Why the connection ends, once known: after it is set, nobody reads.
+    end: Option<End>,
+}
+
+/// The read turn: [`ReadSide`] for one worker at a time. Waiting is sleeping on `free`.
+/// `side` is locked only by the worker holding the turn, so it is never contended; it is
+/// what gives that worker `&mut` access.
+struct ReadTurn<S: Stream> {
+    taken: Mutex<bool>,
+    free: Condvar,
+    side: Mutex<ReadSide<S>>,
+}
+
+impl<S: Stream> ReadTurn<S> {
+    fn new(side: ReadSide<S>) -> ReadTurn<S> {
+        ReadTurn { taken: Mutex::new(false), free: Condvar::new(), side: Mutex::new(side) }
+    }
+
+    /// Takes the turn: at once if it is free, else sleeping until it is given back.
+    fn take(&self) -> TurnGuard<'_, S> {
+        {
+            let mut taken = self.taken.lock();
+            while *taken {
+                self.free.wait(&mut taken);
+            }
+            *taken = true;
+        }
+        TurnGuard { turn: self, side: Some(self.side.lock()) }
+    }
+}
+
+/// The read turn, held; given back (waking one waiting worker) when dropped.
+struct TurnGuard<'a, S: Stream> {
+    turn: &'a ReadTurn<S>,
+    side: Option<MutexGuard<'a, ReadSide<S>>>,
+}
+
+impl<S: Stream> Deref for TurnGuard<'_, S> {
+    type Target = ReadSide<S>;
+    fn deref(&self) -> &ReadSide<S> {
+        self.side.as_ref().expect("held until drop")
+    }
+}
+
+impl<S: Stream> DerefMut for TurnGuard<'_, S> {
+    fn deref_mut(&mut self) -> &mut ReadSide<S> {
+        self.side.as_mut().expect("held until drop")
+    }
+}
+
+impl<S: Stream> Drop for TurnGuard<'_, S> {
+    fn drop(&mut self) {
+        // Unlock `side` first, so the next holder never finds it locked.
+        self.side = None;
+        *self.turn.taken.lock() = false;
+        self.turn.free.notify_one();
+    }
+}
+
+/// The state a connection's workers share.
 struct Conn<S: Stream> {
     label: String,
-    /// The writer lock: every reply is written whole while holding it (rule 4).
+    /// Lock 1: the receive half.
+    reader: ReadTurn<S>,
+    /// Lock 3, the writer lock: every reply is written whole while holding it (rule 4).
     writer: Mutex<S>,
-    /// A third handle, used only to shut the socket down (a worker may hold the writer lock
-    /// while blocked in `write`).
+    /// A third handle, used only to shut the socket down (a worker may hold the read turn
+    /// while blocked in `read`, or the writer lock while blocked in `write`).
     shutdown: S,
-    budget: Budget,
-    payloads: PayloadBuffers,
-    /// A reply could not be sent: the connection is dead, queued jobs are dropped.
+    /// Lock 2.
+    inflight: Inflight,
+    /// The connection is dead: replies are not sent, nothing more is read.
     failed: AtomicBool,
-    /// A line about how this connection ends has been logged: log no more (rule 5).
+    /// A line about how this connection ends has been logged: log no more (rule 6).
     quiet: AtomicBool,
     rejects_logged: AtomicU32,
     store_error_logged: AtomicBool,
 }
 
 impl<S: Stream> Conn<S> {
-    /// Sends one reply; on failure marks the connection dead and wakes the reader.
+    /// Sends one reply; on failure marks the connection dead.
     fn send(&self, bytes: &[u8]) -> bool {
         if self.failed.load(Ordering::Acquire) {
             return false;
@@ -223,13 +392,21 @@ impl<S: Stream> Conn<S> {
         match result {
             Ok(()) => true,
             Err(e) => {
-                if !self.failed.swap(true, Ordering::AcqRel) && !self.quiet.swap(true, Ordering::AcqRel) {
+                if !self.failed.load(Ordering::Acquire) && !self.quiet.swap(true, Ordering::AcqRel) {
                     log(&self.label, &format!("cannot send a reply ({e}); closing the connection"));
                 }
-                self.shutdown.shutdown_both();
+                self.fail();
                 false
             }
         }
+    }
+
+    /// Marks the connection dead and wakes every worker that waits on it: in `read` or
+    /// `write` (the socket is shut down) or for the in-flight state.
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+        self.shutdown.shutdown_both();
+        self.inflight.wake_all();
     }
 
     fn log_once(&self, msg: &str) {
@@ -264,169 +441,229 @@ impl<S: Stream> Conn<S> {
 
 /// Serves one connection: handshake, then transmission until the client disconnects.
 pub(crate) fn run_connection<S: Stream>(server: &Server, stream: S, label: &str) {
-    let (writer, shutdown) = match (stream.try_clone_stream(), stream.try_clone_stream()) {
+    let (mut writer, shutdown) = match (stream.try_clone_stream(), stream.try_clone_stream()) {
         (Ok(w), Ok(s)) => (w, s),
         (Err(e), _) | (_, Err(e)) => {
             log(label, &format!("cannot set up the connection ({e}); closing it"));
             return;
         }
     };
-    let conn = Conn {
-        label: label.to_string(),
-        writer: Mutex::new(writer),
-        shutdown,
-        budget: Budget {
-            state: Mutex::new((0, 0)),
-            freed: Condvar::new(),
-            max_bytes: server.options.max_inflight_bytes,
-            max_requests: server.options.max_inflight_requests.max(1),
-        },
-        payloads: PayloadBuffers { free: Mutex::new(Vec::new()) },
-        failed: AtomicBool::new(false),
-        quiet: AtomicBool::new(false),
-        rejects_logged: AtomicU32::new(0),
-        store_error_logged: AtomicBool::new(false),
-    };
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
 
-    let _ = conn.shutdown.set_receive_timeout(Some(HANDSHAKE_TIMEOUT));
-    let outcome = {
-        let mut w = conn.writer.lock();
-        handshake::negotiate(&mut reader, &mut *w, &server.export)
-    };
-    let _ = conn.shutdown.set_receive_timeout(None);
+    let _ = shutdown.set_receive_timeout(Some(HANDSHAKE_TIMEOUT));
+    let outcome = handshake::negotiate(&mut reader, &mut writer, &server.export);
+    let _ = shutdown.set_receive_timeout(None);
     match outcome {
         Ok(Outcome::Transmission) => {}
         Ok(Outcome::Closed) => {
             if server.options.verbose {
                 log(label, "closed during the handshake");
             }
-            conn.shutdown.shutdown_both();
+            shutdown.shutdown_both();
             return;
         }
         Err(e) => {
             log(label, &format!("{e}; closing the connection"));
-            conn.shutdown.shutdown_both();
+            shutdown.shutdown_both();
             return;
         }
     }
 
-    let (tx, rx) = mpsc::channel::<Job>();
-    let rx = Mutex::new(rx);
+    let workers = server.options.workers_per_connection.max(1);
+    let conn = Conn {
+        label: label.to_string(),
+        reader: ReadTurn::new(ReadSide { stream: reader, last_seq: 0, end: None }),
+        writer: Mutex::new(writer),
+        shutdown,
+        inflight: Inflight::new(workers, server.options.max_inflight_bytes, server.options.max_inflight_requests),
+        failed: AtomicBool::new(false),
+        quiet: AtomicBool::new(false),
+        rejects_logged: AtomicU32::new(0),
+        store_error_logged: AtomicBool::new(false),
+    };
+    let store = &*server.export.store;
     std::thread::scope(|scope| {
-        for i in 0..server.options.workers_per_connection.max(1) {
-            let (conn, rx, store) = (&conn, &rx, &*server.export.store);
-            let spawned = std::thread::Builder::new().name(format!("nbd-worker-{i}")).spawn_scoped(scope, move || worker(store, conn, rx));
-            if let Err(e) = spawned {
-                if i == 0 {
-                    conn.log_once(&format!("cannot start a worker thread ({e}); closing the connection"));
-                    conn.failed.store(true, Ordering::Release);
-                    return;
-                }
+        let conn = &conn;
+        for i in 1..workers {
+            let spawned = std::thread::Builder::new().name(format!("nbd-worker-{i}")).spawn_scoped(scope, move || worker(store, conn, i));
+            if spawned.is_err() {
+                // Fewer workers: less concurrency on this connection, the same service.
                 break;
             }
         }
-        let end = read_requests(&mut reader, &server.export.store, &conn, &tx);
-        drop(tx); // workers finish what is queued, then stop
-        match end {
-            End::Disconnect => {
-                if server.options.verbose {
-                    log(label, "disconnected (NBD_CMD_DISC)");
-                }
-            }
-            End::Error(msg) => conn.log_once(&msg),
-            End::Failed => {}
-        }
+        worker(store, conn, 0);
     });
+    // Every worker is done: requests read before the end are answered (rule 7).
+    if matches!(conn.reader.side.lock().end, Some(End::Disconnect)) && server.options.verbose {
+        log(label, "disconnected (NBD_CMD_DISC)");
+    }
     conn.shutdown.shutdown_both();
 }
 
-/// How the reader loop ended.
+/// How a connection ends; decided by the worker holding the read turn when it does.
 enum End {
     /// `NBD_CMD_DISC`: the clean end.
     Disconnect,
-    /// A reply failed; already logged.
+    /// A reply failed (already logged), or a worker panicked.
     Failed,
     /// Anything else, with the one line to log.
     Error(String),
 }
 
-/// The reader loop (see the module docs).
-fn read_requests<S: Stream>(reader: &mut BufReader<S>, store: &Store, conn: &Conn<S>, tx: &mpsc::Sender<Job>) -> End {
-    let disksize = store.disksize_bytes();
+/// What a worker got from its turn at the socket.
+enum Next {
+    /// An accepted request, admitted into the in-flight budget; a WRITE's payload is in the
+    /// worker's buffer.
+    Serve(Job),
+    /// A rejected request, already counted (and its payload skipped): reply with the error.
+    Reject(Request, Reject),
+    /// The connection is ending: no more requests.
+    Stop,
+}
+
+/// A worker (see the module docs): read a request in turn, serve it, reply, again.
+fn worker<S: Stream>(store: &Store, conn: &Conn<S>, id: usize) {
+    let _unwind = FailOnPanic(conn);
+    let mut ctx = store.context();
+    let mut buf = RequestBuffer::default();
+    // The read turn, when this worker kept it through its last request (the short path).
+    let mut kept: Option<TurnGuard<'_, S>> = None;
     loop {
-        let mut header = [0u8; REQUEST_HEADER_BYTES];
-        match read_full(reader, &mut header) {
-            Ok(REQUEST_HEADER_BYTES) => {}
-            Ok(0) => return End::Error("client closed the connection without NBD_CMD_DISC".into()),
-            Ok(n) => return End::Error(format!("client disconnected after {n} of the {REQUEST_HEADER_BYTES} bytes of a request header")),
-            Err(_) if conn.failed.load(Ordering::Acquire) => return End::Failed,
-            Err(e) => return End::Error(format!("cannot read a request: {e}; closing the connection")),
+        let mut turn = kept.take().unwrap_or_else(|| conn.reader.take());
+        let next = next_request(&mut turn, store, conn, id, &mut buf);
+        // Give the turn back before serving, so that the next request is read meanwhile,
+        // unless keeping it is surely cheaper (see `keep_turn`).
+        if keep_turn(store, &mut turn, &next) {
+            kept = Some(turn);
+        } else {
+            drop(turn);
         }
-        let req = match Request::decode(&header) {
-            Ok(r) => r,
-            Err(magic) => {
-                return End::Error(format!(
-                    "bad request magic {magic:#010x} (expected {REQUEST_MAGIC:#010x}): the stream is garbage; closing the connection"
-                ))
+        match next {
+            Next::Serve(job) => {
+                serve(store, &mut ctx, conn, &job, &mut buf);
+                conn.inflight.release(id, &job);
+                buf.trim();
             }
-        };
-
-        let cmd = match validate(&req, disksize) {
-            Ok(Command::Disconnect) => return End::Disconnect,
-            Ok(cmd) => cmd,
-            Err(r) => {
-                store.note_invalid_io();
-                if req.cmd == CMD_WRITE {
-                    if req.len as u64 > MAX_SKIP_BYTES {
-                        return End::Error(format!(
-                            "WRITE with a {}-byte payload (above {MAX_SKIP_BYTES}, too large to skip); closing the connection",
-                            req.len
-                        ));
-                    }
-                    match io::copy(&mut reader.by_ref().take(req.len as u64), &mut io::sink()) {
-                        Ok(n) if n == req.len as u64 => {}
-                        Ok(n) => return End::Error(truncated_write(&req, n as usize)),
-                        Err(_) if conn.failed.load(Ordering::Acquire) => return End::Failed,
-                        Err(e) => return End::Error(format!("cannot read a request: {e}; closing the connection")),
-                    }
-                }
+            Next::Reject(req, r) => {
                 conn.log_reject(&req, &r);
-                if !conn.send(&simple_reply(r.error, req.handle)) {
-                    return End::Failed;
-                }
-                continue;
+                conn.send(&simple_reply(r.error, req.handle));
             }
-        };
-
-        let mut job = Job { req, cmd, payload: Vec::new() };
-        let cost = job.cost();
-        conn.budget.acquire(cost);
-        if cmd == Command::Write {
-            job.payload = conn.payloads.take(req.len as usize);
-            match read_full(reader, &mut job.payload) {
-                Ok(n) if n == job.payload.len() => {}
-                Ok(n) => {
-                    conn.payloads.give(job.payload);
-                    conn.budget.release(cost);
-                    return End::Error(truncated_write(&req, n));
-                }
-                Err(e) => {
-                    conn.payloads.give(job.payload);
-                    conn.budget.release(cost);
-                    if conn.failed.load(Ordering::Acquire) {
-                        return End::Failed;
-                    }
-                    return End::Error(format!("cannot read a WRITE payload: {e}; closing the connection"));
-                }
-            }
-        }
-        if tx.send(job).is_err() {
-            // Every worker is gone; nothing can be served.
-            conn.budget.release(cost);
-            return End::Failed;
+            Next::Stop => return,
         }
     }
+}
+
+/// The short path: whether the worker that read `next` keeps the read turn while it serves
+/// it, and then reads the next request itself. Giving the turn back wakes another worker
+/// (a futex wake on this request's path, a context switch for the woken worker, and on a busy
+/// machine a wait for a CPU) only for it to block in `read`; at queue depth 1 that is all
+/// overhead. So the turn is kept when nothing else is waiting to be read (neither in the
+/// receive buffer nor in the socket) and the request is quick: a RAM-only store (no backing
+/// device, whose reads and overflow writes may wait for the disk) and at most
+/// [`QUICK_REQUEST_BYTES`]. A request that arrives after the check waits for at most that
+/// one quick request.
+fn keep_turn<S: Stream>(store: &Store, rs: &mut ReadSide<S>, next: &Next) -> bool {
+    let quick = match next {
+        Next::Serve(job) => job.cmd == Command::Flush || job.req.len as usize <= QUICK_REQUEST_BYTES,
+        Next::Reject(..) => true,
+        Next::Stop => return false,
+    };
+    quick && !store.has_backing() && rs.stream.buffer().is_empty() && rs.stream.get_ref().queued_bytes().is_ok_and(|n| n == 0)
+}
+
+/// If a worker panics (a bug), its connection ends instead of hanging: the socket is shut
+/// down and waiters are woken, so the other workers stop and the panic reaches the
+/// connection's thread.
+struct FailOnPanic<'a, S: Stream>(&'a Conn<S>);
+
+impl<S: Stream> Drop for FailOnPanic<'_, S> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail();
+        }
+    }
+}
+
+/// The worker's turn at the socket: reads the next request, or records why there is none.
+fn next_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn: &Conn<S>, id: usize, buf: &mut RequestBuffer) -> Next {
+    if rs.end.is_some() {
+        return Next::Stop;
+    }
+    let end = if conn.failed.load(Ordering::Acquire) {
+        End::Failed
+    } else {
+        match read_request(rs, store, conn, id, buf) {
+            Ok(next) => return next,
+            Err(_) if conn.failed.load(Ordering::Acquire) => End::Failed,
+            Err(end) => end,
+        }
+    };
+    if let End::Error(msg) = &end {
+        conn.log_once(msg);
+    }
+    rs.end = Some(end);
+    Next::Stop
+}
+
+/// Reads one request header, validates it, admits it and reads its payload.
+fn read_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn: &Conn<S>, id: usize, buf: &mut RequestBuffer) -> Result<Next, End> {
+    let reader = &mut rs.stream;
+    let mut header = [0u8; REQUEST_HEADER_BYTES];
+    match read_full(reader, &mut header) {
+        Ok(REQUEST_HEADER_BYTES) => {}
+        Ok(0) => return Err(End::Error("client closed the connection without NBD_CMD_DISC".into())),
+        Ok(n) => return Err(End::Error(format!("client disconnected after {n} of the {REQUEST_HEADER_BYTES} bytes of a request header"))),
+        Err(e) => return Err(End::Error(format!("cannot read a request: {e}; closing the connection"))),
+    }
+    let req = Request::decode(&header).map_err(|magic| {
+        End::Error(format!(
+            "bad request magic {magic:#010x} (expected {REQUEST_MAGIC:#010x}): the stream is garbage; closing the connection"
+        ))
+    })?;
+
+    let cmd = match validate(&req, store.disksize_bytes()) {
+        Ok(Command::Disconnect) => return Err(End::Disconnect),
+        Ok(cmd) => cmd,
+        Err(r) => {
+            store.note_invalid_io();
+            if req.cmd == CMD_WRITE {
+                if req.len as u64 > MAX_SKIP_BYTES {
+                    return Err(End::Error(format!(
+                        "WRITE with a {}-byte payload (above {MAX_SKIP_BYTES}, too large to skip); closing the connection",
+                        req.len
+                    )));
+                }
+                match io::copy(&mut reader.by_ref().take(req.len as u64), &mut io::sink()) {
+                    Ok(n) if n == req.len as u64 => {}
+                    Ok(n) => return Err(End::Error(truncated_write(&req, n as usize))),
+                    Err(e) => return Err(End::Error(format!("cannot read a request: {e}; closing the connection"))),
+                }
+            }
+            return Ok(Next::Reject(req, r));
+        }
+    };
+
+    rs.last_seq += 1;
+    let job = Job { req, cmd, seq: rs.last_seq };
+    if !conn.inflight.admit(id, &job, &conn.failed) {
+        return Err(End::Failed);
+    }
+    if cmd == Command::Write {
+        let payload = buf.data(req.len as usize);
+        let got = read_full(reader, payload);
+        match got {
+            Ok(n) if n == req.len as usize => {}
+            Ok(n) => {
+                conn.inflight.release(id, &job);
+                return Err(End::Error(truncated_write(&req, n)));
+            }
+            Err(e) => {
+                conn.inflight.release(id, &job);
+                return Err(End::Error(format!("cannot read a WRITE payload: {e}; closing the connection")));
+            }
+        }
+    }
+    Ok(Next::Serve(job))
 }
 
 fn truncated_write(req: &Request, got: usize) -> String {
@@ -436,53 +673,38 @@ fn truncated_write(req: &Request, got: usize) -> String {
     )
 }
 
-/// A worker: takes jobs until the reader is done, one store call each, replies.
-fn worker<S: Stream>(store: &Store, conn: &Conn<S>, rx: &Mutex<mpsc::Receiver<Job>>) {
-    let mut ctx = store.context();
-    // Reply buffer: the 16-byte simple reply header, then the READ data, sent in one write.
-    let mut out: Vec<u8> = Vec::new();
-    loop {
-        let job = match rx.lock().recv() {
-            Ok(job) => job,
-            Err(_) => return,
-        };
-        let cost = job.cost();
-        if !conn.failed.load(Ordering::Acquire) {
-            let data_len = if job.cmd == Command::Read { job.req.len as usize } else { 0 };
-            out.clear();
-            out.resize(SIMPLE_REPLY_BYTES + data_len, 0);
-            let reply_len = match execute(store, &mut ctx, &job, &mut out[SIMPLE_REPLY_BYTES..]) {
-                Ok(()) => {
-                    out[..SIMPLE_REPLY_BYTES].copy_from_slice(&simple_reply(0, job.req.handle));
-                    SIMPLE_REPLY_BYTES + data_len
-                }
-                Err(e) => {
-                    conn.log_store_error(&job.req, &e);
-                    // A failed READ is answered with the error and no data.
-                    out[..SIMPLE_REPLY_BYTES].copy_from_slice(&simple_reply(nbd_error(e.errno()), job.req.handle));
-                    SIMPLE_REPLY_BYTES
-                }
-            };
-            conn.send(&out[..reply_len]);
-            if out.capacity() > KEEP_BUFFER_BYTES + SIMPLE_REPLY_BYTES {
-                out = Vec::new();
-            }
-        }
-        conn.payloads.give(job.payload);
-        conn.budget.release(cost);
+/// Executes an admitted request and sends its reply (on the worker's own thread).
+fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job, buf: &mut RequestBuffer) {
+    if conn.failed.load(Ordering::Acquire) {
+        return; // nobody to answer
     }
+    if job.cmd == Command::Flush {
+        conn.inflight.wait_for_earlier_writes(job.seq, &conn.failed);
+    }
+    let len = job.req.len as usize;
+    let data: &mut [u8] = if matches!(job.cmd, Command::Read | Command::Write) { buf.data(len) } else { &mut [] };
+    match execute(store, ctx, job, data) {
+        Ok(()) if job.cmd == Command::Read => conn.send(buf.read_reply(job.req.handle, len)),
+        Ok(()) => conn.send(&simple_reply(0, job.req.handle)),
+        Err(e) => {
+            conn.log_store_error(&job.req, &e);
+            // A failed READ is answered with the error and no data.
+            conn.send(&simple_reply(nbd_error(e.errno()), job.req.handle))
+        }
+    };
 }
 
-/// The one place requests reach the store: one call per command.
-fn execute(store: &Store, ctx: &mut Context, job: &Job, read_buf: &mut [u8]) -> Result<(), StoreError> {
+/// The one place requests reach the store: one call per command. `data` is the READ
+/// destination or the WRITE payload.
+fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Result<(), StoreError> {
     let (offset, len) = (job.req.offset, job.req.len as u64);
     match job.cmd {
-        Command::Read => store.read(ctx, offset, read_buf),
-        Command::Write => store.write(ctx, offset, &job.payload),
+        Command::Read => store.read(ctx, offset, data),
+        Command::Write => store.write(ctx, offset, data),
         Command::Flush => store.flush(),
         Command::Trim => store.discard(offset, len),
         Command::WriteZeroes => store.write_zeroes(ctx, offset, len),
-        Command::Disconnect => unreachable!("the reader handles NBD_CMD_DISC itself"),
+        Command::Disconnect => unreachable!("NBD_CMD_DISC ends the reading; it is never served"),
     }
 }
 
@@ -497,24 +719,83 @@ mod tests {
     const SIZE: u64 = 1 << 20;
 
     #[test]
-    fn payload_buffers_are_reused_and_bounded() {
-        let pool = PayloadBuffers { free: Mutex::new(Vec::new()) };
-        let b = pool.take(4096);
-        assert_eq!(b, vec![0u8; 4096]);
-        let ptr = b.as_ptr();
-        pool.give(b);
-        let mut again = pool.take(100);
-        assert_eq!(again.as_ptr(), ptr, "a warm connection reuses its buffer");
-        assert_eq!(again.len(), 100);
-        again.fill(7);
-        pool.give(again);
-        assert_eq!(pool.take(200), vec![0u8; 200], "reused buffers come back zeroed");
-        pool.give(vec![0u8; KEEP_BUFFER_BYTES + 1]);
-        assert!(pool.free.lock().is_empty(), "large buffers are freed, not kept");
-        for _ in 0..2 * KEPT_PAYLOAD_BUFFERS {
-            pool.give(vec![0u8; 16]);
+    fn request_buffers_are_reused_and_bounded() {
+        let mut b = RequestBuffer::default();
+        b.data(4096).fill(7);
+        let ptr = b.data(4096).as_ptr();
+        b.trim();
+        assert_eq!(b.data(100).as_ptr(), ptr, "a warm worker reuses its buffer");
+        assert_eq!(b.data(100).len(), 100);
+        assert_eq!(b.data(4096).as_ptr(), ptr, "a smaller request does not shrink it");
+        let reply = b.read_reply(0x55, 3);
+        assert_eq!(reply.len(), SIMPLE_REPLY_BYTES + 3);
+        assert_eq!(reply[..SIMPLE_REPLY_BYTES], simple_reply(0, 0x55));
+        assert_eq!(reply[SIMPLE_REPLY_BYTES..], [7, 7, 7], "header and data leave from one buffer");
+        b.data(KEEP_BUFFER_BYTES);
+        b.trim();
+        assert_eq!(b.bytes.len(), SIMPLE_REPLY_BYTES + KEEP_BUFFER_BYTES, "up to the limit it is kept");
+        b.data(KEEP_BUFFER_BYTES + 1);
+        b.trim();
+        assert_eq!(b.bytes.capacity(), 0, "above the limit it is freed");
+    }
+
+    fn job(cmd: Command, seq: u64, len: u32) -> Job {
+        Job { req: req(0, 0, 0, len), cmd, seq }
+    }
+
+    #[test]
+    fn the_budget_counts_bytes_requests_and_modifying_requests() {
+        let failed = AtomicBool::new(false);
+        let f = Inflight::new(3, 8192, 8);
+        let (w, r, t) = (job(Command::Write, 1, 4096), job(Command::Read, 2, 4096), job(Command::Trim, 3, 1 << 30));
+        assert!(f.admit(0, &w, &failed));
+        assert!(f.admit(1, &r, &failed));
+        assert!(f.admit(2, &t, &failed), "requests without a payload cost no bytes");
+        {
+            let s = f.state.lock();
+            assert_eq!((s.bytes, s.requests), (8192, 3));
+            assert_eq!(s.modifying, vec![1, 0, 3], "READs are not waited for by FLUSH");
         }
-        assert_eq!(pool.free.lock().len(), KEPT_PAYLOAD_BUFFERS);
+        f.release(0, &w);
+        f.release(1, &r);
+        f.release(2, &t);
+        let s = f.state.lock();
+        assert_eq!((s.bytes, s.requests, s.modifying.clone()), (0, 0, vec![0, 0, 0]));
+    }
+
+    #[test]
+    fn an_idle_connection_admits_one_large_request() {
+        let failed = AtomicBool::new(false);
+        let f = Inflight::new(2, 4096, 8);
+        let big = job(Command::Write, 1, MAX_PAYLOAD_BYTES);
+        assert!(f.admit(0, &big, &failed));
+        f.release(0, &big);
+        // A failed connection stops a worker waiting for room instead of hanging it.
+        assert!(f.admit(0, &big, &failed));
+        failed.store(true, Ordering::Release);
+        assert!(!f.admit(1, &job(Command::Read, 2, 4096), &failed));
+    }
+
+    #[test]
+    fn flush_waits_for_earlier_writes_only() {
+        let failed = AtomicBool::new(false);
+        let f = Inflight::new(3, 1 << 20, 8);
+        let (earlier, later) = (job(Command::Write, 1, 4096), job(Command::Write, 3, 4096));
+        assert!(f.admit(0, &earlier, &failed));
+        assert!(f.admit(2, &later, &failed));
+        let released = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                f.wait_for_earlier_writes(2, &failed);
+                released.load(Ordering::Acquire)
+            });
+            released.store(true, Ordering::Release);
+            f.release(0, &earlier);
+            assert!(waiter.join().unwrap(), "FLUSH (seq 2) returned before the WRITE read before it was done");
+        });
+        // The later write does not hold the flush up.
+        f.wait_for_earlier_writes(2, &failed);
+        f.release(2, &later);
     }
 
     #[test]
