@@ -681,6 +681,7 @@ fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {
                 let mut ctx = store.context();
                 let mut rng = xorshift(t + 11);
                 let mut buf = vec![0u8; PAGE];
+                let mut multi = vec![0u8; 4 * PAGE];
                 for n in 0..6_000u64 {
                     let i = rng() % pages;
                     match rng() % 10 {
@@ -689,6 +690,14 @@ fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {
                             store.write_page(&mut ctx, i, &page(kind_of(v), i, v)).unwrap();
                         }
                         4 => store.discard_page(i),
+                        5 => {
+                            // a multi-page read: device pages in one pread per adjacent run
+                            let first = i.min(pages - 4);
+                            store.read(&mut ctx, first * PAGE as u64, &mut multi).unwrap();
+                            for (k, p) in multi.chunks_exact(PAGE).enumerate() {
+                                assert!(plausible(first + k as u64, p), "thread {t}: page {} is wrong", first + k as u64);
+                            }
+                        }
                         _ => {
                             store.read_page(&mut ctx, i, &mut buf).unwrap();
                             assert!(plausible(i, &buf), "thread {t}: page {i} holds data never written there");
