@@ -63,7 +63,9 @@
 //!
 //! # FUA and FLUSH
 //! The store keeps everything in RAM, and a request is in the store before it is replied to:
-//! FUA needs nothing beyond replying after the store call. FLUSH calls `Store::flush` (which
+//! without a backing device FUA needs nothing beyond replying after the store call. With one,
+//! a write may have gone to the backing file, so a modifying request with FUA is followed by
+//! `Store::flush` (an fsync) before its reply. FLUSH calls `Store::flush` (which
 //! fsyncs the backing device, if any) only once every modifying request (WRITE,
 //! WRITE_ZEROES, TRIM) read before it on this connection has been executed and answered. The
 //! protocol asks less (the writes *completed* before the FLUSH was received; those are in the
@@ -698,6 +700,7 @@ fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job,
 /// destination or the WRITE payload.
 fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Result<(), StoreError> {
     let (offset, len) = (job.req.offset, job.req.len as u64);
+    let modifies = matches!(job.cmd, Command::Write | Command::Trim | Command::WriteZeroes);
     match job.cmd {
         Command::Read => store.read(ctx, offset, data),
         Command::Write => store.write(ctx, offset, data),
@@ -705,12 +708,66 @@ fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Resu
         Command::Trim => store.discard(offset, len),
         Command::WriteZeroes => store.write_zeroes(ctx, offset, len),
         Command::Disconnect => unreachable!("NBD_CMD_DISC ends the reading; it is never served"),
+    }?;
+    if modifies && job.req.flags & CMD_FLAG_FUA != 0 && store.has_backing() {
+        store.flush()?;
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backing device in memory that counts `sync` calls.
+    struct CountingDevice {
+        bytes: parking_lot::Mutex<Vec<u8>>,
+        syncs: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl compcache_store::BackingDevice for CountingDevice {
+        fn size_bytes(&self) -> u64 {
+            self.bytes.lock().len() as u64
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            buf.copy_from_slice(&self.bytes.lock()[offset as usize..][..buf.len()]);
+            Ok(())
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.bytes.lock()[offset as usize..][..buf.len()].copy_from_slice(buf);
+            Ok(())
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+    }
+
+    #[test]
+    fn fua_writes_reach_stable_storage_when_there_is_a_backing_device() {
+        let syncs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let dev = CountingDevice { bytes: parking_lot::Mutex::new(vec![0; 8 << 20]), syncs: syncs.clone() };
+        let mut cfg = compcache_store::Config::with_disksize(1 << 20);
+        cfg.backing = Some(compcache_store::BackingConfig::new("memory"));
+        let store = Store::with_backing_device(cfg, Box::new(dev)).unwrap();
+        let mut ctx = store.context();
+        let count = || syncs.load(std::sync::atomic::Ordering::Relaxed);
+        let job = |cmd, flags| Job { req: req(0, flags, 0, 4096), cmd, seq: 1 };
+        let mut data = vec![7u8; 4096];
+        execute(&store, &mut ctx, &job(Command::Write, 0), &mut data).unwrap();
+        assert_eq!(count(), 0, "a plain write does not sync");
+        for cmd in [Command::Write, Command::WriteZeroes, Command::Trim] {
+            let before = count();
+            execute(&store, &mut ctx, &job(cmd, CMD_FLAG_FUA), &mut data).unwrap();
+            assert_eq!(count(), before + 1, "{cmd:?} with FUA syncs the backing device");
+        }
+        let before = count();
+        execute(&store, &mut ctx, &job(Command::Read, CMD_FLAG_FUA), &mut data).unwrap();
+        assert_eq!(count(), before, "FUA on a read asks for nothing");
+    }
 
     fn req(cmd: u16, flags: u16, offset: u64, len: u32) -> Request {
         Request { flags, cmd, handle: 7, offset, len }
