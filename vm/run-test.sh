@@ -2,9 +2,12 @@
 # The VM end-to-end test: a guest kernel (Debian bookworm-backports 6.12) swaps to compcache
 # under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
 #
-#   vm/run-test.sh            full run: 384 MiB guest, scan 448 MiB x 2 passes, ublk + nbd + crash
-#   vm/run-test.sh --quick    CI variant: 256 MiB guest, scan 320 MiB x 1 pass, ublk + nbd + crash
+#   vm/run-test.sh            full run: 512 MiB guest, scan 512 MiB x 2 passes, ublk + nbd + crash
+#   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass, ublk + nbd + crash
 #   options: --frontends ublk,nbd,crash   --mem MIB   --scan MIB   --passes N   --smp N
+#            --memcg MIB      the scan's memory cgroup limit (default: half the scan; 0: none,
+#                             the whole guest under memory pressure; see docs/swap.md)
+#            --reserve SIZE   compcache swapon --reserve
 #            --accel tcg|kvm  (default tcg: this project's machines' /dev/kvm runs no stock
 #                              kernels; use kvm where it works)
 #            --static         put a static (musl) compcache in the guest instead of the
@@ -22,14 +25,16 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=384 scan=448 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900
+mem=512 scan=512 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) mem=256 scan=320 passes=1 timeout_s=600 ;;
+    --quick) mem=384 scan=256 passes=1 timeout_s=600 ;;
     --frontends) frontends="$2"; shift ;;
     --mem) mem="$2"; shift ;;
     --scan) scan="$2"; shift ;;
     --passes) passes="$2"; shift ;;
+    --reserve) reserve="$2"; shift ;;
+    --memcg) memcg="$2"; shift ;;
     --smp) smp="$2"; shift ;;
     --accel) accel="$2"; shift ;;
     --no-build) build=0 ;;
@@ -76,19 +81,19 @@ fi
 COMPCACHE_BIN="$bin" "$here/build-initramfs.sh"
 
 # 3. Boot. qemu is the only process started here; it is ended by its PID on timeout.
-# Its monitor socket (vm/cache/monitor.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
+# Its monitor socket (vm/cache/monitor-PID.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
 # guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks).
 log="$cache/last-run.log"
 case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
-append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes"
+append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve${memcg:+ cc.memcg_mib=$memcg}"
 echo "run-test: booting $(cat "$cache/kernel/version") ($accel, ${mem} MiB, $smp CPUs): $frontends, scan ${scan} MiB x $passes"
 start=$(date +%s)
 qemu-system-x86_64 "${accel_opts[@]}" -m "$mem" -smp "$smp" -nographic -no-reboot \
   -kernel "$cache/kernel/vmlinuz" -initrd "$cache/initramfs.cpio.gz" -append "$append" \
-  -nic none -serial mon:stdio -monitor "unix:$cache/monitor.sock,server,nowait" </dev/null >"$log" 2>&1 &
+  -nic none -serial mon:stdio -monitor "unix:$cache/monitor-$$.sock,server,nowait" </dev/null >"$log" 2>&1 &
 qemu_pid=$!
 cleanup() { kill "$qemu_pid" 2>/dev/null || true; }
 trap cleanup EXIT INT TERM

@@ -14,7 +14,7 @@ use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 
 use super::reserve;
-use super::swapdev::{is_active_swap, pin_server_memory, signal_ready, swapoff, StopSignals};
+use super::swapdev::{is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals};
 use super::zramconf;
 use crate::failure::Failure;
 use crate::units::human;
@@ -151,6 +151,7 @@ impl Session {
         let user_limit = cfg.mem_limit_bytes;
         cfg.disksize_bytes += reserve_bytes;
         let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
+        lock_future_mappings(!server.no_mlock);
         if reserve_bytes > 0 {
             let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes, user_limit);
             keeper.prime();

@@ -19,8 +19,14 @@
 //! the I/O path still stores pages from the reserve, the kernel frees the swapped-out pages,
 //! and the fault completes.
 //!
-//! What remains: while the keeper tops up, the limit is briefly open and an I/O write may
-//! take a fresh page; the slot table is made resident before the device starts.
+//! The keeper's own page faults happen inside a store write (under the store's locks), so it
+//! grows the reserve only while the machine has free memory well above the kernel's
+//! watermarks (`MemFree` over twice `min_free_kbytes` plus what it takes): then the faults
+//! are served at once and never wait in reclaim. Under sustained pressure the reserve stops
+//! growing, writes beyond it fail with ENOSPC, and the kernel keeps those pages in RAM (and
+//! will OOM-kill the largest process if nothing else gives): no deadlock, nothing lost. Size
+//! the reserve (`--reserve`) for the compressed data you expect under pressure to avoid that.
+//! The slot table is made resident before the device starts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,11 +115,11 @@ impl Reserve {
         }
     }
 
-    /// Brings the free reserve up to `high_pages` (within the cap), then closes the limit at
-    /// the new resident size.
+    /// Brings the free reserve up to `high_pages` (within the cap and the machine's free
+    /// memory), then closes the limit at the new resident size.
     fn top_up(&mut self, ctx: &mut compcache_store::Context) {
         let free = self.free_pages();
-        let mut want = self.high_pages.saturating_sub(free);
+        let mut want = self.high_pages.saturating_sub(free).min(headroom_pages());
         if self.cap_pages > 0 {
             want = want.min(self.cap_pages.saturating_sub(self.resident_pages));
         }
@@ -146,6 +152,21 @@ impl Reserve {
             std::thread::sleep(TICK);
         }
     }
+}
+
+/// Pages that can be faulted in now without entering reclaim: `MemFree` above twice the
+/// kernel's `min_free_kbytes` (its low and high watermarks lie between one and two times it).
+fn headroom_pages() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let free_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemFree:")?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(u64::MAX / 2048);
+    let min_kib: u64 = std::fs::read_to_string("/proc/sys/vm/min_free_kbytes")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    free_kib.saturating_sub(2 * min_kib) / (PAGE / 1024)
 }
 
 #[cfg(test)]

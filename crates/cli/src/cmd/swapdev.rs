@@ -136,6 +136,26 @@ pub fn pin_server_memory(mlock: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Stack size of every thread started after [`lock_future_mappings`]: their stacks are then
+/// populated and locked whole when created, so keep them small (lz4 needs 16 KiB of stack).
+pub const SERVER_THREAD_STACK_BYTES: usize = 512 << 10;
+
+/// The second half of pinning, once the store's big sparse mappings exist (locked on fault):
+/// from now on every new mapping (thread stacks, heap growth) is populated and locked when it
+/// is made, so the I/O threads never take a page fault on their stacks or buffers, which
+/// under memory pressure would wait in reclaim for the swap-outs they are serving.
+pub fn lock_future_mappings(mlock: bool) {
+    // std reads this once, at the first thread spawn: set it before any thread exists.
+    std::env::set_var("RUST_MIN_STACK", SERVER_THREAD_STACK_BYTES.to_string());
+    if mlock {
+        // SAFETY: mlockall takes flags only. MCL_FUTURE without MCL_CURRENT leaves the existing
+        // mappings (the store's reservations, locked on fault) as they are.
+        if unsafe { libc::mlockall(libc::MCL_FUTURE) } != 0 {
+            eprintln!("compcache: warning: mlockall(MCL_FUTURE): {}", io::Error::last_os_error());
+        }
+    }
+}
+
 /// SIGINT, SIGTERM and SIGHUP, blocked in the calling thread (and so in every thread started
 /// after) and collected by [`StopSignals::wait`].
 pub struct StopSignals {

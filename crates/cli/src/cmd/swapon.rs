@@ -76,6 +76,11 @@ pub struct SwaponArgs {
     #[arg(long, value_name = "NAME")]
     section: Option<String>,
 
+    /// Memory reserved up front for storing swapped-out pages (SIZE or auto; see
+    /// docs/swap.md): make it about the compressed size you expect under memory pressure.
+    #[arg(long, default_value = "auto", value_name = "SIZE|auto")]
+    reserve: String,
+
     /// Do not discard freed swap slots (discard is what frees the device's memory when pages
     /// are swapped back in and freed; zram-generator's default is discard too).
     #[arg(long)]
@@ -211,7 +216,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     let mut cmd = Command::new(exe);
     cmd.arg(if frontend == "ublk" { "ublk" } else { "nbd-attach" })
         .args(["--size", &s.size_bytes.to_string(), "--algorithm", &s.algorithm])
-        .args(["--mem-limit", &s.mem_limit_bytes.to_string(), "--reserve", "auto"])
+        .args(["--mem-limit", &s.mem_limit_bytes.to_string(), "--reserve", &args.reserve])
         .args(["--stats-dir", STATE_DIR, "--ready-fd", &ready_w.as_raw_fd().to_string()]);
     if let Some(l) = s.level {
         cmd.args(["--level", &l.to_string()]);
