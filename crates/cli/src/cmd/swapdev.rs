@@ -247,7 +247,7 @@ impl SwapState {
     /// Every recorded device.
     pub fn all() -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = std::fs::read_dir(STATE_DIR)
-            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect())
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().ends_with(".json") && !p.to_string_lossy().ends_with(".stats.json")).collect())
             .unwrap_or_default();
         v.sort();
         v
