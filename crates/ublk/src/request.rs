@@ -117,8 +117,8 @@ mod tests {
         assert_eq!(decode(sys::UBLK_IO_OP_READ, 0, 1, DEV, BUF), Err(-libc::EINVAL));
         // Past the end, and an end that overflows.
         assert_eq!(decode(sys::UBLK_IO_OP_WRITE, 2048 - 8, 16, DEV, BUF), Err(-libc::EIO));
-        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, u64::MAX >> 9 & !7, 8, DEV, BUF), Err(-libc::EIO));
-        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, u64::MAX & !7, 8, DEV, BUF), Err(-libc::EINVAL));
+        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, (u64::MAX >> 9) & !7, 8, DEV, BUF), Err(-libc::EIO));
+        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, !7, 8, DEV, BUF), Err(-libc::EINVAL));
         // Larger than the I/O buffer (a discard may be larger: it carries no data).
         assert_eq!(decode(sys::UBLK_IO_OP_READ, 0, 256, DEV, BUF), Err(-libc::EINVAL));
         assert!(decode(sys::UBLK_IO_OP_DISCARD, 0, 256, DEV, BUF).is_ok());

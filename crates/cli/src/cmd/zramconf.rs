@@ -18,6 +18,7 @@
 //! - `zram-resident-limit`: an expression like `zram-size`; becomes the memory limit.
 //! - `host-memory-limit`: no device when RAM (MiB) is above it, as zram-generator does.
 //! - `fs-type`: only `swap` (the default) is accepted.
+//!
 //! Any other key is reported as ignored.
 
 use std::collections::BTreeMap;
