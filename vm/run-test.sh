@@ -2,11 +2,13 @@
 # The VM end-to-end test: a guest kernel (Debian bookworm-backports 6.12) swaps to compcache
 # under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
 #
-#   vm/run-test.sh            full run: 512 MiB guest, scan 512 MiB x 2 passes, ublk + nbd + crash
-#   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass, ublk + nbd + crash
+#   vm/run-test.sh            full run: 512 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
+#                             memory cgroup, ublk + nbd + crash
+#   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
+#                             memory cgroup, ublk + nbd + crash
 #   options: --frontends ublk,nbd,crash   --mem MIB   --scan MIB   --passes N   --smp N
-#            --memcg MIB      the scan's memory cgroup limit (default: half the scan; 0: none,
-#                             the whole guest under memory pressure; see docs/swap.md)
+#            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
+#                             guest under memory pressure; see docs/swap.md)
 #            --reserve SIZE   compcache swapon --reserve
 #            --accel tcg|kvm  (default tcg: this project's machines' /dev/kvm runs no stock
 #                              kernels; use kvm where it works)
@@ -25,10 +27,10 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=512 scan=512 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=
+mem=512 scan=512 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) mem=384 scan=256 passes=1 timeout_s=600 ;;
+    --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=600 ;;
     --frontends) frontends="$2"; shift ;;
     --mem) mem="$2"; shift ;;
     --scan) scan="$2"; shift ;;
