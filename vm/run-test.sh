@@ -2,7 +2,7 @@
 # The VM end-to-end test: a guest kernel (Debian bookworm-backports 6.12) swaps to compcache
 # under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
 #
-#   vm/run-test.sh            full run: 512 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
+#   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
 #                             memory cgroup, ublk + nbd + crash
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
 #                             memory cgroup, ublk + nbd + crash
@@ -27,7 +27,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=512 scan=512 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=600 ;;
@@ -48,6 +48,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 mkdir -p "$cache"
+if [ "$(id -u)" != 0 ]; then
+  # apt (kernel download, tools) and mknod (the initramfs's /dev/console) need root.
+  echo "run-test: SKIP: run as root (sudo vm/run-test.sh)"; exit 0
+fi
 
 # 1. Tools.
 need_apt=()
@@ -56,9 +60,6 @@ while read -r p; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")
 done <"$repo/scripts/deps/apt-vm.txt"
 if [ ${#need_apt[@]} -gt 0 ]; then
-  if [ "$(id -u)" != 0 ]; then
-    echo "run-test: SKIP: missing ${need_apt[*]} and not root to install them" >&2; exit 0
-  fi
   echo "run-test: installing ${need_apt[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
