@@ -131,6 +131,9 @@ pub struct Stats {
     pub no_compress_pct: u64,
     /// Bytes of slot metadata (the slot table), not included in `mem_used_total`, as in zram.
     pub slot_table_bytes: u64,
+    /// Bytes of free pool memory kept resident for the I/O path (a swap server's reserve,
+    /// `Store::prefault`, or pages freed under mlock); not included in `mem_used_total`.
+    pub mem_reserve_free: u64,
 }
 
 impl Stats {

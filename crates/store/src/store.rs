@@ -598,6 +598,26 @@ impl Store {
         })
     }
 
+    /// Makes up to `pages` pool pages resident now and keeps them free for the I/O path: a
+    /// swap server's reserve. The pages are faulted in with no store lock held, so a caller
+    /// that waits in the kernel's reclaim here blocks no request. Under `mlockall` they stay
+    /// resident. Bounded by the memory limit. Returns how many pages were added.
+    pub fn prefault(&self, pages: u64) -> u64 {
+        self.pool.prefault(pages)
+    }
+
+    /// Free pool pages that are resident (the reserve left; `mem_reserve_free` in stats).
+    pub fn reserve_free_pages(&self) -> u64 {
+        self.pool.resident_free_pages()
+    }
+
+    /// Fault-free mode: the write path takes only resident pool pages (see
+    /// [`Store::prefault`]) and fails with `NoSpace` rather than fault in a new page. For swap
+    /// servers, whose page faults under memory pressure can wait on their own I/O.
+    pub fn set_fault_free(&self, on: bool) {
+        self.pool.set_fault_free(on)
+    }
+
     /// Pages that [`Store::compact`] could release now (an estimate).
     pub fn compactable_pages(&self) -> u64 {
         self.pool.compactable_pages()
@@ -677,6 +697,7 @@ impl Store {
             good_compress_pct: pct(g(&c.good_compress)),
             no_compress_pct: pct(g(&c.huge_pages)),
             slot_table_bytes: self.slots.bytes() as u64,
+            mem_reserve_free: self.pool.resident_free_pages() * PAGE,
         }
     }
 }

@@ -105,3 +105,38 @@ fn a_full_device_packs_within_three_percent_and_compaction_recovers_after_churn(
         assert_eq!(p, want, "page {i}");
     }
 }
+
+#[test]
+fn fault_free_mode_stores_pages_only_in_the_prefaulted_reserve() {
+    let store = Store::new(Config::with_disksize(1024 * PAGE as u64)).unwrap();
+    let mut ctx = store.context();
+    store.set_fault_free(true);
+    let err = store.write_page(&mut ctx, 0, &page(Kind::Random, 0, 1)).unwrap_err();
+    assert!(matches!(err, StoreError::NoSpace { .. }), "no reserve yet: {err}");
+    assert_eq!(store.prefault(16), 16);
+    assert_eq!(store.reserve_free_pages(), 16);
+    assert_eq!(store.stats().mem_reserve_free, 16 * PAGE as u64);
+    let mut written = 0;
+    while store.write_page(&mut ctx, written, &page(Kind::Random, written, 1)).is_ok() {
+        written += 1;
+    }
+    assert_eq!(written, 16, "raw pages take one reserve page each, then the write fails");
+    assert_eq!(store.reserve_free_pages(), 0);
+    // Same-filled pages need no memory and still succeed; stored pages read back.
+    store.write_page(&mut ctx, 500, &page(Kind::Same, 500, 1)).unwrap();
+    let mut p = vec![0u8; PAGE];
+    for i in 0..written {
+        store.read_page(&mut ctx, i, &mut p).unwrap();
+        assert_eq!(p, page(Kind::Random, i, 1));
+    }
+    // Freed pages go back to the kernel without mlock, so they are not reserve any more;
+    // refilling the reserve lets writes through again.
+    store.discard_page(0);
+    assert_eq!(store.prefault(4), 4);
+    store.write_page(&mut ctx, 0, &page(Kind::Random, 0, 2)).unwrap();
+    // The memory limit bounds the reserve too.
+    store.set_mem_limit(written * PAGE as u64 + 8 * PAGE as u64);
+    let held = store.stats().mem_used_total / PAGE as u64 + store.reserve_free_pages();
+    let added = store.prefault(1000);
+    assert_eq!(held + added, written + 8);
+}

@@ -8,6 +8,13 @@
 //! page then stays resident on the free list and is reused first (memory reserved for the hot
 //! path, which is what a swap server wants).
 //!
+//! Free pages are kept on two lists: *resident* (their memory is still there: madvise failed,
+//! or `prefault` made them) and *cold* (given back to the kernel; touching one faults).
+//! Allocation takes resident pages first. In *fault-free* mode it takes only resident pages
+//! and fails rather than fault: a swap server's I/O path must not wait in reclaim for memory
+//! that only its own progress can free. `prefault` fills the resident list, touching pages
+//! with no lock held, so a keeper thread that waits in reclaim there blocks nobody.
+//!
 //! Each pfn also has a small descriptor (`PageDesc`, the pool's `struct page`), which the
 //! owning size class uses for zspage bookkeeping.
 //!
@@ -16,7 +23,7 @@
 
 use parking_lot::Mutex;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use crate::zeroed::{ZeroedSlice, Zeroable};
 use crate::PAGE_SIZE;
@@ -50,12 +57,16 @@ pub(super) struct Arena {
     used_pages: AtomicU64,
     limit_pages: AtomicU64,
     max_used_pages: AtomicU64,
+    fault_free: AtomicBool,
 }
 
 struct FreeState {
     /// Pages never handed out start at `next_unused`.
     next_unused: u32,
-    free: Vec<u32>,
+    /// Free pages whose memory is resident.
+    resident: Vec<u32>,
+    /// Free pages given back to the kernel.
+    cold: Vec<u32>,
 }
 
 // SAFETY: `base` points to a private mapping owned by the arena for its whole life. The arena
@@ -88,10 +99,11 @@ impl Arena {
             base: NonNull::new(p as *mut u8).expect("mmap returned a non-null address"),
             capacity_pages,
             descs,
-            state: Mutex::new(FreeState { next_unused: 0, free: Vec::new() }),
+            state: Mutex::new(FreeState { next_unused: 0, resident: Vec::new(), cold: Vec::new() }),
             used_pages: AtomicU64::new(0),
             limit_pages: AtomicU64::new(limit_pages),
             max_used_pages: AtomicU64::new(0),
+            fault_free: AtomicBool::new(false),
         })
     }
 
@@ -106,19 +118,28 @@ impl Arena {
         unsafe { self.base.as_ptr().add(pfn as usize * PAGE_SIZE) }
     }
 
-    /// Takes `n` pages at once (one zspage), all or none. Fails when the limit or the
-    /// reservation would be exceeded.
+    /// Takes `n` pages at once (one zspage), all or none, resident ones first. Fails when the
+    /// limit or the reservation would be exceeded, or, in fault-free mode, when too few
+    /// resident pages are free.
     pub fn alloc(&self, n: usize, out: &mut [u32]) -> Result<(), (u64, u64)> {
         let limit = self.limit_pages.load(Relaxed);
+        let fault_free = self.fault_free.load(Relaxed);
         let mut st = self.state.lock();
         let used = self.used_pages.load(Relaxed);
-        let available = st.free.len() as u64 + (self.capacity_pages - st.next_unused) as u64;
+        let mut available = st.resident.len() as u64;
+        if !fault_free {
+            available += st.cold.len() as u64 + (self.capacity_pages - st.next_unused) as u64;
+        }
         if (limit != 0 && used + n as u64 > limit) || available < n as u64 {
-            let cap = if limit != 0 { limit } else { self.capacity_pages as u64 };
+            let cap = match (fault_free, limit) {
+                (true, _) => used + st.resident.len() as u64,
+                (false, 0) => self.capacity_pages as u64,
+                (false, l) => l,
+            };
             return Err((used, cap));
         }
         for slot in out.iter_mut().take(n) {
-            *slot = match st.free.pop() {
+            *slot = match st.resident.pop().or_else(|| st.cold.pop()) {
                 Some(pfn) => pfn,
                 None => {
                     st.next_unused += 1;
@@ -131,16 +152,61 @@ impl Arena {
         Ok(())
     }
 
-    /// Returns pages to the arena and their memory to the kernel where it can.
+    /// Returns pages to the arena and their memory to the kernel where it can (not under
+    /// mlock: those stay resident and are reused first).
     pub fn free(&self, pfns: &[u32]) {
-        for &pfn in pfns {
+        let mut given_back = [false; super::class::MAX_CHAIN];
+        for (i, &pfn) in pfns.iter().enumerate() {
             // SAFETY: the page is inside the mapping; the pool calls free only after the last
             // object on it is gone, so no reference to its bytes remains.
-            unsafe { libc::madvise(self.page_ptr(pfn) as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED) };
+            let r = unsafe { libc::madvise(self.page_ptr(pfn) as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED) };
+            given_back[i] = r == 0;
         }
         let mut st = self.state.lock();
-        st.free.extend_from_slice(pfns);
+        for (i, &pfn) in pfns.iter().enumerate() {
+            if given_back[i] {
+                st.cold.push(pfn);
+            } else {
+                st.resident.push(pfn);
+            }
+        }
         self.used_pages.fetch_sub(pfns.len() as u64, Relaxed);
+    }
+
+    /// Makes up to `n` never-used pages resident and files them as free, within the limit.
+    /// The pages are touched with no lock held. Returns how many were added.
+    pub fn prefault(&self, n: u64) -> u64 {
+        let first = {
+            let mut st = self.state.lock();
+            let mut k = n.min((self.capacity_pages - st.next_unused) as u64);
+            let limit = self.limit_pages.load(Relaxed);
+            if limit != 0 {
+                let held = self.used_pages.load(Relaxed) + st.resident.len() as u64;
+                k = k.min(limit.saturating_sub(held));
+            }
+            let first = st.next_unused;
+            st.next_unused += k as u32;
+            first..first + k as u32
+        };
+        for pfn in first.clone() {
+            // SAFETY: the page is inside the mapping and was just taken from the never-used
+            // range under the lock, so no other thread refers to it; a volatile write makes
+            // the kernel fault it in (and lock it, under mlockall).
+            unsafe { std::ptr::write_volatile(self.page_ptr(pfn), 0u8) };
+        }
+        let added = first.len() as u64;
+        self.state.lock().resident.extend(first);
+        added
+    }
+
+    /// Free pages whose memory is resident.
+    pub fn resident_free_pages(&self) -> u64 {
+        self.state.lock().resident.len() as u64
+    }
+
+    /// In fault-free mode allocations take only resident pages.
+    pub fn set_fault_free(&self, on: bool) {
+        self.fault_free.store(on, Relaxed);
     }
 
     pub fn used_pages(&self) -> u64 {

@@ -191,6 +191,16 @@ impl ZsPool {
     pub fn set_limit_pages(&self, pages: u64) {
         self.arena.set_limit_pages(pages)
     }
+    /// See [`Arena::prefault`]: makes up to `pages` pool pages resident and free.
+    pub fn prefault(&self, pages: u64) -> u64 {
+        self.arena.prefault(pages)
+    }
+    pub fn resident_free_pages(&self) -> u64 {
+        self.arena.resident_free_pages()
+    }
+    pub fn set_fault_free(&self, on: bool) {
+        self.arena.set_fault_free(on)
+    }
     pub fn pages_compacted(&self) -> u64 {
         self.pages_compacted.load(Relaxed)
     }
