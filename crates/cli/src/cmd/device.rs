@@ -81,8 +81,7 @@ pub struct ServerArgs {
 
     /// Memory kept resident and free for the I/O path, so that storing a swapped-out page
     /// never waits for memory (see docs/swap.md): a SIZE, `auto` (1/128 of RAM, 8..=128 MiB)
-    /// or 0 for none. Default: auto for ublk; 0 for nbd-attach, whose device then shows the
-    /// reserve's scratch space at its end (swapon keeps swap out of it).
+    /// or 0 for none. Default: auto for ublk; 0 for nbd-attach (`swapon` passes its own).
     #[arg(long, value_name = "SIZE|auto|0")]
     pub reserve: Option<String>,
 
@@ -129,7 +128,7 @@ pub struct NbdAttachArgs {
 struct Session {
     store: Arc<Store>,
     cfg: Config,
-    /// The size the front end exposes (the store may be larger by the reserve's scratch).
+    /// The size the front end exposes.
     size_bytes: u64,
     server: ServerArgs,
     signals: StopSignals,
@@ -141,26 +140,23 @@ impl Session {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
         let signals = StopSignals::block()?;
         pin_server_memory(!server.no_mlock)?;
-        let mut cfg = store_args.config()?;
+        let cfg = store_args.config()?;
         let size_bytes = cfg.disksize_bytes;
         let reserve_bytes = match server.reserve.as_deref().unwrap_or(default_reserve) {
             "auto" => reserve::default_high_bytes(physical_ram_bytes()),
             "0" | "none" => 0,
             t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
         };
-        let user_limit = cfg.mem_limit_bytes;
-        cfg.disksize_bytes += reserve_bytes;
         let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
         lock_future_mappings(!server.no_mlock);
         if reserve_bytes > 0 {
-            let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes, user_limit);
+            let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
             keeper.prime();
             std::thread::Builder::new()
                 .name("reserve".into())
                 .spawn(move || keeper.keep())
                 .map_err(|e| Failure::new(format!("starting the reserve keeper: {e}")))?;
         }
-        cfg.disksize_bytes = size_bytes;
         Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend })
     }
 
