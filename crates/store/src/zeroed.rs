@@ -16,6 +16,26 @@ unsafe impl Zeroable for std::sync::atomic::AtomicU32 {}
 // SAFETY: as above.
 unsafe impl Zeroable for std::sync::atomic::AtomicU64 {}
 
+/// Reserves `bytes` of private anonymous memory (`MAP_NORESERVE`: address space only; pages are
+/// zero-filled by the kernel when first touched). The caller owns the mapping and unmaps it.
+pub(crate) fn map_anonymous(bytes: usize) -> std::io::Result<NonNull<u8>> {
+    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(NonNull::new(p as *mut u8).expect("mmap returned a non-null address"))
+}
+
 pub(crate) struct ZeroedSlice<T: Zeroable> {
     ptr: NonNull<T>,
     len: usize,
@@ -30,22 +50,8 @@ unsafe impl<T: Zeroable + Sync> Sync for ZeroedSlice<T> {}
 impl<T: Zeroable> ZeroedSlice<T> {
     pub fn new(len: usize) -> std::io::Result<Self> {
         let bytes = (len.max(1)).checked_mul(std::mem::size_of::<T>()).expect("slice size overflows");
-        // SAFETY: a fresh private anonymous mapping, zero-filled by the kernel on first touch.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
         const { assert!(std::mem::align_of::<T>() <= 4096, "mmap gives page alignment") };
-        Ok(ZeroedSlice { ptr: NonNull::new(p as *mut T).expect("mmap returned non-null"), len, _owns: PhantomData })
+        Ok(ZeroedSlice { ptr: map_anonymous(bytes)?.cast(), len, _owns: PhantomData })
     }
 
     pub fn bytes(&self) -> usize {

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{page, xorshift, Kind, PAGE};
+use common::{kind_of, page, plausible, xorshift, Kind, PAGE};
 use compcache_store::{BackingConfig, BackingDevice, Config, FileDevice, Store, StoreError, WritebackBudget};
 use proptest::prelude::*;
 use std::io;
@@ -629,23 +629,6 @@ fn corrupted_bytes_in_the_backing_file_are_reported_for_their_pages_only() {
 }
 
 // --- concurrency -----------------------------------------------------------------------------
-
-fn kind_of(version: u64) -> Kind {
-    [Kind::Text, Kind::Mixed, Kind::Random, Kind::Text, Kind::Same][(version % 5) as usize]
-}
-
-/// True when `p` is some version of index `i`, or zeroes.
-fn plausible(i: u64, p: &[u8]) -> bool {
-    if p.iter().all(|&b| b == 0) {
-        return true;
-    }
-    if p[..8] == i.to_le_bytes() {
-        let v = u64::from_le_bytes(p[8..16].try_into().unwrap());
-        return p == page(kind_of(v), i, v);
-    }
-    let w = u64::from_ne_bytes(p[..8].try_into().unwrap());
-    w & 0xffff_ffff == i && p.chunks_exact(8).all(|c| c == &p[..8])
-}
 
 #[test]
 fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {

@@ -4,30 +4,12 @@
 
 mod common;
 
-use common::{page, xorshift, Kind, PAGE};
+use common::{kind_of, page, plausible, xorshift, PAGE};
 use compcache_store::{Config, Store};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const PAGES: u64 = 256;
-
-fn kind_of(version: u64) -> Kind {
-    [Kind::Text, Kind::Mixed, Kind::Random, Kind::Text, Kind::Same][(version % 5) as usize]
-}
-
-/// True when `p` is some version of index `i`, or zeroes.
-fn plausible(i: u64, p: &[u8]) -> bool {
-    if p.iter().all(|&b| b == 0) {
-        return true;
-    }
-    if p[..8] == i.to_le_bytes() {
-        let v = u64::from_le_bytes(p[8..16].try_into().unwrap());
-        return p == page(kind_of(v), i, v);
-    }
-    // Same-filled pages name their index in the low half of the fill word.
-    let w = u64::from_ne_bytes(p[..8].try_into().unwrap());
-    w & 0xffff_ffff == i && p.chunks_exact(8).all(|c| c == &p[..8])
-}
 
 #[test]
 fn concurrent_io_and_compaction_never_return_wrong_data() {

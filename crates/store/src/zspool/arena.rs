@@ -79,24 +79,10 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// Reserves address space for `capacity_pages` pages. `limit_pages` 0 means no limit.
     pub fn new(capacity_pages: u32, limit_pages: u64) -> std::io::Result<Arena> {
-        let len = capacity_pages as usize * PAGE_SIZE;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        let base = crate::zeroed::map_anonymous(capacity_pages as usize * PAGE_SIZE)?;
         let descs = ZeroedSlice::new(capacity_pages as usize)?;
         Ok(Arena {
-            base: NonNull::new(p as *mut u8).expect("mmap returned a non-null address"),
+            base,
             capacity_pages,
             descs,
             state: Mutex::new(FreeState { next_unused: 0, resident: Vec::new(), cold: Vec::new() }),

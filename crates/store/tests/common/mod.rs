@@ -59,3 +59,23 @@ pub fn page(kind: Kind, index: u64, version: u64) -> Vec<u8> {
     }
     p
 }
+
+/// The page kind a concurrency test writes for `version` (mixed, so that every path runs).
+pub fn kind_of(version: u64) -> Kind {
+    [Kind::Text, Kind::Mixed, Kind::Random, Kind::Text, Kind::Same][(version % 5) as usize]
+}
+
+/// True when `p` is some version of index `i` written with `kind_of`, or zeroes: what a
+/// concurrent reader may see, never torn and never another index's page.
+pub fn plausible(i: u64, p: &[u8]) -> bool {
+    if p.iter().all(|&b| b == 0) {
+        return true;
+    }
+    if p[..8] == i.to_le_bytes() {
+        let v = u64::from_le_bytes(p[8..16].try_into().unwrap());
+        return p == page(kind_of(v), i, v);
+    }
+    // Same-filled pages name their index in the low half of the fill word.
+    let w = u64::from_ne_bytes(p[..8].try_into().unwrap());
+    w & 0xffff_ffff == i && p.chunks_exact(8).all(|c| c == &p[..8])
+}
