@@ -174,11 +174,21 @@ impl SpaceMap {
 
     /// Pins a SEALED segment with no write in flight, for GC to read and empty; `None` if
     /// it is not such a segment (any more).
+    ///
+    /// Unlike [`SpaceMap::pin`], nothing live in the segment orders this pin before a
+    /// reclaim, so it is taken under the free-list lock, under which `try_reclaim` re-checks
+    /// the readers before it frees the segment: either the reclaim sees this pin, or this
+    /// sees the segment FREE. (Without the lock, GC could pin a segment between the reclaim's
+    /// check and its state change, then read it while it was reused: a stale image whose
+    /// records fail their checksums, which GC would then move as corrupt.)
     pub fn pin_sealed(&self, seg: u32) -> Option<Pin<'_>> {
         let s = &self.segs[seg as usize];
+        let _free = self.free.lock();
         s.readers.fetch_add(1, SeqCst);
         let pin = Pin { map: self, seg };
-        (s.state.load(SeqCst) == SEALED && s.writers.load(Acquire) == 0).then_some(pin)
+        let ok = s.state.load(SeqCst) == SEALED && s.writers.load(Acquire) == 0;
+        drop(_free);
+        ok.then_some(pin)
     }
 
     /// SEALED, empty and unread -> FREE.
@@ -188,6 +198,10 @@ impl SpaceMap {
             return;
         }
         let mut free = self.free.lock();
+        // GC pins under this lock (`pin_sealed`): look again now that it cannot slip in.
+        if s.readers.load(SeqCst) != 0 {
+            return;
+        }
         if s.state.compare_exchange(SEALED, FREE, SeqCst, SeqCst).is_ok() {
             s.dirty.store(true, Relaxed);
             free.push(seg);
