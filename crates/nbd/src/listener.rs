@@ -40,35 +40,27 @@ fn fionread(fd: BorrowedFd<'_>) -> io::Result<usize> {
     Ok(n.max(0) as usize)
 }
 
-impl Stream for UnixStream {
-    fn try_clone_stream(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn shutdown_both(&self) {
-        let _ = self.shutdown(Shutdown::Both);
-    }
-    fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(timeout)
-    }
-    fn queued_bytes(&self) -> io::Result<usize> {
-        fionread(self.as_fd())
-    }
+/// Both socket types implement `Stream` with the same std calls.
+macro_rules! impl_stream {
+    ($($t:ty),*) => {$(
+        impl Stream for $t {
+            fn try_clone_stream(&self) -> io::Result<Self> {
+                self.try_clone()
+            }
+            fn shutdown_both(&self) {
+                let _ = self.shutdown(Shutdown::Both);
+            }
+            fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+                self.set_read_timeout(timeout)
+            }
+            fn queued_bytes(&self) -> io::Result<usize> {
+                fionread(self.as_fd())
+            }
+        }
+    )*};
 }
 
-impl Stream for TcpStream {
-    fn try_clone_stream(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn shutdown_both(&self) {
-        let _ = self.shutdown(Shutdown::Both);
-    }
-    fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(timeout)
-    }
-    fn queued_bytes(&self) -> io::Result<usize> {
-        fionread(self.as_fd())
-    }
-}
+impl_stream!(UnixStream, TcpStream);
 
 /// Why a socket could not be bound. Messages say what is wrong and what to do.
 #[derive(Debug)]

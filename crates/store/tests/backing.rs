@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{kind_of, page, plausible, xorshift, Kind, PAGE};
+use common::{kind_strategy as kind, kind_of, page, plausible, xorshift, Kind, PAGE};
 use compcache_store::{BackingConfig, BackingDevice, Config, FileDevice, Store, StoreError, WritebackBudget};
 use proptest::prelude::*;
 use std::io;
@@ -134,10 +134,6 @@ enum Op {
     Writeback { idle_secs: u64 },
     Gc,
     Compact,
-}
-
-fn kind() -> impl Strategy<Value = Kind> {
-    prop_oneof![Just(Kind::Zero), Just(Kind::Same), Just(Kind::Text), Just(Kind::Random), Just(Kind::Mixed)]
 }
 
 fn op() -> impl Strategy<Value = Op> {

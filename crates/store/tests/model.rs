@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{page, Kind, PAGE};
+use common::{kind_strategy as kind, page, Kind, PAGE};
 use compcache_store::{Algorithm, Config, Store};
 use proptest::prelude::*;
 
@@ -18,10 +18,6 @@ enum Op {
     Zeroes { offset: u64, len: u64 },
     Read { offset: u64, len: usize },
     Compact,
-}
-
-fn kind() -> impl Strategy<Value = Kind> {
-    prop_oneof![Just(Kind::Zero), Just(Kind::Same), Just(Kind::Text), Just(Kind::Random), Just(Kind::Mixed)]
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -79,3 +79,9 @@ pub fn plausible(i: u64, p: &[u8]) -> bool {
     let w = u64::from_ne_bytes(p[..8].try_into().unwrap());
     w & 0xffff_ffff == i && p.chunks_exact(8).all(|c| c == &p[..8])
 }
+
+/// A proptest strategy over every page kind.
+pub fn kind_strategy() -> impl proptest::strategy::Strategy<Value = Kind> {
+    use proptest::prelude::*;
+    prop_oneof![Just(Kind::Zero), Just(Kind::Same), Just(Kind::Text), Just(Kind::Random), Just(Kind::Mixed)]
+}
