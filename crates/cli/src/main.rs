@@ -2,6 +2,7 @@
 //! under `cmd/` with an `Args` struct (clap derive) and a `run(args) -> Result<(), Failure>`;
 //! to add one, add a module there and one variant to [`Command`].
 
+mod backing;
 mod cmd;
 mod failure;
 mod maintenance;

@@ -16,6 +16,7 @@ use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, 
 use super::reserve;
 use super::swapdev::{is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals};
 use super::zramconf;
+use crate::backing::{spawn_writeback, BackingArgs};
 use crate::failure::Failure;
 use crate::units::human;
 
@@ -38,6 +39,9 @@ pub struct StoreArgs {
     /// Most memory the compressed data may take (SIZE; 0: no limit).
     #[arg(long, default_value = "0", value_name = "SIZE")]
     pub mem_limit: String,
+
+    #[command(flatten)]
+    pub backing: BackingArgs,
 }
 
 /// A size given either as compcache writes sizes or as a zram-size expression (MiB).
@@ -61,7 +65,8 @@ impl StoreArgs {
             "0" | "none" | "" => 0,
             t => parse_size_or_expr(t, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
         };
-        let cfg = Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, ..Config::with_disksize(size) };
+        let backing = self.backing.config(ram, mem_limit)?;
+        let cfg = Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
         cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
         Ok(cfg)
     }
@@ -157,6 +162,11 @@ impl Session {
                 .spawn(move || keeper.keep())
                 .map_err(|e| Failure::new(format!("starting the reserve keeper: {e}")))?;
         }
+        // With the store fault-free, a write that finds no resident pool page overflows to
+        // the backing device; this thread keeps the pool under its watermarks meanwhile.
+        if store.has_backing() {
+            spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
+        }
         Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend })
     }
 
@@ -185,12 +195,13 @@ impl Session {
             Err(e) => eprintln!("compcache: warning: no control socket {}: {e}", ctl.display()),
         }
         println!(
-            "compcache: {} is up: {}, {} {}{}, {detail}; control {}; pid {}",
+            "compcache: {} is up: {}, {} {}{}{}, {detail}; control {}; pid {}",
             dev.display(),
             self.frontend,
             human(self.cfg.disksize_bytes),
             self.cfg.algorithm,
             if self.cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(self.cfg.mem_limit_bytes)) } else { String::new() },
+            self.cfg.backing.as_ref().map_or(String::new(), |b| format!(", backing {}", b.path.display())),
             ctl.display(),
             std::process::id()
         );

@@ -1,13 +1,14 @@
 //! `compcache serve`: create a compressed RAM device and serve it over NBD until SIGINT,
 //! SIGTERM or SIGHUP, with a control socket for `compcache stat`.
 
+use crate::backing::{spawn_writeback, BackingArgs};
 use crate::failure::Failure;
 use crate::paths;
 use crate::units::human;
 use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_nbd::listener::{self, SocketFileGuard};
 use compcache_nbd::{Export, Server, ServerOptions};
-use compcache_store::{parse_size, physical_ram_bytes, Algorithm, BackingConfig, Config, Store, PAGE_SIZE};
+use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -69,36 +70,8 @@ pub struct Args {
     #[arg(long, short)]
     verbose: bool,
 
-    /// Backing device: a block device or a regular file (created sparse if absent). Writes
-    /// beyond --mem-limit go there instead of failing, and cold pages are written back to it
-    /// (compressed, packed, checksummed). See docs/backing.md.
-    #[arg(long, value_name = "PATH", help_heading = "Backing device")]
-    backing: Option<PathBuf>,
-
-    /// Bytes of the backing device to use [default: a block device's size, an existing
-    /// file's size, or --size for a new file].
-    #[arg(long, value_name = "SIZE", help_heading = "Backing device")]
-    backing_size: Option<String>,
-
-    /// Write back cold pages when compressed memory passes this percent of --mem-limit...
-    #[arg(long, value_name = "PCT", default_value_t = compcache_store::config::DEFAULT_WRITEBACK_HIGH_PCT, help_heading = "Backing device")]
-    writeback_high: u8,
-
-    /// ...until it is under this percent.
-    #[arg(long, value_name = "PCT", default_value_t = compcache_store::config::DEFAULT_WRITEBACK_LOW_PCT, help_heading = "Backing device")]
-    writeback_low: u8,
-
-    /// Most bytes writeback may write in total (zram's writeback_limit) [default: no limit].
-    #[arg(long, value_name = "SIZE", help_heading = "Backing device")]
-    writeback_limit: Option<String>,
-
-    /// Most bytes per second writeback may write [default: no limit].
-    #[arg(long, value_name = "SIZE/s", help_heading = "Backing device")]
-    writeback_rate: Option<String>,
-
-    /// Store pages that do not compress on the backing device at once.
-    #[arg(long, help_heading = "Backing device")]
-    backing_incompressible: bool,
+    #[command(flatten)]
+    backing: BackingArgs,
 }
 
 /// What the main thread waits for.
@@ -269,58 +242,10 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
             human(ram)
         );
     }
-    let backing = backing_from(args, ram, mem_limit)?;
+    let backing = args.backing.config(ram, mem_limit)?;
     let cfg = Config { algorithm, level: args.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
     cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
     Ok(cfg)
-}
-
-/// The backing-device flags.
-fn backing_from(args: &Args, ram: u64, mem_limit: u64) -> Result<Option<BackingConfig>, Failure> {
-    let size = |flag: &str, text: &Option<String>| -> Result<u64, Failure> {
-        match text.as_deref().map(str::trim) {
-            None | Some("0") | Some("none") => Ok(0),
-            Some(t) => parse_size(t.strip_suffix("/s").unwrap_or(t), ram).map_err(|e| Failure::usage(format!("{flag}: {e}"))),
-        }
-    };
-    let Some(path) = &args.backing else {
-        if args.backing_size.is_some() || args.writeback_limit.is_some() || args.writeback_rate.is_some() || args.backing_incompressible {
-            return Err(Failure::usage("--backing-size, --writeback-* and --backing-incompressible need --backing PATH"));
-        }
-        return Ok(None);
-    };
-    if mem_limit == 0 {
-        eprintln!("compcache: warning: --backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it");
-    }
-    Ok(Some(BackingConfig {
-        size_bytes: size("--backing-size", &args.backing_size)?,
-        high_pct: args.writeback_high,
-        low_pct: args.writeback_low,
-        writeback_limit_bytes: size("--writeback-limit", &args.writeback_limit)?,
-        writeback_rate_bytes: size("--writeback-rate", &args.writeback_rate)?,
-        incompressible: args.backing_incompressible,
-        ..BackingConfig::new(path)
-    }))
-}
-
-/// The backing tier's background writer: every 100 ms, writeback of cold pages above the
-/// high watermark (within --writeback-rate) and GC of the backing file. The store logs device
-/// errors itself.
-fn spawn_writeback(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    const PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
-    std::thread::Builder::new().name("writeback".into()).spawn(move || {
-        let mut full = false;
-        let mut last = std::time::Instant::now();
-        loop {
-            std::thread::sleep(PERIOD);
-            let r = store.maintain(last.elapsed());
-            last = std::time::Instant::now();
-            if r.writeback.device_full != full {
-                full = r.writeback.device_full;
-                eprintln!("compcache: backing device {}", if full { "full: writeback paused" } else { "has room again" });
-            }
-        }
-    })
 }
 
 /// `PORT` or `ADDR:PORT`.
@@ -480,12 +405,11 @@ mod tests {
 
     #[test]
     fn backing_flags_reach_the_config() {
-        let cfg = config_from(&args(&["--mem-limit", "1G", "--backing", "/tmp/b", "--backing-size", "4G", "--writeback-rate", "8M/s", "--writeback-limit", "1G", "--writeback-high", "80", "--writeback-low", "60", "--backing-incompressible"]), 8 * GIB).unwrap();
+        // The flags themselves are tested in crate::backing; here, that serve takes them.
+        let cfg = config_from(&args(&["--mem-limit", "1G", "--backing", "/tmp/b", "--writeback-rate", "8M/s"]), 8 * GIB).unwrap();
         let b = cfg.backing.unwrap();
-        assert_eq!((b.size_bytes, b.writeback_rate_bytes, b.writeback_limit_bytes, b.high_pct, b.low_pct, b.incompressible), (4 * GIB, 8 << 20, GIB, 80, 60, true));
+        assert_eq!((b.path.to_str(), b.writeback_rate_bytes), (Some("/tmp/b"), 8 << 20));
         assert!(config_from(&args(&[]), 8 * GIB).unwrap().backing.is_none());
-        let e = config_from(&args(&["--writeback-rate", "1M"]), 8 * GIB).unwrap_err().to_string();
-        assert!(e.contains("need --backing"), "{e}");
         let e = config_from(&args(&["--backing", "/tmp/b", "--writeback-low", "95"]), 8 * GIB).unwrap_err().to_string();
         assert!(e.contains("watermarks"), "{e}");
     }

@@ -12,6 +12,7 @@
 //! reads every page back), stops the server (which removes the device), and prints the
 //! device's final statistics.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -25,6 +26,7 @@ use compcache_store::physical_ram_bytes;
 use super::device::parse_size_or_expr;
 use super::swapdev::{is_active_swap, mkswap, swapoff, swapon, SwapState, STATE_DIR};
 use super::zramconf;
+use crate::backing::BackingArgs;
 use crate::failure::Failure;
 use crate::units::human;
 
@@ -85,6 +87,11 @@ pub struct SwaponArgs {
     /// are swapped back in and freed; zram-generator's default is discard too).
     #[arg(long)]
     no_discard: bool,
+
+    /// The backing device (zram-generator: writeback-device) and its writeback policy, passed
+    /// on to the server.
+    #[command(flatten)]
+    backing: BackingArgs,
 }
 
 /// Take compcache swap devices out of use and remove them (all of them by default).
@@ -102,6 +109,8 @@ struct Settings {
     level: Option<i32>,
     priority: i32,
     mem_limit_bytes: u64,
+    /// The backing flags for the server, `--backing` from the flag or else `writeback-device`.
+    backing: BackingArgs,
     source: String,
 }
 
@@ -138,12 +147,19 @@ fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Settings>, Failu
         Some(s) => parse_size_or_expr(s, ram_bytes).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
         None => conf.as_ref().and_then(|c| c.mem_limit_bytes).unwrap_or(0),
     };
+    let mut backing = args.backing.clone();
+    if backing.backing.is_none() {
+        backing.backing = conf.as_ref().and_then(|c| c.writeback_device.clone());
+    }
+    // Checked here, so that bad flags fail before a server is started.
+    backing.config(ram_bytes, mem_limit_bytes)?;
     Ok(Some(Settings {
         size_bytes,
         algorithm: args.algorithm.clone().or_else(|| conf.as_ref().and_then(|c| c.algorithm.clone())).unwrap_or_else(|| "lz4".into()),
         level: args.level.or_else(|| conf.as_ref().and_then(|c| c.level)),
         priority: args.priority.or_else(|| conf.as_ref().and_then(|c| c.priority)).unwrap_or(zramconf::DEFAULT_PRIORITY),
         mem_limit_bytes,
+        backing,
         source,
     }))
 }
@@ -214,13 +230,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
 
     let exe = std::env::current_exe().map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))?;
     let mut cmd = Command::new(exe);
-    cmd.arg(if frontend == "ublk" { "ublk" } else { "nbd-attach" })
-        .args(["--size", &s.size_bytes.to_string(), "--algorithm", &s.algorithm])
-        .args(["--mem-limit", &s.mem_limit_bytes.to_string(), "--reserve", &args.reserve])
-        .args(["--stats-dir", STATE_DIR, "--ready-fd", &ready_w.as_raw_fd().to_string()]);
-    if let Some(l) = s.level {
-        cmd.args(["--level", &l.to_string()]);
-    }
+    cmd.args(server_command(frontend, &s, &args.reserve, ready_w.as_raw_fd()));
     // Its own process group: a Ctrl-C meant for this command does not reach the server.
     cmd.stdin(Stdio::null())
         .stdout(log_file.try_clone().map_err(|e| Failure::new(e.to_string()))?)
@@ -254,11 +264,12 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         return Err(e);
     }
     println!(
-        "compcache: swapon {}: {} {}{}, priority {}, {} (server pid {}, log {}; settings from {})",
+        "compcache: swapon {}: {} {}{}{}, priority {}, {} (server pid {}, log {}; settings from {})",
         dev.display(),
         human(s.size_bytes),
         s.algorithm,
         if s.mem_limit_bytes > 0 { format!(", mem-limit {}", human(s.mem_limit_bytes)) } else { String::new() },
+        s.backing.backing.as_ref().map_or(String::new(), |p| format!(", backing {}", p.display())),
         s.priority,
         frontend,
         state.pid,
@@ -268,6 +279,26 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     // The server runs on, re-parented to init; `compcache swapoff` stops it.
     std::mem::forget(child);
     Ok(())
+}
+
+/// The arguments of the server `swapon` starts for `frontend`: the settings, the reserve, where
+/// its final statistics go and the descriptor it reports readiness on.
+fn server_command(frontend: &str, s: &Settings, reserve: &str, ready_fd: i32) -> Vec<OsString> {
+    let mut v: Vec<OsString> = vec![if frontend == "ublk" { "ublk" } else { "nbd-attach" }.into()];
+    let pairs = [
+        ("--size", s.size_bytes.to_string()),
+        ("--algorithm", s.algorithm.clone()),
+        ("--mem-limit", s.mem_limit_bytes.to_string()),
+        ("--reserve", reserve.to_string()),
+        ("--stats-dir", STATE_DIR.to_string()),
+        ("--ready-fd", ready_fd.to_string()),
+    ];
+    v.extend(pairs.into_iter().flat_map(|(flag, value)| [flag.into(), value.into()]));
+    if let Some(l) = s.level {
+        v.extend(["--level".into(), l.to_string().into()]);
+    }
+    v.extend(s.backing.to_args());
+    v
 }
 
 /// Reads the server's readiness line; `None` if it closed the pipe (it failed) or timed out.
@@ -389,6 +420,27 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// A zram-generator configuration file in a directory of its own, removed on drop.
+    struct ConfigFile(PathBuf);
+
+    impl ConfigFile {
+        fn new(tag: &str, text: &str) -> ConfigFile {
+            let dir = std::env::temp_dir().join(format!("compcache-swapon-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("zram-generator.conf"), text).unwrap();
+            ConfigFile(dir)
+        }
+        fn path(&self) -> String {
+            self.0.join("zram-generator.conf").display().to_string()
+        }
+    }
+
+    impl Drop for ConfigFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[test]
     fn defaults_follow_zram_generator() {
         let s = settings(&args(&["--no-config"]), 4 * GIB).unwrap().unwrap();
@@ -399,16 +451,46 @@ mod tests {
 
     #[test]
     fn flags_override_the_config_file() {
-        let dir = std::env::temp_dir().join(format!("compcache-swapon-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("zram-generator.conf");
-        std::fs::write(&f, "[zram0]\nzram-size = ram\ncompression-algorithm = zstd(level=7)\nswap-priority = 5\n").unwrap();
-        let c = f.to_str().unwrap();
+        let f = ConfigFile::new("override", "[zram0]\nzram-size = ram\ncompression-algorithm = zstd(level=7)\nswap-priority = 5\n");
+        let c = &f.path();
         let s = settings(&args(&["--config", c]), 2 * GIB).unwrap().unwrap();
         assert_eq!((s.size_bytes, s.algorithm.as_str(), s.level, s.priority), (2 * GIB, "zstd", Some(7), 5));
         let s = settings(&args(&["--config", c, "--size", "25%", "--priority", "100", "--algorithm", "lz4"]), 2 * GIB).unwrap().unwrap();
         assert_eq!((s.size_bytes, s.algorithm.as_str(), s.priority), (GIB / 2, "lz4", 100));
         assert!(settings(&args(&["--config", c, "--section", "zram1"]), GIB).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn writeback_device_becomes_the_servers_backing_device() {
+        let f = ConfigFile::new("wb", "[zram0]\nzram-size = 1024\nzram-resident-limit = 64\nwriteback-device = /dev/vdb\n");
+        let c = &f.path();
+        let s = settings(&args(&["--config", c, "--writeback-rate", "4M/s"]), 2 * GIB).unwrap().unwrap();
+        assert_eq!((s.backing.backing.as_deref(), s.backing.writeback_rate.as_deref()), (Some(Path::new("/dev/vdb")), Some("4M/s")));
+        // A flag overrides the file; without either there is no backing device.
+        let s = settings(&args(&["--config", c, "--backing", "/var/b.img"]), 2 * GIB).unwrap().unwrap();
+        assert_eq!(s.backing.backing.as_deref(), Some(Path::new("/var/b.img")));
+        assert_eq!(settings(&args(&["--no-config"]), 2 * GIB).unwrap().unwrap().backing.backing, None);
+        let e = settings(&args(&["--no-config", "--writeback-limit", "1G"]), 2 * GIB).unwrap_err().to_string();
+        assert!(e.contains("need --backing"), "{e}");
+    }
+
+    #[test]
+    fn the_server_gets_every_setting() {
+        use crate::cmd::device::{NbdAttachArgs, UblkArgs};
+        #[derive(Parser)]
+        enum Server {
+            Ublk(UblkArgs),
+            NbdAttach(NbdAttachArgs),
+        }
+        let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd", "--level", "3", "--backing", "/dev/vdb", "--writeback-high", "80", "--backing-incompressible"]), 2 * GIB).unwrap().unwrap();
+        let cmd = server_command("ublk", &s, "8M", 5);
+        let Server::Ublk(u) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else { panic!("not ublk") };
+        let cfg = u.store.config().unwrap();
+        assert_eq!((cfg.disksize_bytes, cfg.mem_limit_bytes, cfg.level, u.server.reserve.as_deref(), u.server.ready_fd), (GIB, 16 << 20, Some(3), Some("8M"), Some(5)));
+        let b = cfg.backing.unwrap();
+        assert_eq!((b.path.as_path(), b.high_pct, b.incompressible), (Path::new("/dev/vdb"), 80, true));
+        let cmd = server_command("nbd", &s, "0", 5);
+        let Server::NbdAttach(n) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else { panic!("not nbd") };
+        assert_eq!(n.store.backing, s.backing);
     }
 }

@@ -18,6 +18,9 @@
 //! - `zram-resident-limit`: an expression like `zram-size`; becomes the memory limit.
 //! - `host-memory-limit`: no device when RAM (MiB) is above it, as zram-generator does.
 //! - `fs-type`: only `swap` (the default) is accepted.
+//! - `writeback-device`: zram's `backing_dev`, a block device for pages that are better off on
+//!   disk; becomes the backing device (`--backing`), which compcache also accepts as a regular
+//!   file. Empty: none.
 //!
 //! Any other key is reported as ignored.
 
@@ -108,17 +111,19 @@ pub struct Device {
     pub level: Option<i32>,
     pub priority: Option<i32>,
     pub mem_limit_bytes: Option<u64>,
+    /// `writeback-device`: the backing device.
+    pub writeback_device: Option<PathBuf>,
     /// Things worth telling the user (ignored keys, substituted algorithms).
     pub notes: Vec<String>,
 }
 
 /// Interprets a section on a machine with `ram_mib` MiB of RAM.
 pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
-    let mut dev = Device { size_bytes: None, algorithm: None, level: None, priority: None, mem_limit_bytes: None, notes: Vec::new() };
+    let mut dev = Device { size_bytes: None, algorithm: None, level: None, priority: None, mem_limit_bytes: None, writeback_device: None, notes: Vec::new() };
     let ctx = |key: &str, e: String| format!("[{}] {key}: {e}", section.name);
     for (key, value) in &section.keys {
         match key.as_str() {
-            "zram-size" | "zram-resident-limit" | "host-memory-limit" | "compression-algorithm" | "swap-priority" => {}
+            "zram-size" | "zram-resident-limit" | "host-memory-limit" | "compression-algorithm" | "swap-priority" | "writeback-device" => {}
             "fs-type" if value == "swap" => {}
             "fs-type" => return Err(ctx(key, format!("compcache is only swap; fs-type = {value} is not supported"))),
             _ => dev.notes.push(format!("[{}] {key} is ignored by compcache", section.name)),
@@ -154,6 +159,7 @@ pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
         }
         dev.level = level;
     }
+    dev.writeback_device = section.keys.get("writeback-device").filter(|p| !p.is_empty()).map(PathBuf::from);
     if let Some(p) = section.keys.get("swap-priority") {
         let p: i32 = p.parse().map_err(|_| ctx("swap-priority", format!("`{p}` is not a number")))?;
         dev.priority = Some(p);
@@ -309,18 +315,22 @@ mod tests {
 
     #[test]
     fn a_config_file_becomes_a_device() {
-        let text = "# comment\n[zram0]\nzram-size = ram / 2\ncompression-algorithm = zstd(level=5)\nswap-priority = 50\nzram-resident-limit = 256\noptions = discard\n";
+        let text = "# comment\n[zram0]\nzram-size = ram / 2\ncompression-algorithm = zstd(level=5)\nswap-priority = 50\nzram-resident-limit = 256\nwriteback-device = /dev/disk/by-partuuid/2d54ffa0-01\noptions = discard\n";
         let mut s = Vec::new();
         parse_into(&mut s, text, "t").unwrap();
         let d = interpret(&s[0], 1024.0).unwrap();
         assert_eq!(d.size_bytes, Some(512 << 20));
         assert_eq!((d.algorithm.as_deref(), d.level, d.priority), (Some("zstd"), Some(5), Some(50)));
         assert_eq!(d.mem_limit_bytes, Some(256 << 20));
+        assert_eq!(d.writeback_device, Some(PathBuf::from("/dev/disk/by-partuuid/2d54ffa0-01")));
+        assert!(!d.notes.iter().any(|n| n.contains("writeback-device")), "writeback-device is understood: {:?}", d.notes);
         assert!(d.notes.iter().any(|n| n.contains("options is ignored")));
 
         // A later file overrides key by key; defaults fill the rest.
         parse_into(&mut s, "[zram0]\nswap-priority = 7\n", "u").unwrap();
         assert_eq!(interpret(&s[0], 1024.0).unwrap().priority, Some(7));
+        parse_into(&mut s, "[zram0]\nwriteback-device =\n", "w").unwrap();
+        assert_eq!(interpret(&s[0], 1024.0).unwrap().writeback_device, None, "an empty value is no device");
         let mut e = Vec::new();
         parse_into(&mut e, "[zram0]\n", "v").unwrap();
         assert_eq!(interpret(&e[0], 1024.0).unwrap().size_bytes, Some(512 << 20));

@@ -1,0 +1,175 @@
+//! The backing device, as every server takes it: the flags (`compcache serve`, `compcache
+//! ublk`, `compcache nbd-attach`, and `compcache swapon`, which passes them on to the server it
+//! starts), their translation into the store's [`BackingConfig`], and the writeback thread.
+//!
+//! The tier itself (overflow, writeback, GC) is the store's (`crates/store/src/backing/`,
+//! docs/backing.md); a front end only configures it and calls [`Store::maintain`] periodically.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use compcache_store::config::{DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT};
+use compcache_store::{parse_size, BackingConfig, Store};
+
+use crate::failure::Failure;
+
+/// The backing-device flags.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+pub struct BackingArgs {
+    /// Backing device: a block device or a regular file (created sparse if absent). Writes
+    /// beyond --mem-limit go there instead of failing, and cold pages are written back to it
+    /// (compressed, packed, checksummed). See docs/backing.md.
+    #[arg(long, value_name = "PATH", help_heading = "Backing device")]
+    pub backing: Option<PathBuf>,
+
+    /// Bytes of the backing device to use [default: a block device's size, an existing
+    /// file's size, or --size for a new file].
+    #[arg(long, value_name = "SIZE", help_heading = "Backing device")]
+    pub backing_size: Option<String>,
+
+    /// Write back cold pages when compressed memory passes this percent of --mem-limit...
+    #[arg(long, value_name = "PCT", default_value_t = DEFAULT_WRITEBACK_HIGH_PCT, help_heading = "Backing device")]
+    pub writeback_high: u8,
+
+    /// ...until it is under this percent.
+    #[arg(long, value_name = "PCT", default_value_t = DEFAULT_WRITEBACK_LOW_PCT, help_heading = "Backing device")]
+    pub writeback_low: u8,
+
+    /// Most bytes writeback may write in total (zram's writeback_limit) [default: no limit].
+    #[arg(long, value_name = "SIZE", help_heading = "Backing device")]
+    pub writeback_limit: Option<String>,
+
+    /// Most bytes per second writeback may write [default: no limit].
+    #[arg(long, value_name = "SIZE/s", help_heading = "Backing device")]
+    pub writeback_rate: Option<String>,
+
+    /// Store pages that do not compress on the backing device at once.
+    #[arg(long, help_heading = "Backing device")]
+    pub backing_incompressible: bool,
+}
+
+impl BackingArgs {
+    /// The store's backing configuration, `None` without `--backing`. `mem_limit` is the
+    /// device's memory limit in bytes (0: none), `ram` physical RAM for `%` sizes.
+    pub fn config(&self, ram: u64, mem_limit: u64) -> Result<Option<BackingConfig>, Failure> {
+        let size = |flag: &str, text: &Option<String>| -> Result<u64, Failure> {
+            match text.as_deref().map(str::trim) {
+                None | Some("0") | Some("none") => Ok(0),
+                Some(t) => parse_size(t.strip_suffix("/s").unwrap_or(t), ram).map_err(|e| Failure::usage(format!("{flag}: {e}"))),
+            }
+        };
+        let Some(path) = &self.backing else {
+            if self.backing_size.is_some() || self.writeback_limit.is_some() || self.writeback_rate.is_some() || self.backing_incompressible {
+                return Err(Failure::usage("--backing-size, --writeback-* and --backing-incompressible need --backing PATH"));
+            }
+            return Ok(None);
+        };
+        if mem_limit == 0 && !self.backing_incompressible {
+            eprintln!("compcache: warning: --backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it");
+        }
+        let cfg = BackingConfig {
+            size_bytes: size("--backing-size", &self.backing_size)?,
+            high_pct: self.writeback_high,
+            low_pct: self.writeback_low,
+            writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit)?,
+            writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate)?,
+            incompressible: self.backing_incompressible,
+            ..BackingConfig::new(path)
+        };
+        Ok(Some(cfg))
+    }
+
+    /// The same flags as arguments for a server command line (`swapon` starting `compcache
+    /// ublk` or `compcache nbd-attach`): nothing without `--backing`.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let Some(path) = &self.backing else { return Vec::new() };
+        let mut v: Vec<OsString> = vec!["--backing".into(), path.into()];
+        v.extend(["--writeback-high".into(), self.writeback_high.to_string().into()]);
+        v.extend(["--writeback-low".into(), self.writeback_low.to_string().into()]);
+        for (flag, value) in [("--backing-size", &self.backing_size), ("--writeback-limit", &self.writeback_limit), ("--writeback-rate", &self.writeback_rate)] {
+            if let Some(text) = value {
+                v.extend([flag.into(), text.into()]);
+            }
+        }
+        if self.backing_incompressible {
+            v.push("--backing-incompressible".into());
+        }
+        v
+    }
+}
+
+/// How often the writeback thread calls [`Store::maintain`].
+const WRITEBACK_PERIOD: Duration = Duration::from_millis(100);
+
+/// Starts the backing tier's background writer for `store` (which has a backing device): every
+/// 100 ms, writeback of cold pages above the high watermark (within --writeback-rate) and GC of
+/// the backing device. It runs for the life of the process. The store logs device errors
+/// itself; this thread says when the device fills up and when it has room again.
+///
+/// In a swap server it is started after the memory is pinned, so it inherits
+/// `PR_SET_IO_FLUSHER` and its stack is locked. Nothing on the I/O path waits for it: when it
+/// falls behind (or waits for memory itself), writes that find the pool full overflow to the
+/// device directly.
+pub fn spawn_writeback(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("writeback".into()).spawn(move || {
+        let mut full = false;
+        let mut last = Instant::now();
+        loop {
+            std::thread::sleep(WRITEBACK_PERIOD);
+            let r = store.maintain(last.elapsed());
+            last = Instant::now();
+            if r.writeback.device_full != full {
+                full = r.writeback.device_full;
+                eprintln!("compcache: backing device {}", if full { "full: writeback paused" } else { "has room again" });
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        backing: BackingArgs,
+    }
+
+    fn args(v: &[&str]) -> BackingArgs {
+        T::try_parse_from(std::iter::once("t").chain(v.iter().copied())).unwrap().backing
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn flags_become_the_store_config() {
+        let a = args(&["--backing", "/dev/vdb", "--backing-size", "4G", "--writeback-rate", "8M/s", "--writeback-limit", "1G", "--writeback-high", "80", "--writeback-low", "60", "--backing-incompressible"]);
+        let b = a.config(8 * GIB, GIB).unwrap().unwrap();
+        assert_eq!(b.path, PathBuf::from("/dev/vdb"));
+        assert_eq!((b.size_bytes, b.writeback_rate_bytes, b.writeback_limit_bytes, b.high_pct, b.low_pct, b.incompressible), (4 * GIB, 8 << 20, GIB, 80, 60, true));
+        let d = args(&["--backing", "f"]).config(8 * GIB, GIB).unwrap().unwrap();
+        assert_eq!((d.size_bytes, d.high_pct, d.low_pct, d.writeback_rate_bytes), (0, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT, 0));
+        assert!(args(&[]).config(8 * GIB, 0).unwrap().is_none());
+        let e = args(&["--writeback-rate", "1M"]).config(8 * GIB, GIB).unwrap_err().to_string();
+        assert!(e.contains("need --backing"), "{e}");
+        let e = args(&["--backing", "f", "--writeback-limit", "lots"]).config(8 * GIB, GIB).unwrap_err().to_string();
+        assert!(e.starts_with("--writeback-limit"), "{e}");
+    }
+
+    #[test]
+    fn to_args_round_trips() {
+        assert!(args(&[]).to_args().is_empty());
+        for v in [
+            &["--backing", "/dev/vdb"][..],
+            &["--backing", "/var/lib/b.img", "--backing-size", "2G", "--writeback-high", "70", "--writeback-low", "50", "--writeback-limit", "1G", "--writeback-rate", "4M/s", "--backing-incompressible"][..],
+        ] {
+            let a = args(v);
+            let again = T::try_parse_from(std::iter::once(OsString::from("t")).chain(a.to_args())).unwrap().backing;
+            assert_eq!(again, a, "{v:?}");
+        }
+    }
+}
