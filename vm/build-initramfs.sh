@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Builds the guest's initramfs for the VM end-to-end test: busybox-static, the guest init
-# script, ublk_drv.ko and nbd.ko from the fetched kernel, the compcache binary (with the
+# script, ublk_drv.ko, nbd.ko and virtio_blk.ko from the fetched kernel, the compcache binary (with the
 # shared libraries it needs, found by ldd, if it is not static) and the scan program
 # (static). Output: vm/cache/initramfs.cpio.gz (gitignored).
 #
 # Inputs (all optional):
 #   COMPCACHE_BIN  the compcache binary to put in (default: target/release/compcache)
 #   SCAN_BIN       a static scan binary (default: built from tools/scan/scan.c into vm/cache)
+#   INITRAMFS_OUT  where to write it (default: vm/cache/initramfs.cpio.gz); its staging tree
+#                  is the same path with .root, so runs with different outputs do not collide
 # Run vm/fetch-kernel.sh first (vm/run-test.sh does both).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
 cache="$here/cache"
 kdir="$cache/kernel"
-root="$cache/initramfs-root"
-out="$cache/initramfs.cpio.gz"
+out="${INITRAMFS_OUT:-$cache/initramfs.cpio.gz}"
+root="$out.root"
 
 compcache_bin="${COMPCACHE_BIN:-$repo/target/release/compcache}"
 [ -x "$compcache_bin" ] || { echo "build-initramfs: no compcache binary at $compcache_bin" >&2; exit 1; }
-[ -s "$kdir/modules/ublk_drv.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
+[ -s "$kdir/modules/virtio_blk.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
 busybox="$(command -v busybox || true)"
 if [ -z "$busybox" ] || ! file -L "$busybox" | grep -q 'statically linked'; then
   echo "build-initramfs: needs a static busybox (apt-get install busybox-static)" >&2; exit 1
@@ -34,7 +36,7 @@ mkdir -p "$root"/{bin,dev,proc,sys,run,tmp,etc,lib/modules}
 cp "$busybox" "$root/bin/busybox"
 cp "$here/guest/init" "$root/init"
 chmod 755 "$root/init"
-cp "$kdir/modules/ublk_drv.ko" "$kdir/modules/nbd.ko" "$root/lib/modules/"
+cp "$kdir/modules/ublk_drv.ko" "$kdir/modules/nbd.ko" "$kdir/modules/virtio_blk.ko" "$root/lib/modules/"
 cp "$compcache_bin" "$root/bin/compcache"
 strip "$root/bin/compcache" 2>/dev/null || true
 # A dynamic (glibc) binary brings its loader and libraries, at the same paths as here.
@@ -46,8 +48,10 @@ if ! file -L "$compcache_bin" | grep -q 'statically linked'; then
 fi
 cp "$scan_bin" "$root/bin/scan"
 cp "$here/guest/zram-generator.conf" "$root/etc/compcache-test.conf"
+cp "$here/guest/zram-generator-backing.conf" "$root/etc/compcache-backing.conf"
 # The kernel opens /dev/console for init before devtmpfs is mounted: it must be in the archive.
 mknod -m 600 "$root/dev/console" c 5 1
 (cd "$root" && find . | LC_ALL=C sort | cpio --quiet -o -H newc --owner 0:0) | gzip -1 >"$out.tmp"
 mv "$out.tmp" "$out"
+rm -rf "$root"
 echo "build-initramfs: $(du -h "$out" | cut -f1) -> $out"

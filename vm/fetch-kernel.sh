@@ -4,7 +4,8 @@
 # none), downloaded with apt through a private sources list so the machine's own apt
 # configuration is left alone. Everything lands in vm/cache/ (gitignored):
 #   vm/cache/kernel/vmlinuz          the kernel image
-#   vm/cache/kernel/modules/*.ko     ublk_drv.ko, nbd.ko (decompressed, for busybox insmod)
+#   vm/cache/kernel/modules/*.ko     ublk_drv.ko, nbd.ko, virtio_blk.ko (the backing step's
+#                                    disk) (decompressed, for busybox insmod)
 #   vm/cache/kernel/version          the kernel release string
 # Idempotent: a second run with the cache present only prints what it has.
 # Override the package with KERNEL_PKG=linux-image-6.12.NN+deb12-amd64.
@@ -13,7 +14,10 @@ cd "$(dirname "$0")"
 cache="$PWD/cache"
 out="$cache/kernel"
 
-if [ -s "$out/vmlinuz" ] && [ -s "$out/modules/ublk_drv.ko" ] && [ -s "$out/modules/nbd.ko" ]; then
+modules="ublk_drv nbd virtio_blk"
+have=1
+for m in $modules; do [ -s "$out/modules/$m.ko" ] || have=0; done
+if [ -s "$out/vmlinuz" ] && [ "$have" = 1 ]; then
   echo "fetch-kernel: have $(cat "$out/version") in $out"
   exit 0
 fi
@@ -50,7 +54,7 @@ dpkg-deb -x "$deb" "$out.tmp/root"
 release=$(ls "$out.tmp/root/lib/modules" | head -n 1)
 cp "$out.tmp/root/boot/vmlinuz-$release" "$out.tmp/vmlinuz"
 moddir="$out.tmp/root/lib/modules/$release"
-for m in ublk_drv nbd; do
+for m in $modules; do
   f=$(find "$moddir" -name "$m.ko*" | head -n 1)
   [ -n "$f" ] || { echo "fetch-kernel: $pkg has no $m module" >&2; exit 1; }
   case "$f" in
@@ -60,7 +64,8 @@ for m in ublk_drv nbd; do
     *) cp "$f" "$out.tmp/modules/$m.ko" ;;
   esac
 done
-# Both modules depend only on built-in code (modinfo: "depends:" is empty), so no modules.dep.
+# The modules depend only on built-in code (modinfo: "depends:" is empty; virtio and
+# virtio_pci are built in), so no modules.dep.
 echo "$release" >"$out.tmp/version"
 rm -rf "$out.tmp/root" "$out" "$deb"
 mv "$out.tmp" "$out"

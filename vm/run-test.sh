@@ -3,10 +3,13 @@
 # under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
 #
 #   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
-#                             memory cgroup, ublk + nbd + crash
+#                             memory cgroup, ublk + nbd + backing + crash
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
-#                             memory cgroup, ublk + nbd + crash
-#   options: --frontends ublk,nbd,crash   --mem MIB   --scan MIB   --passes N   --smp N
+#                             memory cgroup, ublk + nbd + backing + crash
+#   options: --frontends ublk,nbd,backing,crash   (backing: ublk swap with a 16 MiB resident
+#                             limit and a 128 MiB virtual disk, a sparse file in vm/cache
+#                             removed afterwards, as its backing device)
+#            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
 #                             guest under memory pressure; see docs/swap.md)
 #            --reserve SIZE   compcache swapon --reserve
@@ -27,7 +30,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,nbd,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,nbd,backing,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=600 ;;
@@ -42,7 +45,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -81,24 +84,37 @@ fi
 
 # 2. Kernel and initramfs.
 "$here/fetch-kernel.sh"
-COMPCACHE_BIN="$bin" "$here/build-initramfs.sh"
+# Per run (a second run at the same time, by another engineer, must not change this one's
+# initramfs or console log); the console is copied to last-run.log at the end.
+initramfs="$cache/initramfs-$$.cpio.gz"
+COMPCACHE_BIN="$bin" INITRAMFS_OUT="$initramfs" "$here/build-initramfs.sh"
 
 # 3. Boot. qemu is the only process started here; it is ended by its PID on timeout.
 # Its monitor socket (vm/cache/monitor-PID.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
 # guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks).
-log="$cache/last-run.log"
+log="$cache/run-$$.log"
 case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
 append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve${memcg:+ cc.memcg_mib=$memcg}"
+# The backing step's disk: a sparse file (only what the guest writes takes host space).
+disk_opts=()
+disk=
+case ",$frontends," in
+  *,backing,*)
+    disk="$cache/backing-$$.img"
+    rm -f "$disk" && truncate -s 128M "$disk"
+    disk_opts=(-drive "file=$disk,if=virtio,format=raw,cache=unsafe")
+    ;;
+esac
 echo "run-test: booting $(cat "$cache/kernel/version") ($accel, ${mem} MiB, $smp CPUs): $frontends, scan ${scan} MiB x $passes"
 start=$(date +%s)
 qemu-system-x86_64 "${accel_opts[@]}" -m "$mem" -smp "$smp" -nographic -no-reboot \
-  -kernel "$cache/kernel/vmlinuz" -initrd "$cache/initramfs.cpio.gz" -append "$append" \
-  -nic none -serial mon:stdio -monitor "unix:$cache/monitor-$$.sock,server,nowait" </dev/null >"$log" 2>&1 &
+  -kernel "$cache/kernel/vmlinuz" -initrd "$initramfs" -append "$append" \
+  "${disk_opts[@]}" -nic none -serial mon:stdio -monitor "unix:$cache/monitor-$$.sock,server,nowait" </dev/null >"$log" 2>&1 &
 qemu_pid=$!
-cleanup() { kill "$qemu_pid" 2>/dev/null || true; }
+cleanup() { kill "$qemu_pid" 2>/dev/null || true; rm -f "$initramfs" ${disk:+"$disk"}; }
 trap cleanup EXIT INT TERM
 # Show the guest's progress as it comes (the whole console is in the log).
 tail -n +1 -f --pid="$qemu_pid" "$log" | grep --line-buffered -E 'compcache|scan |RESULT|Kernel panic|BUG|Oops|rror' &
@@ -115,8 +131,11 @@ done
 wait "$qemu_pid" 2>/dev/null || true
 wait "$tail_pid" 2>/dev/null || true
 trap - EXIT INT TERM
+rm -f "$initramfs" ${disk:+"$disk"}
+cp "$log" "$cache/last-run.log"
+trap 'rm -f "$log"' EXIT
 elapsed=$(( $(date +%s) - start ))
-echo "run-test: boot to result ${elapsed}s on the host clock (log: $log)"
+echo "run-test: boot to result ${elapsed}s on the host clock (log: $cache/last-run.log)"
 if grep -q 'compcache-vm: ALL PASS' "$log"; then
   passed=$(grep -c 'RESULT .* PASS' "$log" || true)
   echo "vm: $passed passed, 0 failed"
