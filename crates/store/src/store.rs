@@ -100,7 +100,7 @@ impl Store {
         let slots = ZeroedSlice::new(num_pages as usize).map_err(|e| os("the slot table", e))?;
         // Address space for the pool: room for every slot raw plus fragmentation; only
         // touched pages cost memory.
-        let capacity = (num_pages * 2 + 16384).min(u32::MAX as u64 - 1) as u32;
+        let capacity = (num_pages * 2 + 16384).min(u32::MAX as u64 - 3) as u32;
         let limit_pages = cfg.mem_limit_bytes.div_ceil(PAGE);
         let pool = ZsPool::new(capacity, limit_pages).map_err(|e| os("pool address space", e))?;
         Ok(Store {

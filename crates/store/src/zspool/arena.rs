@@ -32,6 +32,11 @@ use crate::PAGE_SIZE;
 /// page's zspage; they are atomics only so that the arena can be shared without `UnsafeCell`.
 /// `next` alone is also read without the class lock, by readers that hold a slot lock
 /// pinning an object on this zspage (rule 2 in `slot.rs`): it never changes while the zspage lives.
+///
+/// The class's partial list is threaded through the first pages' descriptors (`list_prev`,
+/// `list_next`), as the kernel threads zspages through `struct page`: putting a zspage on the
+/// list or taking it off never allocates, so the I/O path of a swap server in fault-free mode
+/// cannot fault there.
 pub(super) struct PageDesc {
     /// The next page of this zspage's chain (`NONE` at the end).
     pub next: AtomicU32,
@@ -40,14 +45,24 @@ pub(super) struct PageDesc {
     /// First page only: head of the free-object list (object index). In the huge class,
     /// whose zspages hold one headerless object, it holds that object's owner slot instead.
     pub free_head: AtomicU32,
-    /// First page only: position in the class's partial list, or `NONE`.
-    pub list_pos: AtomicU32,
+    /// First page only: the previous zspage on the class's partial list, or one of
+    /// `OFF_LIST`, `ISOLATED` (being emptied by compaction) and `LIST_HEAD` (first on the list).
+    pub list_prev: AtomicU32,
+    /// First page only, while on the partial list: the next zspage on it (`NONE` at the end).
+    pub list_next: AtomicU32,
 }
 
-// SAFETY: PageDesc is four AtomicU32; all-zero is a valid value of each.
+// SAFETY: PageDesc is five AtomicU32; all-zero is a valid value of each.
 unsafe impl Zeroable for PageDesc {}
 
 pub(super) const NONE: u32 = u32::MAX;
+/// `list_prev` of a zspage not on the partial list.
+pub(super) const OFF_LIST: u32 = NONE;
+/// `list_prev` of a zspage being emptied by compaction: not on the partial list, not to be
+/// released by `free` (compaction releases it).
+pub(super) const ISOLATED: u32 = NONE - 1;
+/// `list_prev` of the zspage at the head of the partial list.
+pub(super) const LIST_HEAD: u32 = NONE - 2;
 
 pub(super) struct Arena {
     base: NonNull<u8>,
@@ -79,6 +94,7 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// Reserves address space for `capacity_pages` pages. `limit_pages` 0 means no limit.
     pub fn new(capacity_pages: u32, limit_pages: u64) -> std::io::Result<Arena> {
+        assert!(capacity_pages < LIST_HEAD, "pfns must stay below the list markers");
         let base = crate::zeroed::map_anonymous(capacity_pages as usize * PAGE_SIZE)?;
         let descs = ZeroedSlice::new(capacity_pages as usize)?;
         Ok(Arena {
@@ -160,7 +176,12 @@ impl Arena {
     }
 
     /// Makes up to `n` never-used pages resident and files them as free, within the limit.
-    /// The pages are touched with no lock held. Returns how many were added.
+    /// Returns how many were added.
+    ///
+    /// Everything that the I/O path will touch because of these pages is made resident here,
+    /// with no lock held, so that fault-free mode takes no page fault: the pages themselves,
+    /// their descriptors, and room on the free lists for every page ever handed out (a page is
+    /// on at most one list, so `free` then never grows a list).
     pub fn prefault(&self, n: u64) -> u64 {
         let first = {
             let mut st = self.state.lock();
@@ -179,10 +200,47 @@ impl Arena {
             // range under the lock, so no other thread refers to it; a volatile write makes
             // the kernel fault it in (and lock it, under mlockall).
             unsafe { std::ptr::write_volatile(self.page_ptr(pfn), 0u8) };
+            // The descriptor too, by a store (a read would map the shared zero page, and an
+            // idempotent read-modify-write may be compiled to a read); nobody uses it yet.
+            self.desc(pfn).list_prev.store(OFF_LIST, Relaxed);
         }
+        self.grow_free_lists();
         let added = first.len() as u64;
         self.state.lock().resident.extend(first);
         added
+    }
+
+    /// Gives both free lists room for every page handed out so far. The new lists are
+    /// allocated and touched outside the lock and swapped in under it.
+    fn grow_free_lists(&self) {
+        loop {
+            let need = {
+                let st = self.state.lock();
+                let need = st.next_unused as usize;
+                if st.resident.capacity() >= need && st.cold.capacity() >= need {
+                    return;
+                }
+                need
+            };
+            let fresh = || {
+                let mut v: Vec<u32> = Vec::with_capacity(need);
+                v.spare_capacity_mut().iter_mut().for_each(|e| {
+                    e.write(0);
+                });
+                v
+            };
+            let (mut resident, mut cold) = (fresh(), fresh());
+            let mut st = self.state.lock();
+            if st.next_unused as usize > need {
+                continue; // grown meanwhile: size again
+            }
+            resident.extend_from_slice(&st.resident);
+            cold.extend_from_slice(&st.cold);
+            std::mem::swap(&mut st.resident, &mut resident);
+            std::mem::swap(&mut st.cold, &mut cold);
+            drop(st);
+            return; // the old lists are freed here, outside the lock
+        }
     }
 
     /// Free pages whose memory is resident.

@@ -32,7 +32,7 @@
 mod arena;
 mod class;
 
-use arena::{Arena, NONE};
+use arena::{Arena, ISOLATED, LIST_HEAD, NONE, OFF_LIST};
 pub use class::huge_payload_threshold;
 use class::{class_for, merged_classes, shape, ClassShape, HEADER, HUGE_CLASS, MAX_CHAIN, NUM_CLASSES};
 use parking_lot::Mutex;
@@ -74,9 +74,6 @@ pub struct PoolFull {
 
 /// Header tag of an allocated object; the free-list link never has it (objects < 4096).
 const ALLOC_TAG: u32 = 1 << 31;
-/// `list_pos` of a zspage being emptied by compaction: not on the partial list, not to be
-/// released by `free` (compaction releases it).
-const ISOLATED: u32 = NONE - 1;
 /// End of a zspage's free-object list, as stored in an object header: like every link it
 /// lacks ALLOC_TAG, so compaction never mistakes the last free object for a live one.
 const LINK_END: u32 = ALLOC_TAG - 1;
@@ -87,12 +84,20 @@ struct Class {
     state: Mutex<ClassState>,
 }
 
-#[derive(Default)]
 struct ClassState {
-    /// First pfns of zspages with at least one free object, in no particular order.
-    partial: Vec<u32>,
+    /// First pfn of the first zspage with at least one free object (`NONE`: none). The list
+    /// runs through the zspages' descriptors (`PageDesc::list_next`); the most recently
+    /// listed zspage comes first, and allocation takes from it.
+    partial_head: u32,
+    partial_len: u64,
     zspages: u64,
     objs_inuse: u64,
+}
+
+impl Default for ClassState {
+    fn default() -> Self {
+        ClassState { partial_head: NONE, partial_len: 0, zspages: 0, objs_inuse: 0 }
+    }
 }
 
 pub struct ZsPool {
@@ -123,9 +128,9 @@ impl ZsPool {
         let ci = self.serving[class_for(payload.len())] as usize;
         let class = &self.classes[ci];
         let mut st = class.state.lock();
-        let first = match st.partial.last() {
-            Some(&pfn) => pfn,
-            None => self.new_zspage(ci, &mut st)?,
+        let first = match st.partial_head {
+            NONE => self.new_zspage(ci, &mut st)?,
+            pfn => pfn,
         };
         let obj = self.take_free_obj(ci, &mut st, first);
         if ci == HUGE_CLASS {
@@ -158,7 +163,7 @@ impl ZsPool {
         let mut st = self.classes[ci].state.lock();
         self.put_free_obj(ci, &mut st, first, h.obj());
         let d = self.arena.desc(first);
-        if d.inuse.load(Relaxed) == 0 && d.list_pos.load(Relaxed) != ISOLATED {
+        if d.inuse.load(Relaxed) == 0 && d.list_prev.load(Relaxed) != ISOLATED {
             self.release_zspage(ci, &mut st, first);
         }
     }
@@ -236,6 +241,7 @@ impl ZsPool {
         self.arena.desc(*pfns.last().expect("at least one page")).next.store(NONE, Relaxed);
         let d = self.arena.desc(first);
         d.inuse.store(0, Relaxed);
+        d.list_prev.store(OFF_LIST, Relaxed);
         if ci == HUGE_CLASS {
             d.free_head.store(NONE, Relaxed); // holds the owner once allocated
         } else {
@@ -246,8 +252,7 @@ impl ZsPool {
             }
             d.free_head.store(0, Relaxed);
         }
-        d.list_pos.store(st.partial.len() as u32, Relaxed);
-        st.partial.push(first);
+        self.list(st, first);
         st.zspages += 1;
         Ok(first)
     }
@@ -287,24 +292,50 @@ impl ZsPool {
         assert!(inuse > 0, "double free in class {ci}");
         d.inuse.store(inuse - 1, Relaxed);
         st.objs_inuse -= 1;
-        if d.list_pos.load(Relaxed) == NONE {
-            d.list_pos.store(st.partial.len() as u32, Relaxed);
-            st.partial.push(first);
+        if d.list_prev.load(Relaxed) == OFF_LIST {
+            self.list(st, first);
         }
     }
 
-    fn unlist(&self, st: &mut ClassState, first: u32) {
-        let pos = self.arena.desc(first).list_pos.load(Relaxed) as usize;
-        debug_assert_eq!(st.partial[pos], first);
-        st.partial.swap_remove(pos);
-        if let Some(&moved) = st.partial.get(pos) {
-            self.arena.desc(moved).list_pos.store(pos as u32, Relaxed);
+    /// Puts zspage `first` (off the list) at the head of the partial list.
+    fn list(&self, st: &mut ClassState, first: u32) {
+        let d = self.arena.desc(first);
+        debug_assert!(matches!(d.list_prev.load(Relaxed), OFF_LIST | ISOLATED), "zspage {first} listed twice");
+        if st.partial_head != NONE {
+            self.arena.desc(st.partial_head).list_prev.store(first, Relaxed);
         }
-        self.arena.desc(first).list_pos.store(NONE, Relaxed);
+        d.list_next.store(st.partial_head, Relaxed);
+        d.list_prev.store(LIST_HEAD, Relaxed);
+        st.partial_head = first;
+        st.partial_len += 1;
+    }
+
+    /// Takes zspage `first` off the partial list. O(1), allocates nothing.
+    fn unlist(&self, st: &mut ClassState, first: u32) {
+        let d = self.arena.desc(first);
+        let (prev, next) = (d.list_prev.load(Relaxed), d.list_next.load(Relaxed));
+        debug_assert!(prev <= LIST_HEAD, "zspage {first} is not on the partial list");
+        if prev == LIST_HEAD {
+            st.partial_head = next;
+        } else {
+            self.arena.desc(prev).list_next.store(next, Relaxed);
+        }
+        if next != NONE {
+            self.arena.desc(next).list_prev.store(prev, Relaxed);
+        }
+        d.list_prev.store(OFF_LIST, Relaxed);
+        st.partial_len -= 1;
+    }
+
+    /// The zspages on the partial list, head first.
+    fn partials<'a>(&'a self, st: &ClassState) -> impl Iterator<Item = u32> + 'a {
+        std::iter::successors(Some(st.partial_head).filter(|&p| p != NONE), move |&p| {
+            Some(self.arena.desc(p).list_next.load(Relaxed)).filter(|&n| n != NONE)
+        })
     }
 
     fn release_zspage(&self, ci: usize, st: &mut ClassState, first: u32) {
-        if self.arena.desc(first).list_pos.load(Relaxed) < ISOLATED {
+        if self.arena.desc(first).list_prev.load(Relaxed) <= LIST_HEAD {
             self.unlist(st, first);
         }
         let mut pfns = [0u32; MAX_CHAIN];
@@ -325,44 +356,58 @@ impl ZsPool {
         let mut freed = 0;
         loop {
             // Pick the emptiest partial zspage, if the others have room for all its objects.
-            let (src, victims) = {
+            let src = {
                 let mut st = self.classes[ci].state.lock();
-                if st.partial.len() < 2 {
+                if st.partial_len < 2 {
                     break;
                 }
                 let inuse = |pfn: u32| self.arena.desc(pfn).inuse.load(Relaxed) as usize;
-                let src = *st.partial.iter().min_by_key(|&&p| inuse(p)).expect("two or more partials");
-                let room: usize = st.partial.iter().filter(|&&p| p != src).map(|&p| shape.objs_per_zspage - inuse(p)).sum();
+                let src = self.partials(&st).min_by_key(|&p| inuse(p)).expect("two or more partials");
+                let room: usize = self.partials(&st).filter(|&p| p != src).map(|p| shape.objs_per_zspage - inuse(p)).sum();
                 if room < inuse(src) {
                     break;
                 }
                 self.unlist(&mut st, src);
-                self.arena.desc(src).list_pos.store(ISOLATED, Relaxed);
-                let mut victims = Vec::with_capacity(inuse(src));
-                for obj in 0..shape.objs_per_zspage {
-                    let mut hdr = [0u8; 4];
-                    self.copy_out(ci, src, obj * shape.size, &mut hdr);
-                    let hdr = u32::from_ne_bytes(hdr);
-                    if hdr & ALLOC_TAG != 0 {
-                        victims.push((hdr & !ALLOC_TAG, Handle::new(ci, src, obj)));
+                self.arena.desc(src).list_prev.store(ISOLATED, Relaxed);
+                src
+            };
+            // Move its objects out a chunk at a time: owners read under the class lock into an
+            // array on the stack, relocated without it. Nothing here allocates (a write that
+            // finds the pool full compacts on the I/O path, which must not fault). The zspage
+            // is off the partial list, so no object appears on it meanwhile; one freed
+            // meanwhile is simply not seen (or not moved: `relocate` checks the handle).
+            const CHUNK: usize = 64;
+            let mut next_obj = 0;
+            while next_obj < shape.objs_per_zspage {
+                let mut victims = [(0u32, Handle(0)); CHUNK];
+                let mut n = 0;
+                {
+                    let _st = self.classes[ci].state.lock();
+                    while next_obj < shape.objs_per_zspage && n < CHUNK {
+                        let mut hdr = [0u8; 4];
+                        self.copy_out(ci, src, next_obj * shape.size, &mut hdr);
+                        let hdr = u32::from_ne_bytes(hdr);
+                        if hdr & ALLOC_TAG != 0 {
+                            victims[n] = (hdr & !ALLOC_TAG, Handle::new(ci, src, next_obj));
+                            n += 1;
+                        }
+                        next_obj += 1;
                     }
                 }
-                (src, victims)
-            };
-            for (owner, h) in victims {
-                relocate(owner, h, &mut || self.migrate(ci, h));
+                for &(owner, h) in &victims[..n] {
+                    relocate(owner, h, &mut || self.migrate(ci, h));
+                }
             }
             let mut st = self.classes[ci].state.lock();
             let d = self.arena.desc(src);
             if d.inuse.load(Relaxed) == 0 {
-                d.list_pos.store(NONE, Relaxed);
+                d.list_prev.store(OFF_LIST, Relaxed);
                 self.release_zspage(ci, &mut st, src);
                 freed += shape.pages_per_zspage as u64;
             } else {
                 // Some owners were busy or rewrote their page meanwhile: put it back and stop
                 // here rather than spin on it.
-                d.list_pos.store(st.partial.len() as u32, Relaxed);
-                st.partial.push(src);
+                self.list(&mut st, src);
                 break;
             }
         }
@@ -374,7 +419,7 @@ impl ZsPool {
     fn migrate(&self, ci: usize, h: Handle) -> Option<Handle> {
         let shape = self.classes[ci].shape;
         let mut st = self.classes[ci].state.lock();
-        let dst = *st.partial.last()?;
+        let dst = Some(st.partial_head).filter(|&p| p != NONE)?;
         let obj = self.take_free_obj(ci, &mut st, dst);
         let mut buf = [0u8; PAGE_SIZE];
         let bytes = &mut buf[..shape.size];
