@@ -3,10 +3,12 @@
 # under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
 #
 #   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
-#                             memory cgroup, ublk + nbd + backing + crash
+#                             memory cgroup, ublk + global + nbd + backing + crash
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
-#                             memory cgroup, ublk + nbd + backing + crash
-#   options: --frontends ublk,nbd,backing,crash   (backing: ublk swap with a 16 MiB resident
+#                             memory cgroup, ublk + global + nbd + backing + crash
+#   options: --frontends ublk,global,nbd,backing,crash   (global: ublk swap with the scan
+#                             over all the guest's RAM but 16 MiB, in no cgroup: the whole
+#                             guest out of memory; backing: ublk swap with a 16 MiB resident
 #                             limit and a 128 MiB virtual disk, a sparse file in vm/cache
 #                             removed afterwards, as its backing device)
 #            --mem MIB   --scan MIB   --passes N   --smp N
@@ -30,7 +32,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,nbd,backing,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,backing,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=600 ;;
@@ -45,7 +47,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift
