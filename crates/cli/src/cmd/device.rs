@@ -86,7 +86,7 @@ pub struct ServerArgs {
 
     /// Memory kept resident and free for the I/O path, so that storing a swapped-out page
     /// never waits for memory (see docs/swap.md): a SIZE, `auto` (1/128 of RAM, 8..=128 MiB)
-    /// or 0 for none. Default: auto for ublk; 0 for nbd-attach (`swapon` passes its own).
+    /// or 0 for none [default: auto] (`swapon` passes its own).
     #[arg(long, value_name = "SIZE|auto|0")]
     pub reserve: Option<String>,
 
@@ -141,13 +141,13 @@ struct Session {
 }
 
 impl Session {
-    fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: &'static str, default_reserve: &str) -> Result<Session, Failure> {
+    fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: &'static str) -> Result<Session, Failure> {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
         let signals = StopSignals::block()?;
         pin_server_memory(!server.no_mlock)?;
         let cfg = store_args.config()?;
         let size_bytes = cfg.disksize_bytes;
-        let reserve_bytes = match server.reserve.as_deref().unwrap_or(default_reserve) {
+        let reserve_bytes = match server.reserve.as_deref().unwrap_or("auto") {
             "auto" => reserve::default_high_bytes(physical_ram_bytes()),
             "0" | "none" => 0,
             t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
@@ -234,7 +234,7 @@ impl Session {
 
 pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     compcache_ublk::kernel_support()?;
-    let session = Arc::new(Session::start(&args.store, &args.server, "ublk", "auto")?);
+    let session = Arc::new(Session::start(&args.store, &args.server, "ublk")?);
     let mut opts = compcache_ublk::Options { mlock_io_buffers: !args.server.no_mlock, ..Default::default() };
     if let Some(q) = args.queues {
         opts.nr_queues = q;
@@ -258,7 +258,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
 
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     compcache_kernel_nbd::kernel_support()?;
-    let session = Session::start(&args.store, &args.server, "nbd", "0")?;
+    let session = Session::start(&args.store, &args.server, "nbd")?;
     let description = format!("compcache {} {} device", human(session.cfg.disksize_bytes), session.cfg.algorithm);
     let export = compcache_nbd::Export { name: "compcache".into(), description, store: Arc::clone(&session.store) };
     let server = Arc::new(compcache_nbd::Server::new(export, compcache_nbd::ServerOptions::default()));
