@@ -222,8 +222,10 @@ impl Arena {
                 }
                 need
             };
+            // Headroom, so that each top-up of the reserve does not copy the lists again.
+            let room = (need + need / 2).max(1024);
             let fresh = || {
-                let mut v: Vec<u32> = Vec::with_capacity(need);
+                let mut v: Vec<u32> = Vec::with_capacity(room);
                 v.spare_capacity_mut().iter_mut().for_each(|e| {
                     e.write(0);
                 });
@@ -231,8 +233,8 @@ impl Arena {
             };
             let (mut resident, mut cold) = (fresh(), fresh());
             let mut st = self.state.lock();
-            if st.next_unused as usize > need {
-                continue; // grown meanwhile: size again
+            if st.next_unused as usize > room {
+                continue; // grown past the new room meanwhile: size again
             }
             resident.extend_from_slice(&st.resident);
             cold.extend_from_slice(&st.cold);
