@@ -9,6 +9,9 @@
 #   SCAN_BIN       a static scan binary (default: built from tools/scan/scan.c into vm/cache)
 #   INITRAMFS_OUT  where to write it (default: vm/cache/initramfs.cpio.gz); its staging tree
 #                  is the same path with .root, so runs with different outputs do not collide
+#   NBD_CLIENT_DIR Debian's nbd-client unpacked by vm/fetch-nbd-client.sh (vm/cache/nbd-client):
+#                  its sbin/nbd-client goes in as /bin/nbd-client with its libraries, found by
+#                  ldd in that tree first, then on this machine (default: none, no nbd-client)
 # Run vm/fetch-kernel.sh first (vm/run-test.sh does both).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -44,6 +47,22 @@ if ! file -L "$compcache_bin" | grep -q 'statically linked'; then
   for lib in $(ldd "$compcache_bin" | grep -oE '/[^ ]+'); do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
+  done
+fi
+if [ -n "${NBD_CLIENT_DIR:-}" ]; then
+  nbd_root="$(cd "$NBD_CLIENT_DIR" && pwd)/root"
+  [ -x "$nbd_root/sbin/nbd-client" ] || { echo "build-initramfs: no nbd-client in $nbd_root: run vm/fetch-nbd-client.sh" >&2; exit 1; }
+  cp "$nbd_root/sbin/nbd-client" "$root/bin/nbd-client"
+  # Libraries unpacked beside it (those this machine lacks) come from there, the rest from here;
+  # either way they land at the standard paths, where the guest's loader looks.
+  libs=$(LD_LIBRARY_PATH="$nbd_root/lib/x86_64-linux-gnu:$nbd_root/usr/lib/x86_64-linux-gnu" ldd "$nbd_root/sbin/nbd-client")
+  if echo "$libs" | grep -q 'not found'; then
+    echo "build-initramfs: nbd-client's libraries are missing:" >&2; echo "$libs" | grep 'not found' >&2; exit 1
+  fi
+  for lib in $(echo "$libs" | grep -oE '/[^ ]+'); do
+    dest="${lib#"$nbd_root"}"
+    mkdir -p "$root$(dirname "$dest")"
+    cp -L "$lib" "$root$dest"
   done
 fi
 cp "$scan_bin" "$root/bin/scan"
