@@ -3,14 +3,16 @@
 # under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
 #
 #   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
-#                             memory cgroup, ublk + global + nbd + backing + crash
+#                             memory cgroup, ublk + global + nbd + nbd-client + backing + crash
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
-#                             memory cgroup, ublk + global + nbd + backing + crash
-#   options: --frontends ublk,global,nbd,backing,crash   (global: ublk swap with the scan
-#                             over all the guest's RAM but 16 MiB, in no cgroup: the whole
-#                             guest out of memory; backing: ublk swap with a 16 MiB resident
-#                             limit and a 128 MiB virtual disk, a sparse file in vm/cache
-#                             removed afterwards, as its backing device)
+#                             memory cgroup, ublk + global + nbd + nbd-client + backing + crash
+#   options: --frontends ublk,global,nbd,nbd-client,backing,crash   (global: ublk swap with
+#                             the scan over all the guest's RAM but 16 MiB, in no cgroup: the
+#                             whole guest out of memory; nbd-client: `compcache serve`
+#                             attached by Debian's standard nbd-client, fetched into vm/cache
+#                             by vm/fetch-nbd-client.sh; backing: ublk swap with a 16 MiB
+#                             resident limit and a 128 MiB virtual disk, a sparse file in
+#                             vm/cache removed afterwards, as its backing device)
 #            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
 #                             guest under memory pressure; see docs/swap.md)
@@ -22,9 +24,9 @@
 #            --no-build       use the compcache binary already built
 #
 # One command from a fresh clone (as root, for apt): installs what is missing
-# (scripts/deps/apt-vm.txt), builds compcache (release), fetches the
-# kernel into vm/cache/, builds the initramfs, boots qemu, and exits 0 only if the guest
-# reports "ALL PASS". The serial console is saved in vm/cache/last-run.log.
+# (scripts/deps/apt-vm.txt), builds compcache (release), fetches the kernel (and, for the
+# nbd-client step, Debian's nbd-client) into vm/cache/, builds the initramfs, boots qemu, and
+# exits 0 only if the guest reports "ALL PASS". The serial console is saved in vm/cache/last-run.log.
 # Times inside the guest are emulated under TCG: they are printed as information only.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -32,7 +34,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,backing,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,backing,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=600 ;;
@@ -47,7 +49,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -86,10 +88,14 @@ fi
 
 # 2. Kernel and initramfs.
 "$here/fetch-kernel.sh"
+nbd_client_dir=
+case ",$frontends," in
+  *,nbd-client,*) "$here/fetch-nbd-client.sh"; nbd_client_dir="$cache/nbd-client" ;;
+esac
 # Per run (a second run at the same time, by another engineer, must not change this one's
 # initramfs or console log); the console is copied to last-run.log at the end.
 initramfs="$cache/initramfs-$$.cpio.gz"
-COMPCACHE_BIN="$bin" INITRAMFS_OUT="$initramfs" "$here/build-initramfs.sh"
+COMPCACHE_BIN="$bin" INITRAMFS_OUT="$initramfs" NBD_CLIENT_DIR="$nbd_client_dir" "$here/build-initramfs.sh"
 
 # 3. Boot. qemu is the only process started here; it is ended by its PID on timeout.
 # Its monitor socket (vm/cache/monitor-PID.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
