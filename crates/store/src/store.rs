@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use crate::backing::log::HEADER as RECORD_HEADER;
 use crate::backing::space::Pin;
-use crate::backing::{Backing, BackingDevice};
+use crate::backing::{resident_bytes, Backing, BackingDevice, ReadBuf};
 use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
 use crate::config::Config;
 use crate::error::StoreError;
@@ -35,6 +35,9 @@ const PAGE: u64 = PAGE_SIZE as u64;
 const TICK_SECS: u64 = 1;
 /// Most bytes one `pread` of adjacent backing records may cover.
 const MAX_RUN_BYTES: u64 = 1 << 20;
+/// Pages a multi-page read pins and reads at a time (their records fit in a run of
+/// `MAX_RUN_BYTES`, nearly): the list of them lives on the stack, so the read allocates nothing.
+const READ_CHUNK_PAGES: usize = MAX_RUN_BYTES as usize / PAGE_SIZE;
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
@@ -60,8 +63,10 @@ pub struct Context {
     page: Box<[u8]>,
     /// A backing record being written: header, then payload.
     rec: Box<[u8]>,
-    /// A run of backing records being read (grows to the largest run read).
-    run: Vec<u8>,
+    /// Reads from the backing device: a single record, or a run of records (up to
+    /// `MAX_RUN_BYTES`), in the aligned blocks an O_DIRECT read covers. Made resident at its
+    /// full size when the store has a backing device (about 1 MiB), empty otherwise.
+    read: ReadBuf,
 }
 
 /// What `fetch` left to do after releasing the slot lock.
@@ -129,14 +134,18 @@ impl Store {
         &self.cfg
     }
 
-    /// A new per-worker context.
+    /// A new per-worker context. Its buffers are resident when it is made (written once), so
+    /// that their first use in a request does not fault.
     pub fn context(&self) -> Context {
         Context {
             comp: self.backend.new_context(),
-            cbuf: vec![0u8; MAX_COMPRESSED_BYTES].into_boxed_slice(),
-            page: vec![0u8; PAGE_SIZE].into_boxed_slice(),
-            rec: vec![0u8; RECORD_HEADER + PAGE_SIZE].into_boxed_slice(),
-            run: Vec::new(),
+            cbuf: resident_bytes(MAX_COMPRESSED_BYTES).into_boxed_slice(),
+            page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
+            rec: resident_bytes(RECORD_HEADER + PAGE_SIZE).into_boxed_slice(),
+            read: match self.backing {
+                Some(_) => ReadBuf::new(MAX_RUN_BYTES as usize),
+                None => ReadBuf::empty(),
+            },
         }
     }
 
@@ -302,9 +311,21 @@ impl Store {
     /// pages in RAM as `read_page` does; pages on the device are pinned under their slot
     /// locks, then read run by run, one `pread` per run of records adjacent on the device
     /// (writeback and overflow write neighbouring pages next to each other, and swap reads
-    /// ahead), then verified and decompressed one by one. Fails with the first error, after
-    /// serving every page it can.
+    /// ahead), then verified and decompressed one by one; `READ_CHUNK_PAGES` at a time. Fails
+    /// with the first error, after serving every page it can.
     fn read_pages(&self, ctx: &mut Context, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        let mut result = Ok(());
+        for (k, chunk) in out.chunks_mut(READ_CHUNK_PAGES * PAGE_SIZE).enumerate() {
+            let r = self.read_chunk(ctx, first + (k * READ_CHUNK_PAGES) as u64, chunk);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+
+    /// `read_pages` for at most `READ_CHUNK_PAGES` pages.
+    fn read_chunk(&self, ctx: &mut Context, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
         let b = self.backing.as_ref().expect("read_pages is the backing device's read path");
         struct Deferred<'a> {
             page: usize,
@@ -313,7 +334,9 @@ impl Store {
             last_access: u16,
             _pin: Pin<'a>,
         }
-        let mut deferred: Vec<Deferred<'_>> = Vec::new();
+        // The pages to read from the device, in page order; on the stack (about 10 KiB).
+        let mut deferred: [Option<Deferred<'_>>; READ_CHUNK_PAGES] = [const { None }; READ_CHUNK_PAGES];
+        let mut num_deferred = 0;
         let mut result = Ok(());
         let fail = |r: &mut Result<(), StoreError>, e: StoreError| {
             Counters::inc(&self.counters.failed_reads);
@@ -331,7 +354,10 @@ impl Store {
                 (self.fetch(&g, ctx, page), last_access)
             };
             match fetched {
-                Fetched::Backing { loc, len, _pin } => deferred.push(Deferred { page: k, loc, len, last_access, _pin }),
+                Fetched::Backing { loc, len, _pin } => {
+                    deferred[num_deferred] = Some(Deferred { page: k, loc, len, last_access, _pin });
+                    num_deferred += 1;
+                }
                 other => {
                     if let Err(e) = self.finish(ctx, index, other, page) {
                         fail(&mut result, e);
@@ -339,31 +365,32 @@ impl Store {
                 }
             }
         }
+        let deferred = &deferred[..num_deferred];
+        let get = |i: usize| deferred[i].as_ref().expect("the first num_deferred are set");
         let rec_bytes = |d: &Deferred<'_>| (RECORD_HEADER + d.len as usize) as u64;
         let mut i = 0;
         while i < deferred.len() {
-            let start = deferred[i].loc;
-            let mut end = start + rec_bytes(&deferred[i]);
+            let start = get(i).loc;
+            let mut end = start + rec_bytes(get(i));
             let mut j = i + 1;
-            while j < deferred.len() && deferred[j].loc == end && end - start + rec_bytes(&deferred[j]) <= MAX_RUN_BYTES {
-                end += rec_bytes(&deferred[j]);
+            while j < deferred.len() && get(j).loc == end && end - start + rec_bytes(get(j)) <= MAX_RUN_BYTES {
+                end += rec_bytes(get(j));
                 j += 1;
             }
-            let run = &deferred[i..j];
+            let run = i..j;
             i = j;
-            let n = (end - start) as usize;
-            if ctx.run.len() < n {
-                ctx.run.resize(n, 0);
-            }
-            if let Err(e) = b.read_raw(first + run[0].page as u64, start, &mut ctx.run[..n]) {
-                for _ in run {
-                    fail(&mut result, e.clone());
+            let bytes = match b.read_raw(first + get(run.start).page as u64, start, (end - start) as usize, &mut ctx.read) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    for _ in run {
+                        fail(&mut result, e.clone());
+                    }
+                    continue;
                 }
-                continue;
-            }
-            for d in run {
+            };
+            for d in run.map(get) {
                 let index = first + d.page as u64;
-                let rec = &ctx.run[(d.loc - start) as usize..][..RECORD_HEADER + d.len as usize];
+                let rec = &bytes[(d.loc - start) as usize..][..RECORD_HEADER + d.len as usize];
                 if let Err(e) = b.check(index, d.loc, rec) {
                     fail(&mut result, e);
                     continue;
@@ -488,7 +515,7 @@ impl Store {
             Fetched::Backing { loc, len, _pin } => {
                 let b = self.backing.as_ref().expect("BACKING entries exist only with a backing device");
                 let len = len as usize;
-                b.read_record(index, loc, &mut ctx.cbuf[..RECORD_HEADER + len])?;
+                b.read_record(index, loc, &mut ctx.cbuf[..RECORD_HEADER + len], &mut ctx.read)?;
                 drop(_pin);
                 Counters::inc(&self.counters.bd_reads);
                 let payload = &ctx.cbuf[RECORD_HEADER..RECORD_HEADER + len];

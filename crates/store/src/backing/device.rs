@@ -10,9 +10,11 @@
 //! it (not tmpfs): a page read back from the device then really comes from the device, not
 //! from the host's page cache, which would be memory the server uses outside any limit (and
 //! would flatter benchmarks against disk swap). The read covers the aligned 4 KiB blocks
-//! around the record, through an aligned bounce buffer. Writes are buffered `pwrite`s, made
-//! durable by `sync`; with O_DIRECT reads, each write also starts the range's writeout
-//! (`sync_file_range`), so that a later direct read does not have to wait for it.
+//! around the record, in an aligned buffer: the worker's [`ReadBuf`] (the store keeps one in
+//! each `Context`, sized when the context is made), so that a request's read allocates
+//! nothing. Writes are buffered `pwrite`s, made durable by `sync`; with O_DIRECT reads, each
+//! write also starts the range's writeout (`sync_file_range`), so that a later direct read
+//! does not have to wait for it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
@@ -30,8 +32,18 @@ use std::path::{Path, PathBuf};
 pub trait BackingDevice: Send + Sync {
     /// Usable bytes.
     fn size_bytes(&self) -> u64;
-    /// Reads exactly `buf.len()` bytes at `offset`; a short read is an error.
+    /// Reads exactly `buf.len()` bytes at `offset`; a short read is an error. May allocate
+    /// (GC's segment reads use it); the request path uses [`BackingDevice::read_into`].
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads exactly `len` bytes at `offset` into `scratch` and returns them: the request
+    /// path's read, which allocates nothing when `len <= scratch.max_bytes()` (a larger read
+    /// grows `scratch` first). The default reads with `read_at` into the start of `scratch`.
+    fn read_into<'a>(&self, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a [u8]> {
+        scratch.ensure(len);
+        let buf = &mut scratch.mem[..len];
+        self.read_at(buf, offset)?;
+        Ok(buf)
+    }
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes completed writes durable (`fsync`).
@@ -94,20 +106,66 @@ impl FileDevice {
 
 /// O_DIRECT alignment of offsets, lengths and buffers.
 const ALIGN: u64 = 4096;
+const ALIGN_BYTES: usize = ALIGN as usize;
 
-/// Reads `buf.len()` bytes at `offset` through O_DIRECT: the aligned blocks around them into
-/// an aligned bounce buffer, then the bytes asked for.
-fn read_direct(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+/// Scratch memory for device reads, so that a request's read allocates nothing: one per
+/// worker (the store's `Context` keeps it), made once with room for the largest read the
+/// worker issues. An O_DIRECT read fills the aligned blocks around the bytes asked for and
+/// returns those bytes as a slice of it (no second copy); other reads use its start.
+pub struct ReadBuf {
+    /// Room for `max_bytes` read at any offset: the aligned span around them (at most
+    /// `max_bytes` rounded up plus one block) and up to one block to reach alignment.
+    mem: Box<[u8]>,
+}
+
+impl ReadBuf {
+    /// Room for a read of up to `max_bytes` at any offset, every page of it written once so
+    /// that it is resident now: freshly allocated memory may be untouched zero pages, which
+    /// the first read would fault in (in the I/O path, where a fault may wait in reclaim).
+    pub fn new(max_bytes: usize) -> ReadBuf {
+        ReadBuf { mem: super::resident_bytes(Self::mem_bytes(max_bytes)).into_boxed_slice() }
+    }
+
+    /// No room: for a store without a backing device (grows on first use if ever used).
+    pub fn empty() -> ReadBuf {
+        ReadBuf { mem: Box::default() }
+    }
+
+    /// The largest read it serves without allocating.
+    pub fn max_bytes(&self) -> usize {
+        (self.mem.len() / ALIGN_BYTES).saturating_sub(2) * ALIGN_BYTES
+    }
+
+    fn mem_bytes(max_bytes: usize) -> usize {
+        max_bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES + 2 * ALIGN_BYTES
+    }
+
+    /// Makes room for `len` bytes: allocates only when the owner sized it too small (which a
+    /// fault-free caller must not do).
+    fn ensure(&mut self, len: usize) {
+        if len > self.max_bytes() {
+            *self = ReadBuf { mem: vec![0u8; Self::mem_bytes(len)].into_boxed_slice() };
+        }
+    }
+
+    /// `n` bytes at the first aligned address; `n <= max_bytes() + ALIGN`.
+    fn aligned(&mut self, n: usize) -> &mut [u8] {
+        let shift = self.mem.as_ptr().align_offset(ALIGN_BYTES);
+        &mut self.mem[shift..shift + n]
+    }
+}
+
+/// Reads `len` bytes at `offset` through O_DIRECT: the aligned blocks around them into
+/// `scratch`; returns the bytes asked for.
+fn read_direct<'a>(file: &File, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a [u8]> {
     let start = offset / ALIGN * ALIGN;
-    let end = (offset + buf.len() as u64).div_ceil(ALIGN) * ALIGN;
-    let n = (end - start) as usize;
-    let mut bounce = vec![0u8; n + ALIGN as usize];
-    let shift = bounce.as_ptr().align_offset(ALIGN as usize);
-    let aligned = &mut bounce[shift..shift + n];
+    let end = (offset + len as u64).div_ceil(ALIGN) * ALIGN;
+    scratch.ensure(len);
+    // The span is at most `len` rounded up plus one block, which `ensure` left room for.
+    let aligned = scratch.aligned((end - start) as usize);
     file.read_exact_at(aligned, start)?;
     let from = (offset - start) as usize;
-    buf.copy_from_slice(&aligned[from..from + buf.len()]);
-    Ok(())
+    Ok(&aligned[from..from + len])
 }
 
 impl BackingDevice for FileDevice {
@@ -117,8 +175,25 @@ impl BackingDevice for FileDevice {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.direct {
-            Some(f) => read_direct(f, buf, offset),
+            Some(f) => {
+                // A bounce buffer for this read only (GC, tests): not the request path.
+                let mut scratch = ReadBuf::empty();
+                buf.copy_from_slice(read_direct(f, &mut scratch, offset, buf.len())?);
+                Ok(())
+            }
             None => self.file.read_exact_at(buf, offset),
+        }
+    }
+
+    fn read_into<'a>(&self, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a [u8]> {
+        match &self.direct {
+            Some(f) => read_direct(f, scratch, offset, len),
+            None => {
+                scratch.ensure(len);
+                let buf = &mut scratch.mem[..len];
+                self.file.read_exact_at(buf, offset)?;
+                Ok(buf)
+            }
         }
     }
 
@@ -196,6 +271,17 @@ mod tests {
         d.read_at(&mut back, 8190).unwrap();
         assert_eq!(back, data, "direct reads: {}", d.direct_reads());
         assert!(d.read_at(&mut [0u8; 8], (1 << 20) - 4).is_err(), "reads past the end fail");
+        // Through a worker's read buffer: the same bytes, and no allocation while it has room.
+        let mut scratch = ReadBuf::new(5000);
+        let mem = (scratch.mem.as_ptr(), scratch.mem.len());
+        assert!(scratch.max_bytes() >= 5000);
+        for off in [8190, 8191, 8192, 12287] {
+            let got = d.read_into(&mut scratch, off, 5000).unwrap();
+            let want = &data[(off - 8190) as usize..];
+            assert_eq!(&got[..want.len().min(5000)], &want[..want.len().min(5000)], "at {off}");
+        }
+        assert_eq!((scratch.mem.as_ptr(), scratch.mem.len()), mem, "no allocation within max_bytes");
+        assert_eq!(d.read_into(&mut scratch, 8190, 5000 + 4096 * 2).unwrap().len(), 5000 + 4096 * 2, "grows when too small");
         drop(d);
         let d = FileDevice::open(&path, 2 << 20, 1).unwrap();
         assert_eq!((d.size_bytes(), std::fs::metadata(&path).unwrap().len()), (2 << 20, 2 << 20));

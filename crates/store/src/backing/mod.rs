@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::config::BackingConfig;
 use crate::error::StoreError;
-pub use device::{BackingDevice, FileDevice};
+pub use device::{BackingDevice, FileDevice, ReadBuf};
 use log::{Batch, LogHead, HEADER};
 pub use policy::{MaintenanceReport, WritebackBudget, WritebackReport};
 pub use gc::GcReport;
@@ -87,6 +87,17 @@ pub(crate) struct BackingCounters {
     pub gc_pages: AtomicU64,
     pub promoted_pages: AtomicU64,
     pub errors: AtomicU64,
+}
+
+/// A buffer of `bytes` whose every page has been written, so that it is resident now (under
+/// the swap servers' `mlockall`, for good). Freshly allocated memory may be untouched zero
+/// pages that the first use would fault in; where that first use holds a slot lock or serves a
+/// request, the fault could wait in reclaim (docs/swap.md, "Memory pressure"). The fill is not
+/// zero so that it cannot become a `calloc`.
+pub(crate) fn resident_bytes(bytes: usize) -> Vec<u8> {
+    let mut v = vec![0xa5u8; bytes];
+    std::hint::black_box(&mut v);
+    v
 }
 
 impl Backing {
@@ -134,19 +145,19 @@ impl Backing {
         Ok(loc)
     }
 
-    /// Reads and verifies the record of slot `index` at `loc` into `rec` (header + payload).
-    /// The caller pinned the segment under the slot lock.
-    pub fn read_record(&self, index: u64, loc: u64, rec: &mut [u8]) -> Result<(), StoreError> {
-        self.read_raw(index, loc, rec)?;
+    /// Reads and verifies the record of slot `index` at `loc` into `rec` (header + payload),
+    /// through the worker's read buffer. The caller pinned the segment under the slot lock.
+    pub fn read_record(&self, index: u64, loc: u64, rec: &mut [u8], scratch: &mut ReadBuf) -> Result<(), StoreError> {
+        rec.copy_from_slice(self.read_raw(index, loc, rec.len(), scratch)?);
         self.check(index, loc, rec)
     }
 
-    /// Reads `buf.len()` bytes at `loc` (one record or a run of them; `index` names the first
-    /// page for the error).
-    pub fn read_raw(&self, index: u64, loc: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    /// Reads `len` bytes at `loc` (one record or a run of them; `index` names the first page
+    /// for the error) into the worker's read buffer; returns them.
+    pub fn read_raw<'a>(&self, index: u64, loc: u64, len: usize, scratch: &'a mut ReadBuf) -> Result<&'a [u8], StoreError> {
         self.dev
-            .read_at(buf, loc)
-            .map_err(|e| self.error(index, format!("read of {} bytes at byte {loc} failed: {e}", buf.len())))
+            .read_into(scratch, loc, len)
+            .map_err(|e| self.error(index, format!("read of {len} bytes at byte {loc} failed: {e}")))
     }
 
     /// Verifies the record of slot `index` read from `loc` (its segment pinned).
