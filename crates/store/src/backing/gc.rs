@@ -13,7 +13,7 @@
 //! that still fails (it stays an error, never becomes data), and is counted.
 
 use super::log::{self, HEADER};
-use super::policy::{Purpose, BATCH_BYTES};
+use super::policy::Purpose;
 use crate::error::StoreError;
 use crate::slot::{Entry, Kind};
 use crate::store::Store;
@@ -123,7 +123,7 @@ impl Store {
             let poison = log::verify(gen, loc, index, rec).is_err();
             rep.corrupt += poison as u64;
             m.batch.push(index, Entry::Backing { loc, len }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
-            if m.batch.bytes() >= BATCH_BYTES && !self.gc_batch(b, m, rep) {
+            if m.batch.is_full() && !self.gc_batch(b, m, rep) {
                 return;
             }
         }

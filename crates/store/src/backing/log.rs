@@ -24,9 +24,15 @@
 use super::device::BackingDevice;
 use super::space::SpaceMap;
 use crate::slot::Entry;
+use crate::PAGE_SIZE;
 
 /// Bytes before each record's payload.
 pub(crate) const HEADER: usize = 4;
+/// Bytes gathered before a batch is written.
+pub(crate) const BATCH_BYTES: usize = 256 << 10;
+/// Records a batch holds at most: a batch of pages that compress to under 128 bytes each is
+/// written before it reaches `BATCH_BYTES`.
+const BATCH_ITEMS: usize = 2048;
 
 /// The checksum a record at `loc` in a segment of generation `gen`, owned by slot `index`, carries.
 pub(crate) fn record_crc(gen: u32, loc: u64, index: u64, payload: &[u8]) -> u32 {
@@ -98,15 +104,19 @@ pub(crate) struct Item {
     pub len: u16,
     /// Offset of the record in the batch buffer.
     off: usize,
-    /// Set by `write`.
+    /// Set by `write`, with the generation of its segment.
     pub loc: u64,
+    gen: u32,
     /// Write the record with a checksum that fails (GC moving a record that was already
     /// corrupt: it must stay an error, not become data).
     pub poison: bool,
 }
 
 /// Records gathered in memory, placed and written together.
-#[derive(Default)]
+///
+/// Writeback copies pages into it under their slot locks, so it never grows: it is made with
+/// room for a full batch ([`Batch::reserved`], resident), and its owner writes it out as soon
+/// as [`Batch::is_full`], before the next `push`.
 pub(crate) struct Batch {
     buf: Vec<u8>,
     pub items: Vec<Item>,
@@ -116,9 +126,23 @@ pub(crate) struct Batch {
 pub(crate) struct BatchError(pub std::io::Error);
 
 impl Batch {
-    /// Payload bytes gathered (headers included).
-    pub fn bytes(&self) -> usize {
-        self.buf.len()
+    /// An empty batch with room for a full one, every page of it resident (see
+    /// `resident_bytes`): `BATCH_BYTES` plus one more record, and `BATCH_ITEMS` items.
+    pub fn reserved() -> Batch {
+        let mut buf = super::resident_bytes(BATCH_BYTES + HEADER + PAGE_SIZE);
+        buf.clear();
+        // A filler with nonzero bytes in every item, so that every page is written.
+        let filler = Item { index: u64::MAX, old: Entry::Empty, len: 0, off: usize::MAX, loc: u64::MAX, gen: u32::MAX, poison: true };
+        let mut items = vec![filler; BATCH_ITEMS];
+        std::hint::black_box(&mut items);
+        items.clear();
+        Batch { buf, items }
+    }
+
+    /// Whether the batch must be written before another page is added; until then `push`
+    /// stays within the room `reserved` made.
+    pub fn is_full(&self) -> bool {
+        self.buf.len() >= BATCH_BYTES || self.items.len() >= BATCH_ITEMS
     }
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
@@ -131,9 +155,10 @@ impl Batch {
     /// Adds a page of `len` payload bytes owned by slot `index`; the caller fills the
     /// returned payload slice.
     pub fn push(&mut self, index: u64, old: Entry, len: usize, poison: bool) -> &mut [u8] {
+        debug_assert!(!self.is_full() && len <= PAGE_SIZE, "a full batch is written before the next push");
         let off = self.buf.len();
         self.buf.resize(off + HEADER + len, 0);
-        self.items.push(Item { index, old, len: len as u16, off, loc: 0, poison });
+        self.items.push(Item { index, old, len: len as u16, off, loc: 0, gen: 0, poison });
         &mut self.buf[off + HEADER..]
     }
 
@@ -145,12 +170,10 @@ impl Batch {
     pub fn write(&mut self, head: &mut LogHead, space: &SpaceMap, dev: &dyn BackingDevice, use_reserve: bool) -> Result<(bool, u64), BatchError> {
         let mut full = false;
         let mut placed = 0;
-        let mut gens = Vec::with_capacity(self.items.len());
         for it in self.items.iter_mut() {
             match head.reserve(space, (HEADER + it.len as usize) as u64, use_reserve) {
                 Ok((loc, gen)) => {
-                    it.loc = loc;
-                    gens.push(gen);
+                    (it.loc, it.gen) = (loc, gen);
                     placed += 1;
                 }
                 Err(DeviceFull) => {
@@ -160,9 +183,9 @@ impl Batch {
             }
         }
         self.items.truncate(placed);
-        for (it, gen) in self.items.iter().zip(gens) {
+        for it in &self.items {
             let rec = &mut self.buf[it.off..it.off + HEADER + it.len as usize];
-            let crc = record_crc(gen, it.loc, it.index, &rec[HEADER..]);
+            let crc = record_crc(it.gen, it.loc, it.index, &rec[HEADER..]);
             let crc = if it.poison { !crc } else { crc };
             rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
         }
@@ -210,6 +233,26 @@ mod tests {
         rec.extend_from_slice(b"payload");
         assert!(verify(1, 4096, 7, &rec).is_ok());
         assert!(verify(1, 4096, 7, &[0u8; 11]).is_err(), "a hole never verifies");
+    }
+
+    #[test]
+    fn a_batch_written_when_full_never_grows() {
+        let mut b = Batch::reserved();
+        let room = (b.buf.as_ptr(), b.buf.capacity(), b.items.as_ptr(), b.items.capacity());
+        // Large records fill it by bytes, tiny ones by items; mixed, both.
+        for sizes in [&[PAGE_SIZE][..], &[1, 30, 60], &[4000, 7, 2100, 90, 1]] {
+            for round in 0..3 {
+                let mut k = 0;
+                while !b.is_full() {
+                    let len = sizes[k % sizes.len()];
+                    b.push(k as u64, Entry::Empty, len, false).fill(round as u8);
+                    k += 1;
+                }
+                assert!(k > 1, "a batch takes more than one record");
+                assert_eq!((b.buf.as_ptr(), b.buf.capacity(), b.items.as_ptr(), b.items.capacity()), room, "sizes {sizes:?}: the batch grew");
+                b.clear();
+            }
+        }
     }
 
     #[test]

@@ -67,7 +67,6 @@ pub(crate) struct Backing {
 }
 
 /// State of the maintenance side (writeback and GC), under `Backing::maint`.
-#[derive(Default)]
 pub(crate) struct Maint {
     pub head: LogHead,
     pub batch: Batch,
@@ -123,7 +122,9 @@ impl Backing {
             space,
             cfg: cfg.clone(),
             overflow: Mutex::new(LogHead::default()),
-            maint: Mutex::new(Maint::default()),
+            // The batch is reserved (and resident) now: writeback copies pages into it under
+            // their slot locks, where growing it would make requests wait on an allocation.
+            maint: Mutex::new(Maint { head: LogHead::default(), batch: Batch::reserved(), draining: false, cursor: 0 }),
             ctr: BackingCounters::default(),
         })
     }

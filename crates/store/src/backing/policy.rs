@@ -35,8 +35,6 @@ use crate::store::Store;
 use crate::PAGE_SIZE;
 
 const PAGE: u64 = PAGE_SIZE as u64;
-/// Bytes gathered before a batch is written.
-pub(crate) const BATCH_BYTES: usize = 256 << 10;
 /// A page read again within this many ticks (seconds) of its last access is promoted.
 const PROMOTE_WITHIN_SECS: u16 = 4;
 /// Age buckets: 0..64 s one per second, then one per power of two up to 2^16 s.
@@ -225,7 +223,9 @@ impl Store {
             drop(g);
             debug_assert_eq!(copied, Some(len));
             gathered += len as u64;
-            if m.batch.bytes() >= BATCH_BYTES && !self.write_back_batch(b, m, &mut rep) {
+            // Written as soon as it is full, so the next page's copy (under its slot lock) never
+            // grows it.
+            if m.batch.is_full() && !self.write_back_batch(b, m, &mut rep) {
                 break;
             }
         }
