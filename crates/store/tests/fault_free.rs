@@ -2,13 +2,16 @@
 //! I/O path takes no page fault at all. A fault there may wait in reclaim for memory that only
 //! the swap-outs this server is serving can free (a deadlock the whole machine feels), so
 //! every page the path touches (pool pages, their descriptors, the free and partial lists)
-//! must already be resident. The test counts this thread's page faults (getrusage) across
-//! writes into every size class, overwrites, discards and reads.
+//! must already be resident. The tests count this thread's page faults (getrusage) across
+//! writes into every size class, overwrites, discards and reads; and, with a backing file,
+//! across writes that overflow to it, reads of single pages and of multi-page runs from it,
+//! and the writeback thread's work (which holds slot locks that requests wait on).
 
 mod common;
 
 use common::{xorshift, PAGE};
-use compcache_store::{Config, Store, StoreError};
+use compcache_store::{BackingConfig, Config, FileDevice, Store, StoreError, WritebackBudget};
+use std::sync::Arc;
 
 /// Page faults this thread has taken so far (minor and major).
 fn thread_faults() -> u64 {
@@ -94,4 +97,132 @@ fn the_io_path_takes_no_page_fault_once_the_reserve_is_prefaulted() {
     assert!(stored > 1000 && refused > 0, "the reserve should take some pages and refuse the rest: stored {stored}, refused {refused}");
     assert!(good > 1000, "pages read back: {good}");
     assert_eq!(faults, 0, "the I/O path faulted {faults} times in fault-free mode (stored {stored} pages)");
+}
+
+/// A temporary directory, removed on drop (also when the test fails).
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_backing_path_takes_no_page_fault_either() {
+    const WARM: u64 = 64;
+    const RESERVE_PAGES: u64 = 512;
+    const PAGES: u64 = 4096 + WARM; // the test's pages (a multiple of 256), then the warm-up's
+    let dir = TempDir(std::env::temp_dir().join(format!("compcache-fault-free-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("backing.img");
+    let mut b = BackingConfig::new(&path);
+    b.size_bytes = 64 << 20;
+    let cfg = Config { mem_limit_bytes: 2 * RESERVE_PAGES * PAGE as u64, backing: Some(b), ..Config::with_disksize(PAGES * PAGE as u64) };
+    let store = Arc::new(Store::new(cfg).unwrap());
+    // Whether reads go through O_DIRECT (and so the aligned read buffer) here: not on tmpfs.
+    let direct = FileDevice::open(&path, 0, 0).unwrap().direct_reads();
+    let mut ctx = store.context();
+    let mut page = vec![0u8; PAGE];
+    for i in 0..PAGES {
+        store.write_page(&mut ctx, i, &page).unwrap();
+        store.discard_page(i);
+    }
+    store.set_fault_free(true);
+
+    let sizes = |i: u64| ((i * 2654435761) % 4097) as usize; // raw pages too
+    let data: Vec<Vec<u8>> = (0..PAGES).map(|i| page_of(i, 1, sizes(i))).collect();
+    let again: Vec<Vec<u8>> = (0..PAGES).map(|i| page_of(i, 2, sizes(i + 3))).collect();
+    // Nonzero, so that they are written (resident) now, not zero pages faulted in on first use.
+    let mut run16 = vec![1u8; 16 * PAGE];
+    let mut run256 = vec![1u8; 256 * PAGE];
+    // Warm up on pages outside the test, as the RAM test does, before the reserve exists so
+    // that these writes overflow: the thread's stack, and the code of the overflow and read
+    // paths, whose first run faults its pages of the binary in (a swap server's mlockall makes
+    // them resident). A one-page and a two-page read only: the buffers the longer reads below
+    // use are the context's, made at its full size with it.
+    let warm = PAGES - WARM;
+    for i in warm..PAGES {
+        store.write_page(&mut ctx, i, &data[i as usize]).unwrap();
+    }
+    store.read_page(&mut ctx, PAGES - 1, &mut page).unwrap();
+    store.read(&mut ctx, (PAGES - 2) * PAGE as u64, &mut run16[..2 * PAGE]).unwrap();
+    for i in warm..PAGES {
+        store.discard_page(i);
+    }
+    assert_eq!(store.prefault(RESERVE_PAGES), RESERVE_PAGES);
+    assert_eq!(store.stats().bd_overflow_pages, WARM, "the warm-up's writes overflow");
+
+    touch_stack();
+    let before = thread_faults();
+    // Writes: the reserve takes what it can, the rest overflows to the device.
+    for i in 0..warm {
+        store.write_page(&mut ctx, i, &data[i as usize]).unwrap();
+    }
+    let write_faults = thread_faults() - before;
+    let overflowed = store.stats().bd_overflow_pages;
+
+    // The server's writeback thread (crates/cli/src/backing.rs): moves what is in RAM out.
+    // It is not the I/O path, but requests wait for the slot locks it takes, so nothing it
+    // does under one may fault; here it faults nothing at all.
+    let s = Arc::clone(&store);
+    let (wb, writeback_faults) = std::thread::spawn(move || {
+        touch_stack();
+        let before = thread_faults();
+        let r = s.writeback_idle(0, WritebackBudget::UNLIMITED);
+        (r, thread_faults() - before)
+    })
+    .join()
+    .unwrap();
+
+    let before = thread_faults();
+    let mut good = 0u64;
+    let mut check = |first: u64, buf: &[u8], versions: &[&Vec<Vec<u8>>]| {
+        for (k, p) in buf.chunks_exact(PAGE).enumerate() {
+            let i = (first + k as u64) as usize;
+            assert!(versions.iter().any(|v| p == v[i]), "page {i} read back wrong");
+            good += 1;
+        }
+    };
+    for i in 0..warm {
+        store.read_page(&mut ctx, i, &mut page).unwrap();
+        check(i, &page, &[&data]);
+    }
+    for i in (0..warm).step_by(16) {
+        store.read(&mut ctx, i * PAGE as u64, &mut run16).unwrap();
+        check(i, &run16, &[&data]);
+    }
+    for i in (0..warm).step_by(256) {
+        store.read(&mut ctx, i * PAGE as u64, &mut run256).unwrap();
+        check(i, &run256, &[&data]);
+    }
+    // Overwrites and discards of pages on the device free their records; read all again.
+    for i in (0..warm).step_by(3) {
+        store.write_page(&mut ctx, i, &again[i as usize]).unwrap();
+    }
+    for i in (0..warm).step_by(5) {
+        store.discard_page(i);
+    }
+    for i in (0..warm).step_by(256) {
+        store.read(&mut ctx, i * PAGE as u64, &mut run256).unwrap();
+        for (k, p) in run256.chunks_exact(PAGE).enumerate() {
+            let j = i as usize + k;
+            assert!(p == data[j] || p == again[j] || (j % 5 == 0 && p.iter().all(|&b| b == 0)), "page {j} read back wrong");
+        }
+    }
+    let read_faults = thread_faults() - before;
+
+    let st = store.stats();
+    eprintln!(
+        "backing fault-free: O_DIRECT reads {direct}; {overflowed} of {warm} pages overflowed, {} written back in {} pwrites, \
+         {} device reads, {} promoted; faults: writes {write_faults}, writeback {writeback_faults}, reads {read_faults}",
+        wb.pages, wb.writes, st.bd_reads, st.bd_promoted_pages
+    );
+    assert!(overflowed > 1000 && wb.pages > 200 && wb.writes >= 2, "the test should overflow and write back: {overflowed} overflowed, {wb:?}");
+    assert!(good == 3 * warm && st.bd_reads > 3 * (warm - 1000), "pages read: {good}, device reads {}", st.bd_reads);
+    assert_eq!(
+        (write_faults, writeback_faults, read_faults),
+        (0, 0, 0),
+        "page faults in fault-free mode with a backing device (writes, writeback thread, reads)"
+    );
 }
