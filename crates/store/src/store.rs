@@ -16,7 +16,7 @@
 //! every pool free happens once, for an entry just taken out of its slot.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backing::log::HEADER as RECORD_HEADER;
 use crate::backing::space::Pin;
@@ -52,6 +52,9 @@ pub struct Store {
     /// Ticks added to the clock (tests age pages without sleeping).
     clock_offset: AtomicU64,
     pub(crate) mem_limit_bytes: AtomicU64,
+    /// Fault-free mode: how long (µs) a write that found no resident pool page waits for the
+    /// reserve's keeper before it fails (0: it fails at once).
+    reserve_wait_us: AtomicU64,
     pub(crate) backing: Option<Backing>,
 }
 
@@ -117,6 +120,7 @@ impl Store {
             created: Instant::now(),
             clock_offset: AtomicU64::new(0),
             mem_limit_bytes: AtomicU64::new(cfg.mem_limit_bytes),
+            reserve_wait_us: AtomicU64::new(0),
             backing,
             cfg,
         })
@@ -272,6 +276,10 @@ impl Store {
             }
             r => r,
         };
+        let entry = match entry {
+            Err(e @ StoreError::NoSpace { .. }) => self.encode_awaiting_reserve(ctx, index, page).unwrap_or(Err(e)),
+            r => r,
+        };
         let entry = entry.inspect_err(|_| Counters::inc(&self.counters.failed_writes))?;
         let old = {
             let mut g = self.slots[index as usize].lock();
@@ -281,6 +289,27 @@ impl Store {
         self.account(entry, true);
         self.release(old);
         Ok(())
+    }
+
+    /// A write found no resident pool page in fault-free mode. If the reserve's keeper can
+    /// still add pages, waits for it (polling every millisecond, no lock held) up to
+    /// [`Store::set_reserve_wait`], then fails as before. Bounded, so it cannot deadlock: if
+    /// the keeper itself waits in reclaim for swap-outs, the write fails with ENOSPC and the
+    /// kernel keeps the page and retries it. Without the wait such a write fails at once,
+    /// and the kernel logs "Write-error on swap-device" for each.
+    #[cold]
+    fn encode_awaiting_reserve(&self, ctx: &mut Context, index: u64, page: &[u8]) -> Option<Result<Entry, StoreError>> {
+        let wait = Duration::from_micros(self.reserve_wait_us.load(Relaxed));
+        let start = Instant::now();
+        let mut last = None;
+        while !wait.is_zero() && start.elapsed() < wait && self.pool.may_refill() {
+            std::thread::sleep(Duration::from_millis(1));
+            match self.encode(ctx, index, page) {
+                Err(e @ StoreError::NoSpace { .. }) => last = Some(Err(e)),
+                r => return Some(r),
+            }
+        }
+        last
     }
 
     /// Reads one whole page at slot `index` into `out`.
@@ -643,6 +672,13 @@ impl Store {
     /// servers, whose page faults under memory pressure can wait on their own I/O.
     pub fn set_fault_free(&self, on: bool) {
         self.pool.set_fault_free(on)
+    }
+
+    /// In fault-free mode, how long a write that finds no resident pool page waits for the
+    /// reserve to be refilled (by [`Store::prefault`] on another thread) before it fails with
+    /// `NoSpace`; never when the memory limit leaves no room to refill. Default: no wait.
+    pub fn set_reserve_wait(&self, wait: Duration) {
+        self.reserve_wait_us.store(wait.as_micros().min(u64::MAX as u128) as u64, Relaxed);
     }
 
     /// Pages that [`Store::compact`] could release now (an estimate).

@@ -226,3 +226,52 @@ fn the_backing_path_takes_no_page_fault_either() {
         "page faults in fault-free mode with a backing device (writes, writeback thread, reads)"
     );
 }
+
+/// A write that finds the reserve empty waits for the keeper (bounded), instead of failing
+/// at once: the swap server's refusals (kernel "Write-error on swap-device") become rare. At
+/// the memory limit no refill can come, and it fails without waiting.
+#[test]
+fn a_write_waits_for_the_reserve_only_when_a_refill_can_come() {
+    use std::time::{Duration, Instant};
+    let store = Arc::new(Store::new(Config::with_disksize(256 * PAGE as u64)).unwrap());
+    store.set_fault_free(true); // and no reserve yet: every pool allocation fails
+    let mut ctx = store.context();
+    let p = page_of(1, 1, 2000);
+    assert!(matches!(store.write_page(&mut ctx, 1, &p), Err(StoreError::NoSpace { .. })), "no wait by default");
+
+    store.set_reserve_wait(Duration::from_secs(10));
+    let keeper = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            store.prefault(16)
+        })
+    };
+    let t = Instant::now();
+    store.write_page(&mut ctx, 1, &p).expect("the write waits for the refill");
+    let waited = t.elapsed();
+    assert_eq!(keeper.join().unwrap(), 16);
+    assert!(waited >= Duration::from_millis(25) && waited < Duration::from_secs(10), "waited {waited:?}");
+    let mut back = vec![0u8; PAGE];
+    store.read_page(&mut ctx, 1, &mut back).unwrap();
+    assert!(back == p);
+
+    // The memory limit reached: nothing can refill, so no wait.
+    let mut cfg = Config::with_disksize(256 * PAGE as u64);
+    cfg.mem_limit_bytes = 2 * PAGE as u64;
+    let limited = Store::new(cfg).unwrap();
+    limited.set_fault_free(true);
+    limited.set_reserve_wait(Duration::from_secs(10));
+    assert_eq!(limited.prefault(100), 2, "prefault stops at the limit");
+    let mut ctx = limited.context();
+    let mut i = 0;
+    let t = Instant::now();
+    let err = loop {
+        match limited.write_page(&mut ctx, i, &page_of(i, 1, 3000)) {
+            Ok(()) => i += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(2), "failed at the limit only after {:?}", t.elapsed());
+}

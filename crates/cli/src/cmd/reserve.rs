@@ -15,9 +15,11 @@
 //! pages come from a *reserve* that this keeper fills with `Store::prefault`, which faults
 //! pages in with no store lock held; under `mlockall` they stay resident, and so do pages the
 //! pool frees (madvise cannot drop locked pages), which it reuses first. When the reserve runs
-//! below half, the keeper thread tops it up. Its page faults may wait in reclaim, but nothing
-//! waits for the keeper: meanwhile the I/O path stores pages from what is left of the
-//! reserve, the kernel frees the swapped-out pages, and the keeper's faults complete. Size the
+//! below three quarters, the keeper thread tops it up. Its page faults may wait in reclaim,
+//! but nothing waits for the keeper without a bound: meanwhile the I/O path stores pages from
+//! what is left of the reserve, the kernel frees the swapped-out pages, and the keeper's
+//! faults complete. A write that finds the reserve empty waits for the keeper up to `WAIT`
+//! (polling, no lock held), then fails. Size the
 //! reserve (`--reserve`) for the burst of compressed data you expect between two refills.
 //! The slot table is made resident before the device starts.
 
@@ -29,9 +31,15 @@ use compcache_store::{Store, PAGE_SIZE};
 const PAGE: u64 = PAGE_SIZE as u64;
 /// How often the keeper looks at the reserve.
 const TICK: Duration = Duration::from_millis(10);
+/// How long a write that finds the reserve empty waits for the keeper before it fails with
+/// ENOSPC (`Store::set_reserve_wait`). In the VM test's `global` step (the whole guest out of
+/// memory, a 256 MiB scan, other work on the host), failing at once refused 70 and 1890
+/// swap-outs in two runs; waiting up to 20 ms with the keeper refilling below half refused 7
+/// and 461; waiting up to 50 ms with the keeper refilling below three quarters, 0 and 0.
+const WAIT: Duration = Duration::from_millis(50);
 
-/// The reserve's size for a machine with `ram_bytes` of RAM: refill below half of it.
-/// 1/128 of RAM, within 8..=128 MiB, absorbs a burst of several thousand swapped pages while
+/// The reserve's size for a machine with `ram_bytes` of RAM (refilled below three quarters of
+/// it): 1/128 of RAM, within 8..=128 MiB, absorbs a burst of several thousand swapped pages while
 /// the keeper waits for memory.
 pub fn default_high_bytes(ram_bytes: u64) -> u64 {
     let low = (ram_bytes / 256).clamp(4 << 20, 64 << 20);
@@ -50,7 +58,7 @@ impl Reserve {
     /// the store's memory limit, which `Store::prefault` respects).
     pub fn new(store: Arc<Store>, high_bytes: u64) -> Reserve {
         let high_pages = (high_bytes / PAGE).max(2);
-        Reserve { store, low_pages: high_pages / 2, high_pages }
+        Reserve { store, low_pages: high_pages * 3 / 4, high_pages }
     }
 
     /// Makes the slot table resident (a read of an empty slot touches its entry), fills the
@@ -67,6 +75,7 @@ impl Reserve {
         }
         self.top_up();
         self.store.set_fault_free(true);
+        self.store.set_reserve_wait(WAIT);
     }
 
     /// Pages the pool holds resident but unused: what the I/O path can still take.
@@ -82,7 +91,7 @@ impl Reserve {
         }
     }
 
-    /// The keeper's loop: top up whenever the free reserve is below half. Never returns.
+    /// The keeper's loop: top up whenever the free reserve is below three quarters. Never returns.
     pub fn keep(self) {
         loop {
             if self.free_pages() < self.low_pages {

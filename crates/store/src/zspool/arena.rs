@@ -245,6 +245,16 @@ impl Arena {
         }
     }
 
+    /// In fault-free mode, whether `prefault` may still add pages: the memory limit and the
+    /// reservation leave room. (An allocation that failed for want of a resident page may
+    /// then succeed after the reserve's keeper has run.)
+    pub fn may_refill(&self) -> bool {
+        let st = self.state.lock();
+        let limit = self.limit_pages.load(Relaxed);
+        let held = self.used_pages.load(Relaxed) + st.resident.len() as u64;
+        self.fault_free.load(Relaxed) && st.next_unused < self.capacity_pages && (limit == 0 || held < limit)
+    }
+
     /// Free pages whose memory is resident.
     pub fn resident_free_pages(&self) -> u64 {
         self.state.lock().resident.len() as u64

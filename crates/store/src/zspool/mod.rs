@@ -206,6 +206,10 @@ impl ZsPool {
     pub fn set_fault_free(&self, on: bool) {
         self.arena.set_fault_free(on)
     }
+    /// See [`Arena::may_refill`].
+    pub fn may_refill(&self) -> bool {
+        self.arena.may_refill()
+    }
     pub fn pages_compacted(&self) -> u64 {
         self.pages_compacted.load(Relaxed)
     }
