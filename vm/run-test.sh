@@ -37,7 +37,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,backing,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=600 ;;
+    --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=900 ;;
     --frontends) frontends="$2"; shift ;;
     --mem) mem="$2"; shift ;;
     --scan) scan="$2"; shift ;;
@@ -118,6 +118,7 @@ case ",$frontends," in
 esac
 echo "run-test: booting $(cat "$cache/kernel/version") ($accel, ${mem} MiB, $smp CPUs): $frontends, scan ${scan} MiB x $passes"
 start=$(date +%s)
+: >"$log" # exists before tail follows it
 qemu-system-x86_64 "${accel_opts[@]}" -m "$mem" -smp "$smp" -nographic -no-reboot \
   -kernel "$cache/kernel/vmlinuz" -initrd "$initramfs" -append "$append" \
   "${disk_opts[@]}" -nic none -serial mon:stdio -monitor "unix:$cache/monitor-$$.sock,server,nowait" </dev/null >"$log" 2>&1 &
