@@ -11,8 +11,9 @@
 #                             whole guest out of memory; nbd-client: `compcache serve`
 #                             attached by Debian's standard nbd-client, fetched into vm/cache
 #                             by vm/fetch-nbd-client.sh; backing: ublk swap with a 16 MiB
-#                             resident limit and a 128 MiB virtual disk, a sparse file in
-#                             vm/cache removed afterwards, as its backing device)
+#                             resident limit and a virtual disk (the scan's size, at least
+#                             128 MiB; a sparse file in vm/cache removed afterwards) as its
+#                             backing device)
 #            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
 #                             guest under memory pressure; see docs/swap.md)
@@ -106,13 +107,14 @@ case "$accel" in
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
 append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve${memcg:+ cc.memcg_mib=$memcg}"
-# The backing step's disk: a sparse file (only what the guest writes takes host space).
+# The backing step's disk: a sparse file (only what the guest writes takes host space), as
+# large as the scan (at least 128 MiB), so that it holds all the scan's pages compressed.
 disk_opts=()
 disk=
 case ",$frontends," in
   *,backing,*)
     disk="$cache/backing-$$.img"
-    rm -f "$disk" && truncate -s 128M "$disk"
+    rm -f "$disk" && truncate -s "$(( scan > 128 ? scan : 128 ))M" "$disk"
     disk_opts=(-drive "file=$disk,if=virtio,format=raw,cache=unsafe")
     ;;
 esac
