@@ -23,19 +23,9 @@ if [ -s "$out/vmlinuz" ] && [ "$have" = 1 ]; then
 fi
 
 apt_dir="$cache/apt"
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/deb"
-echo "deb http://deb.debian.org/debian bookworm-backports main" >"$apt_dir/sources.list"
-apt_opts=(
-  -o "Dir::Etc::sourcelist=$apt_dir/sources.list"
-  -o "Dir::Etc::sourceparts=/nonexistent"
-  -o "Dir::State::Lists=$apt_dir/lists"
-  -o "Dir::Cache=$apt_dir"
-  -o "Dir::State::status=/dev/null"
-  -o "APT::Get::List-Cleanup=0"
-  -o "APT::Sandbox::User=root"
-)
-echo "fetch-kernel: apt-get update (bookworm-backports, private lists in $apt_dir)"
-apt-get "${apt_opts[@]}" update -qq
+# shellcheck source=vm/private-apt.sh
+. "$PWD/private-apt.sh"
+private_apt "$apt_dir" "deb http://deb.debian.org/debian bookworm-backports main" fetch-kernel
 
 pkg="${KERNEL_PKG:-}"
 if [ -z "$pkg" ]; then

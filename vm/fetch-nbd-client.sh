@@ -20,19 +20,9 @@ if [ -x "$out/root/sbin/nbd-client" ] && [ -s "$out/version" ]; then
 fi
 
 apt_dir="$cache/apt-bookworm"
-mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial" "$apt_dir/deb"
-echo "deb http://deb.debian.org/debian bookworm main" >"$apt_dir/sources.list"
-apt_opts=(
-  -o "Dir::Etc::sourcelist=$apt_dir/sources.list"
-  -o "Dir::Etc::sourceparts=/nonexistent"
-  -o "Dir::State::Lists=$apt_dir/lists"
-  -o "Dir::Cache=$apt_dir"
-  -o "Dir::State::status=/dev/null"
-  -o "APT::Get::List-Cleanup=0"
-  -o "APT::Sandbox::User=root"
-)
-echo "fetch-nbd-client: apt-get update (bookworm, private lists in $apt_dir)"
-apt-get "${apt_opts[@]}" update -qq
+# shellcheck source=vm/private-apt.sh
+. "$PWD/private-apt.sh"
+private_apt "$apt_dir" "deb http://deb.debian.org/debian bookworm main" fetch-nbd-client
 
 # The libraries come from this machine when it has them (build-initramfs.sh finds them with
 # ldd); those it lacks are unpacked next to the binary.
