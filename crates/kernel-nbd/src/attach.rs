@@ -76,12 +76,17 @@ pub struct AttachOptions {
     pub connections: usize,
     /// The export name to ask the server for ("" is the default export).
     pub export_name: String,
+    /// Caps the kernel's requests at this many bytes (the device's `queue/max_sectors_kb`;
+    /// the driver's own limit is 32 MiB, the block layer's default about 1.25 MiB), so that a
+    /// swap server can hold buffers for the largest request from the start. `None`: as the
+    /// kernel sets it.
+    pub max_request_bytes: Option<u32>,
 }
 
 impl Default for AttachOptions {
     fn default() -> Self {
         let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-        AttachOptions { device: None, connections: cpus.clamp(1, 8), export_name: String::new() }
+        AttachOptions { device: None, connections: cpus.clamp(1, 8), export_name: String::new(), max_request_bytes: None }
     }
 }
 
@@ -238,6 +243,13 @@ where
         flags: info.flags,
     };
     let up = wait_for_size(index, &done);
+    if let (true, Some(max)) = (up, opts.max_request_bytes) {
+        // Before `while_up` (which puts the device to use): no request larger than this comes.
+        let knob = format!("/sys/block/nbd{index}/queue/max_sectors_kb");
+        if let Err(e) = std::fs::write(&knob, format!("{}\n", (max / 1024).max(4))) {
+            eprintln!("compcache-kernel-nbd: cannot cap {name}'s requests at {max} bytes ({knob}: {e}); larger requests are served with buffers grown on demand");
+        }
+    }
     if up {
         let alive = || !done.load(Ordering::SeqCst);
         while_up(&attached, &alive);

@@ -96,6 +96,11 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// Log a line when a client connects and disconnects cleanly (errors are always logged).
     pub verbose: bool,
+    /// Data bytes each worker's request buffer holds from the start, made resident, and keeps
+    /// (0: it grows with the requests served). For a swap server whose client's requests are
+    /// capped at this size (`compcache nbd-attach` caps the kernel's): its workers then never
+    /// allocate while serving, when an allocation could wait on the memory it is freeing.
+    pub request_buffer_bytes: usize,
 }
 
 impl Default for ServerOptions {
@@ -107,6 +112,7 @@ impl Default for ServerOptions {
             max_inflight_requests: 128,
             max_connections: 256,
             verbose: false,
+            request_buffer_bytes: 0,
         }
     }
 }

@@ -268,13 +268,22 @@ impl Inflight {
 /// A worker's buffer for its current request: room for a simple reply header, then the data
 /// (a WRITE's payload coming in, a READ's data going out), so a READ reply leaves in one
 /// write (rule 4). Reused from request to request (rule 5): it grows to the largest request
-/// served and is freed after one above [`KEEP_BUFFER_BYTES`].
+/// served and is freed after one above [`KEEP_BUFFER_BYTES`], down to what it was made with.
 #[derive(Default)]
 struct RequestBuffer {
     bytes: Vec<u8>,
+    /// Bytes it was made with and keeps (`ServerOptions::request_buffer_bytes` plus the header).
+    kept: usize,
 }
 
 impl RequestBuffer {
+    /// A buffer with room for `data_bytes` of data, every page written once so that it is
+    /// resident (fresh allocations can be untouched zero pages that fault on first use).
+    fn with_room(data_bytes: usize) -> RequestBuffer {
+        let kept = if data_bytes == 0 { 0 } else { SIMPLE_REPLY_BYTES + data_bytes };
+        RequestBuffer { bytes: vec![0x5a; kept], kept }
+    }
+
     /// The data area for a request of `len` bytes. Its previous contents are left as they are
     /// (no zeroing on the hot path): a WRITE payload overwrites all of it before it is used,
     /// and READ data is sent only after the store filled all of it.
@@ -292,10 +301,10 @@ impl RequestBuffer {
         &self.bytes[..SIMPLE_REPLY_BYTES + len]
     }
 
-    /// Frees the buffer if the last request made it large.
+    /// Frees the buffer if the last request made it large (back to what it was made with).
     fn trim(&mut self) {
-        if self.bytes.len() > SIMPLE_REPLY_BYTES + KEEP_BUFFER_BYTES {
-            self.bytes = Vec::new();
+        if self.bytes.len() > (SIMPLE_REPLY_BYTES + KEEP_BUFFER_BYTES).max(self.kept) {
+            *self = RequestBuffer::with_room(self.kept.saturating_sub(SIMPLE_REPLY_BYTES));
         }
     }
 }
@@ -382,6 +391,8 @@ struct Conn<S: Stream> {
     quiet: AtomicBool,
     rejects_logged: AtomicU32,
     store_error_logged: AtomicBool,
+    /// `ServerOptions::request_buffer_bytes`.
+    request_buffer_bytes: usize,
 }
 
 impl<S: Stream> Conn<S> {
@@ -482,6 +493,7 @@ pub(crate) fn run_connection<S: Stream>(server: &Server, stream: S, label: &str)
         quiet: AtomicBool::new(false),
         rejects_logged: AtomicU32::new(0),
         store_error_logged: AtomicBool::new(false),
+        request_buffer_bytes: server.options.request_buffer_bytes,
     };
     let store = &*server.export.store;
     std::thread::scope(|scope| {
@@ -527,7 +539,7 @@ enum Next {
 fn worker<S: Stream>(store: &Store, conn: &Conn<S>, id: usize) {
     let _unwind = FailOnPanic(conn);
     let mut ctx = store.context();
-    let mut buf = RequestBuffer::default();
+    let mut buf = RequestBuffer::with_room(conn.request_buffer_bytes);
     // The read turn, when this worker kept it through its last request (the short path).
     let mut kept: Option<TurnGuard<'_, S>> = None;
     loop {
@@ -794,6 +806,21 @@ mod tests {
         b.data(KEEP_BUFFER_BYTES + 1);
         b.trim();
         assert_eq!(b.bytes.capacity(), 0, "above the limit it is freed");
+    }
+
+    #[test]
+    fn a_preallocated_request_buffer_never_reallocates_within_its_room() {
+        let room = 2 * KEEP_BUFFER_BYTES;
+        let mut b = RequestBuffer::with_room(room);
+        let ptr = b.data(1).as_ptr();
+        for len in [4096, room, 1, room] {
+            assert_eq!(b.data(len).as_ptr(), ptr, "a request within the room uses the buffer it was made with");
+            b.trim();
+        }
+        assert_eq!(b.bytes.len(), SIMPLE_REPLY_BYTES + room, "trim keeps the room, even above KEEP_BUFFER_BYTES");
+        b.data(room + 1);
+        b.trim();
+        assert_eq!(b.bytes.len(), SIMPLE_REPLY_BYTES + room, "after a larger request it is back to its room");
     }
 
     fn job(cmd: Command, seq: u64, len: u32) -> Job {

@@ -256,13 +256,25 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The largest request `nbd-attach` lets the kernel send: 32 swap pages, as a swap cluster
+/// (ublk's I/O buffers are 64 KiB). Swap I/O rarely merges beyond that.
+const NBD_MAX_REQUEST_BYTES: u32 = 128 << 10;
+
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     compcache_kernel_nbd::kernel_support()?;
     let session = Session::start(&args.store, &args.server, "nbd")?;
     let description = format!("compcache {} {} device", human(session.cfg.disksize_bytes), session.cfg.algorithm);
     let export = compcache_nbd::Export { name: "compcache".into(), description, store: Arc::clone(&session.store) };
-    let server = Arc::new(compcache_nbd::Server::new(export, compcache_nbd::ServerOptions::default()));
-    let mut opts = compcache_kernel_nbd::AttachOptions { device: args.device.clone(), ..Default::default() };
+    // The kernel's requests are capped and every worker holds a buffer for the largest from
+    // the start (made before the device is up, locked by mlockall): serving swap allocates
+    // nothing in userspace. (Replies still take socket buffers in the kernel: docs/swap.md.)
+    let server_opts = compcache_nbd::ServerOptions { request_buffer_bytes: NBD_MAX_REQUEST_BYTES as usize, ..Default::default() };
+    let server = Arc::new(compcache_nbd::Server::new(export, server_opts));
+    let mut opts = compcache_kernel_nbd::AttachOptions {
+        device: args.device.clone(),
+        max_request_bytes: Some(NBD_MAX_REQUEST_BYTES),
+        ..Default::default()
+    };
     if let Some(c) = args.connections {
         opts.connections = c;
     }
