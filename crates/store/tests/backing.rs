@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{kind_strategy as kind, kind_of, page, plausible, xorshift, Kind, PAGE};
+use common::{kind_strategy as kind, kind_of, page, plausible, write_until_error, xorshift, Kind, PAGE};
 use compcache_store::{BackingConfig, BackingDevice, Config, FileDevice, Store, StoreError, WritebackBudget};
 use proptest::prelude::*;
 use std::io;
@@ -405,13 +405,7 @@ fn a_full_backing_device_fails_writes_cleanly_and_gc_makes_room() {
     // 8 segments of 16 KiB: room for about 30 random pages.
     let store = Store::new(config(4096, 4, &dir.file(), 8 * SEG)).unwrap();
     let mut ctx = store.context();
-    let mut written = 0;
-    let err = loop {
-        match store.write_page(&mut ctx, written, &page(Kind::Random, written, 1)) {
-            Ok(()) => written += 1,
-            Err(e) => break e,
-        }
-    };
+    let (written, err) = write_until_error(&store, &mut ctx, |i| page(Kind::Random, i, 1));
     assert!(matches!(err, StoreError::Backing { .. }) && err.to_string().contains("full"), "{err}");
     assert_eq!(err.errno(), libc_eio());
     // an overwrite that cannot be stored leaves the old page

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{xorshift, PAGE};
+use common::{write_until_error, xorshift, PAGE};
 use compcache_store::{BackingConfig, Config, FileDevice, Store, StoreError, WritebackBudget};
 use std::sync::Arc;
 
@@ -264,14 +264,8 @@ fn a_write_waits_for_the_reserve_only_when_a_refill_can_come() {
     limited.set_reserve_wait(Duration::from_secs(10));
     assert_eq!(limited.prefault(100), 2, "prefault stops at the limit");
     let mut ctx = limited.context();
-    let mut i = 0;
     let t = Instant::now();
-    let err = loop {
-        match limited.write_page(&mut ctx, i, &page_of(i, 1, 3000)) {
-            Ok(()) => i += 1,
-            Err(e) => break e,
-        }
-    };
+    let (_, err) = write_until_error(&limited, &mut ctx, |i| page_of(i, 1, 3000));
     assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
     assert!(t.elapsed() < Duration::from_secs(2), "failed at the limit only after {:?}", t.elapsed());
 }

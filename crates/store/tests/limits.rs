@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{page, Kind, PAGE};
+use common::{page, write_until_error, Kind, PAGE};
 use compcache_store::{Config, Store, StoreError};
 
 #[test]
@@ -11,13 +11,7 @@ fn the_memory_limit_fails_writes_cleanly_and_harms_nothing_stored() {
     cfg.mem_limit_bytes = 64 * PAGE as u64;
     let store = Store::new(cfg).unwrap();
     let mut ctx = store.context();
-    let mut written = 0;
-    let err = loop {
-        match store.write_page(&mut ctx, written, &page(Kind::Random, written, 1)) {
-            Ok(()) => written += 1,
-            Err(e) => break e,
-        }
-    };
+    let (written, err) = write_until_error(&store, &mut ctx, |i| page(Kind::Random, i, 1));
     assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
     assert_eq!(err.errno(), libc_enospc());
     assert!(err.to_string().contains("--mem-limit"), "the message says what to do: {err}");

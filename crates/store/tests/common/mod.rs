@@ -85,3 +85,19 @@ pub fn kind_strategy() -> impl proptest::strategy::Strategy<Value = Kind> {
     use proptest::prelude::*;
     prop_oneof![Just(Kind::Zero), Just(Kind::Same), Just(Kind::Text), Just(Kind::Random), Just(Kind::Mixed)]
 }
+
+/// Writes `make(i)` at pages 0, 1, 2, ... until a write fails: how many were stored, and the
+/// error that stopped it (tests of what fills the store up).
+pub fn write_until_error(
+    store: &compcache_store::Store,
+    ctx: &mut compcache_store::Context,
+    mut make: impl FnMut(u64) -> Vec<u8>,
+) -> (u64, compcache_store::StoreError) {
+    let mut written = 0;
+    loop {
+        match store.write_page(ctx, written, &make(written)) {
+            Ok(()) => written += 1,
+            Err(e) => return (written, e),
+        }
+    }
+}
