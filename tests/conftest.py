@@ -50,6 +50,56 @@ def need(*tools):
         pytest.skip(f"needs {', '.join(missing)} (see scripts/deps/apt-core.txt)")
 
 
+def need_fio_nbd():
+    """Skips the test unless fio has its nbd engine (libnbd inside fio; Debian's fio-3.33 has)."""
+    need("fio")
+    p = run(["fio", "--enghelp=nbd"], check=False)
+    if p.returncode != 0 or "uri" not in p.stdout:
+        pytest.skip("this fio has no nbd engine")
+
+
+def fio_global(uri, job_mib, jobs):
+    """fio's [global] section for `jobs` NBD connections to `uri`, each on its own `job_mib`
+    region, any verification error fatal."""
+    return f"""[global]
+ioengine=nbd
+uri={uri}
+size={job_mib}m
+offset_increment={job_mib}m
+numjobs={jobs}
+group_reporting=1
+verify_fatal=1
+randrepeat=0
+"""
+
+
+# A fio job that, after the jobs before it, reads everything back and checks it is zeroes.
+FIO_ZEROES_JOB = """[zeroes]
+stonewall
+rw=read
+bs=64k
+iodepth=8
+verify=pattern
+verify_pattern=0x00
+verify_only=1
+"""
+
+
+def run_fio(tmp_path, name, text, expect_ok=True, timeout=600):
+    """Runs fio job file `text` in tmp_path (where fio leaves its verify state files); returns
+    (jobs by name, stderr, return code). With expect_ok, a failure shows fio's output."""
+    job = tmp_path / f"{name}.fio"
+    job.write_text(text)
+    out = tmp_path / f"{name}.json"
+    p = run(["fio", "--output-format=json", f"--output={out}", str(job)], check=False,
+            timeout=timeout, cwd=tmp_path)
+    body = out.read_text() if out.exists() else ""
+    if expect_ok:
+        assert p.returncode == 0, f"fio {name} failed ({p.returncode}):\n{p.stderr[-3000:]}\n{body[-3000:]}"
+    result = json.loads(body[body.index("{"):]) if "{" in body else {"jobs": []}
+    return {j["jobname"]: j for j in result["jobs"]}, p.stderr, p.returncode
+
+
 def need_root(why):
     if os.geteuid() != 0:
         pytest.skip(f"needs root: {why}")

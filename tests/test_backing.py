@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import find_stat, need, run
+from conftest import FIO_ZEROES_JOB, find_stat, fio_global, need_fio_nbd, run, run_fio
 
 MiB = 1 << 20
 JOBS = 4
@@ -25,23 +25,7 @@ MEM_LIMIT = "8M"
 
 @pytest.fixture
 def fio_nbd():
-    need("fio")
-    p = run(["fio", "--enghelp=nbd"], check=False)
-    if p.returncode != 0 or "uri" not in p.stdout:
-        pytest.skip("this fio has no nbd engine")
-
-
-def fio(tmp_path, name, text, expect_ok=True):
-    """Runs a fio job file; returns (jobs by name, stderr, return code)."""
-    job = tmp_path / f"{name}.fio"
-    job.write_text(text)
-    out = tmp_path / f"{name}.json"
-    p = run(["fio", "--output-format=json", f"--output={out}", str(job)], check=False, timeout=600, cwd=job.parent)
-    body = out.read_text() if out.exists() else ""
-    if expect_ok:
-        assert p.returncode == 0, f"fio {name} failed ({p.returncode}):\n{p.stderr[-3000:]}\n{body[-3000:]}"
-    result = json.loads(body[body.index("{"):]) if "{" in body else {"jobs": []}
-    return {j["jobname"]: j for j in result["jobs"]}, p.stderr, p.returncode
+    need_fio_nbd()
 
 
 def backing_server(start_server, tmp_path, size_mib, *extra, mem_limit=MEM_LIMIT):
@@ -62,20 +46,11 @@ def wait_for(cond, what, timeout=20):
 
 def test_fio_verify_over_a_working_set_four_times_the_memory_limit(fio_nbd, start_server, tmp_path):
     server, backing = backing_server(start_server, tmp_path, JOBS * JOB_MIB)
-    global_section = f"""[global]
-ioengine=nbd
-uri={server.uri}
-size={JOB_MIB}m
-offset_increment={JOB_MIB}m
-numjobs={JOBS}
-group_reporting=1
-verify_fatal=1
-randrepeat=0
-bs=4k
+    global_section = fio_global(server.uri, JOB_MIB, JOBS) + """bs=4k
 buffer_compress_percentage=50
 buffer_compress_chunk=4k
 """
-    jobs, _, _ = fio(tmp_path, "backing-randwrite", global_section + """
+    jobs, _, _ = run_fio(tmp_path, "backing-randwrite", global_section + """
 [randwrite]
 rw=randwrite
 iodepth=8
@@ -99,7 +74,7 @@ do_verify=1
     assert v("bd_bytes") > 2 * 8 * MiB, json.dumps(st)
     assert v("bd_writes") > 0 and v("bd_reads") > 0, "the backing file served writes and reads"
 
-    jobs, _, _ = fio(tmp_path, "backing-trimwrite", global_section + """
+    jobs, _, _ = run_fio(tmp_path, "backing-trimwrite", global_section + """
 [trimwrite]
 rw=randtrimwrite
 iodepth=1
@@ -115,20 +90,12 @@ do_verify=1
     assert v("notify_free") > 0
 
     # Trim everything: pages, and the backing file's space, go away.
-    jobs, _, _ = fio(tmp_path, "backing-trim", global_section + """
+    jobs, _, _ = run_fio(tmp_path, "backing-trim", global_section + """
 [trim-all]
 rw=randtrim
 bs=64k
 iodepth=8
-[zeroes]
-stonewall
-rw=read
-bs=64k
-iodepth=8
-verify=pattern
-verify_pattern=0x00
-verify_only=1
-""")
+""" + FIO_ZEROES_JOB)
     assert jobs["zeroes"]["read"]["io_bytes"] == total
     assert server.stat_value("orig_data_size") == 0
     assert server.stat_value("bd_count") == 0 and server.stat_value("bd_bytes") == 0
@@ -163,7 +130,7 @@ buffer_compress_chunk=4k
 [seq]
 {"verify_only=1" if verify_only else "do_verify=0"}
 """
-    return fio(tmp_path, "verify-only" if verify_only else "fill", text, expect_ok=not verify_only)
+    return run_fio(tmp_path, "verify-only" if verify_only else "fill", text, expect_ok=not verify_only)
 
 
 VERIFY_FAILURE = re.compile(r"verify.*(fail|bad)|bad magic|crc32c.*(mismatch|wanted)", re.I)

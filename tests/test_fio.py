@@ -3,11 +3,9 @@
 crc32c, at 4 KiB and at mixed block sizes, with numjobs=4 (four concurrent connections, each on
 its own region); a trim workload is verified by reading trimmed regions back as zeroes.
 fio exits non-zero on any verification error (verify_fatal)."""
-import json
-
 import pytest
 
-from conftest import need, run
+from conftest import FIO_ZEROES_JOB, fio_global, need_fio_nbd, run_fio
 
 MiB = 1 << 20
 JOB_MIB = 12
@@ -15,35 +13,15 @@ JOBS = 4
 
 
 def fio(tmp_path, uri, name, body):
-    job = tmp_path / f"{name}.fio"
-    job.write_text(f"""[global]
-ioengine=nbd
-uri={uri}
-size={JOB_MIB}m
-offset_increment={JOB_MIB}m
-numjobs={JOBS}
-group_reporting=1
-verify_fatal=1
-randrepeat=0
-{body}""")
-    out = tmp_path / f"{name}.json"
-    # cwd: fio leaves its verify state files (*-verify.state) in the working directory.
-    p = run(["fio", "--output-format=json", f"--output={out}", str(job)], check=False,
-            timeout=240, cwd=tmp_path)
-    text = out.read_text() if out.exists() else ""
-    assert p.returncode == 0, f"fio {name} failed ({p.returncode}):\n{p.stderr}\n{text[-3000:]}"
-    result = json.loads(text[text.index("{"):])
-    for j in result["jobs"]:
-        assert j["error"] == 0, f"fio job {j['jobname']} error {j['error']}"
-    return {j["jobname"]: j for j in result["jobs"]}
+    jobs, _, _ = run_fio(tmp_path, name, fio_global(uri, JOB_MIB, JOBS) + body, timeout=240)
+    for jobname, j in jobs.items():
+        assert j["error"] == 0, f"fio job {jobname} error {j['error']}"
+    return jobs
 
 
 @pytest.fixture
 def fio_server(start_server):
-    need("fio")
-    p = run(["fio", "--enghelp=nbd"], check=False)
-    if p.returncode != 0 or "uri" not in p.stdout:
-        pytest.skip("this fio has no nbd engine")
+    need_fio_nbd()
     return start_server(f"{JOB_MIB * JOBS}M")
 
 
@@ -98,15 +76,7 @@ stonewall
 rw=randtrim
 bs=16k
 iodepth=8
-[zeroes]
-stonewall
-rw=read
-bs=64k
-iodepth=8
-verify=pattern
-verify_pattern=0x00
-verify_only=1
-""")
+""" + FIO_ZEROES_JOB)
     assert jobs["trimwrite"]["trim"]["io_bytes"] > 0
     assert jobs["trim-all"]["trim"]["io_bytes"] == JOBS * JOB_MIB * MiB
     assert jobs["zeroes"]["read"]["io_bytes"] == JOBS * JOB_MIB * MiB
