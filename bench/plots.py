@@ -17,6 +17,14 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: str) -> str:
+    """Lays the figure out, writes it to `path` (100 dpi) and frees it; returns the path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_scan_recipe(scan: dict, path: str) -> str | None:
     cfgs = [(n, r) for n, r in scan["configs"].items() if r.get("recipe")]
     if not cfgs:
@@ -36,10 +44,7 @@ def plot_scan_recipe(scan: dict, path: str) -> str | None:
     ax.set_ylabel("wall time (s), mean of runs 2.. (bars) and each run (dots)")
     ax.set_title(f"scan {p['recipe_mib']} {p['recipe_passes']} in a {p['recipe_limit_bytes'] >> 20} MiB cgroup "
                  "(seed 004)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_scan_sweep(scan: dict, mode: str, path: str) -> str | None:
@@ -68,10 +73,7 @@ def plot_scan_sweep(scan: dict, mode: str, path: str) -> str | None:
     ax.set_title(f"scan M {p['sweep_passes']} ({mode}) in a {p['sweep_limit_bytes'] >> 20} MiB cgroup; x = OOM")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_fio(fio: dict, file_bytes: int, path: str) -> str | None:
@@ -103,10 +105,7 @@ def plot_fio(fio: dict, file_bytes: int, path: str) -> str | None:
     axes.flat[0].legend(fontsize=8)
     lim = fio["params"]["limit_bytes"] >> 20
     fig.suptitle(f"fio mmap, file {file_bytes >> 20} MiB in a {lim} MiB cgroup (seeds 000, 003)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_app(app: dict, path: str) -> str | None:
@@ -136,10 +135,7 @@ def plot_app(app: dict, path: str) -> str | None:
                  f"{app['backend']} (seeds 001, 002)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_all(results: dict, out_dir: str) -> list[str]:
