@@ -752,8 +752,11 @@ fn recv_wire(s: &mut impl Read) -> Wire {
     }
 }
 
+/// An error reply's (error, message): an error chunk's, or an option's (reply type, message).
+type ErrorReply = (u32, String);
+
 /// The (error, message) of an error chunk's payload.
-fn error_payload(p: &[u8]) -> (u32, String) {
+fn error_payload(p: &[u8]) -> ErrorReply {
     let n = be16(&p[4..6]) as usize;
     assert_eq!(p.len(), 6 + n, "an ERROR chunk is error, message length, message");
     (be32(&p[0..4]), String::from_utf8(p[6..].to_vec()).expect("messages are UTF-8"))
@@ -773,7 +776,7 @@ fn meta_request(export: &str, queries: &[&str]) -> Vec<u8> {
 
 /// Sends a meta context option; Ok with the contexts (id, name) replied before ACK, or Err
 /// with the error reply and its message.
-fn meta_option(s: &mut UnixStream, opt: u32, data: &[u8]) -> Result<Vec<(u32, String)>, (u32, String)> {
+fn meta_option(s: &mut UnixStream, opt: u32, data: &[u8]) -> Result<Vec<(u32, String)>, ErrorReply> {
     client::send_option(s, opt, data).unwrap();
     let mut contexts = Vec::new();
     loop {
@@ -801,7 +804,7 @@ fn connect_structured(srv: &Arc<Server>, queries: &[&str]) -> (Client<UnixStream
 }
 
 /// BLOCK_STATUS: Ok((context id, descriptors as (length, flags))) or Err((error, message)).
-fn block_status(c: &mut Client<UnixStream>, flags: u16, offset: u64, len: u32) -> Result<(u32, Vec<(u32, u32)>), (u32, String)> {
+fn block_status(c: &mut Client<UnixStream>, flags: u16, offset: u64, len: u32) -> Result<(u32, Vec<(u32, u32)>), ErrorReply> {
     let h = c.send(CMD_BLOCK_STATUS, flags, offset, len, &[]).unwrap();
     match recv_wire(c.stream()) {
         Wire::Chunk { flags, kind, handle, payload } => {
@@ -822,7 +825,7 @@ fn block_status(c: &mut Client<UnixStream>, flags: u16, offset: u64, len: u32) -
 
 /// A READ with structured replies: Ok(data) from its OFFSET_DATA chunks, or Err((error,
 /// message)); also returns how many chunks it took.
-fn structured_read(c: &mut Client<UnixStream>, flags: u16, offset: u64, len: u32) -> (Result<Vec<u8>, (u32, String)>, usize) {
+fn structured_read(c: &mut Client<UnixStream>, flags: u16, offset: u64, len: u32) -> (Result<Vec<u8>, ErrorReply>, usize) {
     let h = c.send(CMD_READ, flags, offset, len, &[]).unwrap();
     let mut data = vec![0u8; len as usize];
     let (mut chunks, mut error, mut covered) = (0, None, 0usize);
@@ -990,7 +993,10 @@ fn a_range_with_more_extents_than_a_reply_holds_is_answered_in_part() {
     let (mut c, t, contexts) = connect_structured(&srv, &["base:allocation"]);
     for i in (0..pages).step_by(2) {
         let h = c.send(CMD_WRITE, 0, i * 4096, 4096, &pattern(i, 4096)).unwrap();
-        assert!(matches!(recv_wire(c.stream()), Wire::Simple { error: 0, handle } if handle == h), "a successful WRITE gets a simple reply");
+        assert!(
+            matches!(recv_wire(c.stream()), Wire::Simple { error: 0, handle } if handle == h),
+            "a successful WRITE gets a simple reply"
+        );
     }
     let (id, d) = block_status(&mut c, 0, 0, (pages * 4096) as u32).unwrap();
     assert_eq!(id, contexts[0].0);
