@@ -1,14 +1,16 @@
 //! The handshake: fixed newstyle negotiation and option haggling, up to the transmission phase.
 //!
-//! Supported options: `EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`. Everything else
-//! (`STARTTLS`, `STRUCTURED_REPLY`, meta contexts, extended headers, unknown options) is
-//! answered with `NBD_REP_ERR_UNSUP` and a message, and haggling goes on: the client can fall
-//! back. The connection is closed only where the protocol says so or where going on is
-//! impossible: bad magic, unknown client flags, an `EXPORT_NAME` for an export that does not
-//! exist (it cannot carry an error), an option too large to skip, or too many options.
+//! Supported options: `EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`,
+//! `LIST_META_CONTEXT` and `SET_META_CONTEXT` (in [`crate::meta`]). Everything else
+//! (`STARTTLS`, extended headers, unknown options) is answered with `NBD_REP_ERR_UNSUP` and a
+//! message, and haggling goes on: the client can fall back. What a client negotiates for the
+//! transmission phase is returned in [`Negotiated`]. The connection is closed only where the
+//! protocol says so or where going on is impossible: bad magic, unknown client flags, an
+//! `EXPORT_NAME` for an export that does not exist (it cannot carry an error), an option too
+//! large to skip, or too many options.
 
 use crate::wire::*;
-use crate::{Export, MAX_PAYLOAD_BYTES, MINIMUM_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, TRANSMISSION_FLAGS};
+use crate::{meta, Export, MAX_PAYLOAD_BYTES, MINIMUM_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, TRANSMISSION_FLAGS};
 use std::fmt;
 use std::io::{self, Read, Write};
 
@@ -22,11 +24,37 @@ const MAX_SKIPPABLE_OPTION_BYTES: u32 = 1 << 20;
 /// a client that haggles forever).
 const MAX_OPTIONS: usize = 128;
 
+/// What a client negotiated in the handshake that changes the transmission phase. A client
+/// that negotiates nothing gets simple replies and the commands of [`TRANSMISSION_FLAGS`].
+/// (Whatever would reset the handshake's state, such as `NBD_OPT_STARTTLS`, must reset this:
+/// the spec says a client renegotiates these after it.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Negotiated {
+    /// `NBD_OPT_STRUCTURED_REPLY` was acknowledged: READ replies and every error are
+    /// structured ([`crate::reply`]), and READ accepts `NBD_CMD_FLAG_DF`.
+    pub structured_replies: bool,
+    /// The last `NBD_OPT_SET_META_CONTEXT` selected `base:allocation`: `NBD_CMD_BLOCK_STATUS`
+    /// is served.
+    pub base_allocation: bool,
+}
+
+impl Negotiated {
+    /// The transmission flags for this connection: [`TRANSMISSION_FLAGS`], plus `SEND_DF` with
+    /// structured replies (which the spec forbids without them).
+    pub fn transmission_flags(&self) -> u16 {
+        if self.structured_replies {
+            TRANSMISSION_FLAGS | FLAG_SEND_DF
+        } else {
+            TRANSMISSION_FLAGS
+        }
+    }
+}
+
 /// How the handshake ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Go on to the transmission phase.
-    Transmission,
+    /// Go on to the transmission phase, with what was negotiated.
+    Transmission(Negotiated),
     /// The client aborted (`NBD_OPT_ABORT`) or closed the connection between options.
     Closed,
 }
@@ -92,6 +120,7 @@ pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Resu
         return protocol(format!("unknown client flags {client_flags:#x} (known: {known:#x}), which the protocol says to refuse"));
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut neg = Negotiated::default();
 
     for _ in 0..MAX_OPTIONS {
         let magic = match read_u64(r) {
@@ -132,12 +161,12 @@ pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Resu
                 }
                 let mut b = Vec::with_capacity(10 + 124);
                 b.extend_from_slice(&export.store.disksize_bytes().to_be_bytes());
-                b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                b.extend_from_slice(&neg.transmission_flags().to_be_bytes());
                 if !no_zeroes {
                     b.extend_from_slice(&[0u8; 124]);
                 }
                 w.write_all(&b)?;
-                return Ok(Outcome::Transmission);
+                return Ok(Outcome::Transmission(neg));
             }
             OPT_ABORT => {
                 // The client may already have closed; a failed ACK is no error.
@@ -168,13 +197,19 @@ pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Resu
                     write_option_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes())?
                 }
                 Ok((_, requests)) => {
-                    send_info(w, opt, export, &requests)?;
+                    send_info(w, opt, export, neg.transmission_flags(), &requests)?;
                     write_option_reply(w, opt, REP_ACK, &[])?;
                     if opt == OPT_GO {
-                        return Ok(Outcome::Transmission);
+                        return Ok(Outcome::Transmission(neg));
                     }
                 }
             },
+            OPT_STRUCTURED_REPLY if !data.is_empty() => write_option_reply(w, opt, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data")?,
+            OPT_STRUCTURED_REPLY => {
+                neg.structured_replies = true;
+                write_option_reply(w, opt, REP_ACK, &[])?
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => meta::answer(w, opt, &data, export, &mut neg)?,
             _ => {
                 let msg = format!("option {} ({opt}) is not supported by compcache", option_name(opt));
                 write_option_reply(w, opt, REP_ERR_UNSUP, msg.as_bytes())?;
@@ -205,11 +240,11 @@ fn parse_info_request(data: &[u8]) -> Result<(&[u8], Vec<u16>), String> {
 
 /// Sends the `NBD_REP_INFO` replies: always EXPORT and BLOCK_SIZE (the latter is harmless
 /// unrequested: our constraints are the protocol's defaults), NAME and DESCRIPTION on request.
-fn send_info(w: &mut impl Write, opt: u32, export: &Export, requests: &[u16]) -> io::Result<()> {
+fn send_info(w: &mut impl Write, opt: u32, export: &Export, flags: u16, requests: &[u16]) -> io::Result<()> {
     let mut info = Vec::with_capacity(12);
     info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
     info.extend_from_slice(&export.store.disksize_bytes().to_be_bytes());
-    info.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+    info.extend_from_slice(&flags.to_be_bytes());
     write_option_reply(w, opt, REP_INFO, &info)?;
 
     let mut bs = Vec::with_capacity(14);
