@@ -16,10 +16,7 @@ const NAME: &str = "compcache";
 
 fn server_with(cfg: Config) -> Arc<Server> {
     let store = Arc::new(Store::new(cfg).unwrap());
-    Arc::new(Server::new(
-        Export { name: NAME.into(), description: "test device".into(), store },
-        ServerOptions::default(),
-    ))
+    Arc::new(Server::new(Export { name: NAME.into(), description: "test device".into(), store }, ServerOptions::default()))
 }
 
 fn server() -> Arc<Server> {
@@ -277,7 +274,9 @@ fn bad_requests_get_errors_and_the_connection_goes_on() {
     assert_eq!(nbd_err(c.read(0, 0)), EINVAL, "zero length");
 
     // Unknown command, unadvertised commands, unknown flags.
-    for (cmd, flags) in [(77u16, 0u16), (CMD_CACHE, 0), (CMD_BLOCK_STATUS, 0), (CMD_READ, CMD_FLAG_DF), (CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO)] {
+    for (cmd, flags) in
+        [(77u16, 0u16), (CMD_CACHE, 0), (CMD_BLOCK_STATUS, 0), (CMD_READ, CMD_FLAG_DF), (CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO)]
+    {
         let h = c.send(cmd, flags, 0, 512, &[]).unwrap();
         let r = c.recv().unwrap();
         assert_eq!((r.handle, r.error), (h, EINVAL), "cmd {cmd} flags {flags:#x}");
@@ -407,8 +406,8 @@ fn malformed_clients_lose_nothing() {
     good.write(1 << 20, &keep).unwrap();
 
     let mut cases: Vec<Vec<u8>> = vec![
-        vec![],                               // connect and leave
-        vec![0, 0],                           // half the client flags
+        vec![],                                // connect and leave
+        vec![0, 0],                            // half the client flags
         0xffff_ffffu32.to_be_bytes().to_vec(), // unknown client flags
         {
             let mut b = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
@@ -454,9 +453,9 @@ fn malformed_clients_lose_nothing() {
     for seed in 0..24u64 {
         let noise = pattern(1000 + seed, 64 + (seed as usize * 97) % 3000).iter().map(|b| b.wrapping_mul(5)).collect::<Vec<_>>();
         let mut b = match seed % 3 {
-            0 => vec![],                                        // instead of the client flags
+            0 => vec![],                                       // instead of the client flags
             1 => FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec(), // instead of options
-            _ => go_prefix(),                                   // instead of requests
+            _ => go_prefix(),                                  // instead of requests
         };
         b.extend_from_slice(&noise);
         cases.push(b);

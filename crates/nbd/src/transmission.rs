@@ -135,9 +135,7 @@ pub fn validate(req: &Request, disksize_bytes: u64) -> Result<Command, Reject> {
         CMD_FLUSH => (Command::Flush, CMD_FLAG_FUA),
         CMD_TRIM => (Command::Trim, CMD_FLAG_FUA),
         CMD_WRITE_ZEROES => (Command::WriteZeroes, CMD_FLAG_FUA | CMD_FLAG_NO_HOLE),
-        CMD_CACHE | CMD_BLOCK_STATUS => {
-            return reject(EINVAL, format!("{name} is not supported (this server does not advertise it)"))
-        }
+        CMD_CACHE | CMD_BLOCK_STATUS => return reject(EINVAL, format!("{name} is not supported (this server does not advertise it)")),
         other => return reject(EINVAL, format!("unknown command {other}")),
     };
     // FUA is valid on every command once SEND_FUA is advertised (the spec: accept, even by
@@ -889,10 +887,7 @@ mod tests {
         assert_eq!(validate(&req(CMD_READ, 0, 3, 5), SIZE), Ok(Command::Read), "unaligned is served");
         assert_eq!(validate(&req(CMD_FLUSH, 0, 0, 0), SIZE), Ok(Command::Flush));
         assert_eq!(validate(&req(CMD_TRIM, 0, 0, SIZE as u32), SIZE), Ok(Command::Trim));
-        assert_eq!(
-            validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, 4096, 8192), SIZE),
-            Ok(Command::WriteZeroes)
-        );
+        assert_eq!(validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, 4096, 8192), SIZE), Ok(Command::WriteZeroes));
         assert_eq!(validate(&req(CMD_DISC, 0, 0, 0), SIZE), Ok(Command::Disconnect));
     }
 

@@ -171,13 +171,7 @@ impl Request {
         if magic != REQUEST_MAGIC {
             return Err(magic);
         }
-        Ok(Request {
-            flags: be16(&b[4..6]),
-            cmd: be16(&b[6..8]),
-            handle: be64(&b[8..16]),
-            offset: be64(&b[16..24]),
-            len: be32(&b[24..28]),
-        })
+        Ok(Request { flags: be16(&b[4..6]), cmd: be16(&b[6..8]), handle: be64(&b[8..16]), offset: be64(&b[16..24]), len: be32(&b[24..28]) })
     }
 
     /// Encodes a header (used by the client half in tests and tools).

@@ -29,11 +29,11 @@ pub mod error;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;
-pub mod zspool;
 mod zeroed;
+pub mod zspool;
 
-pub use compress::Algorithm;
 pub use backing::{BackingDevice, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
+pub use compress::Algorithm;
 pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config};
 pub use error::StoreError;
 pub use stats::Stats;

@@ -78,7 +78,11 @@ enum Fetched<'a> {
     /// `ctx.cbuf[..len]` holds compressed bytes to decompress into the output.
     Compressed(usize),
     /// The page is the record at `loc` on the backing device, whose segment `_pin` keeps.
-    Backing { loc: u64, len: u16, _pin: Pin<'a> },
+    Backing {
+        loc: u64,
+        len: u16,
+        _pin: Pin<'a>,
+    },
 }
 
 impl Store {
@@ -538,9 +542,7 @@ impl Store {
     fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
         match fetched {
             Fetched::Done => Ok(()),
-            Fetched::Compressed(len) => {
-                ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason })
-            }
+            Fetched::Compressed(len) => ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason }),
             Fetched::Backing { loc, len, _pin } => {
                 let b = self.backing.as_ref().expect("BACKING entries exist only with a backing device");
                 let len = len as usize;
@@ -603,9 +605,7 @@ impl Store {
             // one free of a live object and nobody can reach it any more.
             Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(Handle(handle)) },
             Entry::Empty | Entry::Same(_) => {}
-            Entry::Backing { loc, len } => {
-                self.backing.as_ref().expect("BACKING entries exist only with a backing device").free(loc, len)
-            }
+            Entry::Backing { loc, len } => self.backing.as_ref().expect("BACKING entries exist only with a backing device").free(loc, len),
         }
     }
 
