@@ -26,7 +26,9 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools", "pagedump"))
+sys.path.insert(0, REPO)
 import pagedump  # noqa: E402
+from bench.fio_nbd import FIO_ZEROES_JOB, fio_global  # noqa: E402,F401  (shared with the soak)
 
 PAGE = 4096
 EXPORT_NAME = "compcache"
@@ -56,33 +58,6 @@ def need_fio_nbd():
     p = run(["fio", "--enghelp=nbd"], check=False)
     if p.returncode != 0 or "uri" not in p.stdout:
         pytest.skip("this fio has no nbd engine")
-
-
-def fio_global(uri, job_mib, jobs):
-    """fio's [global] section for `jobs` NBD connections to `uri`, each on its own `job_mib`
-    region, any verification error fatal."""
-    return f"""[global]
-ioengine=nbd
-uri={uri}
-size={job_mib}m
-offset_increment={job_mib}m
-numjobs={jobs}
-group_reporting=1
-verify_fatal=1
-randrepeat=0
-"""
-
-
-# A fio job that, after the jobs before it, reads everything back and checks it is zeroes.
-FIO_ZEROES_JOB = """[zeroes]
-stonewall
-rw=read
-bs=64k
-iodepth=8
-verify=pattern
-verify_pattern=0x00
-verify_only=1
-"""
 
 
 def run_fio(tmp_path, name, text, expect_ok=True, timeout=600):
