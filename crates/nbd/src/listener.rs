@@ -204,11 +204,13 @@ pub struct AcceptBackoff {
     failures: u64,
     unlogged: u64,
     last_log: Option<Instant>,
+    /// A line was logged during the current run of failures (only then is its end logged).
+    logged_in_run: bool,
 }
 
 impl Default for AcceptBackoff {
     fn default() -> Self {
-        AcceptBackoff { pause: ACCEPT_PAUSE_FIRST, failures: 0, unlogged: 0, last_log: None }
+        AcceptBackoff { pause: ACCEPT_PAUSE_FIRST, failures: 0, unlogged: 0, last_log: None, logged_in_run: false }
     }
 }
 
@@ -239,16 +241,17 @@ impl AcceptBackoff {
         );
         self.unlogged = 0;
         self.last_log = Some(now);
+        self.logged_in_run = true;
         (pause, Some(line))
     }
 
-    /// An accept succeeded: the line to log if it ends a run of failures.
+    /// An accept succeeded: the line to log if it ends a run of failures whose start was
+    /// logged (so that failures and recoveries alternating fast still log at most two lines
+    /// per interval).
     pub fn succeeded(&mut self) -> Option<String> {
-        let ended = (self.failures > 0).then(|| format!("accepting again after {} failed accept(s)", self.failures));
-        let last_log = self.last_log;
-        *self = AcceptBackoff::default();
-        // Keep the rate limit across short recoveries.
-        self.last_log = last_log;
+        let ended = (self.failures > 0 && self.logged_in_run).then(|| format!("accepting again after {} failed accept(s)", self.failures));
+        // The rate limit, and the failures not yet reported, carry over.
+        *self = AcceptBackoff { last_log: self.last_log, unlogged: self.unlogged, ..AcceptBackoff::default() };
         ended
     }
 
@@ -459,6 +462,13 @@ mod tests {
         assert!(b.succeeded().unwrap().contains("21 failed"));
         let (pause, line) = b.failed(&emfile, t0 + ACCEPT_LOG_INTERVAL + Duration::from_secs(2));
         assert_eq!((pause, line), (ACCEPT_PAUSE_FIRST, None));
+        // Failures and recoveries alternating within the interval log nothing more.
+        for i in 0..100 {
+            assert_eq!(b.succeeded(), None, "recovery {i} logged");
+            assert_eq!(b.failed(&emfile, t0 + ACCEPT_LOG_INTERVAL + Duration::from_secs(3)).1, None);
+        }
+        let (_, line) = b.failed(&emfile, t0 + 3 * ACCEPT_LOG_INTERVAL);
+        assert!(line.expect("after the interval").contains("102 failure(s)"), "unlogged failures are counted across recoveries");
         // A connection aborted before it was accepted is retried at once, without a line.
         let mut b = AcceptBackoff::default();
         assert_eq!(b.failed(&io::Error::from(io::ErrorKind::ConnectionAborted), t0), (Duration::ZERO, None));

@@ -120,12 +120,14 @@ impl StoreArgs {
             "0" | "none" | "" => 0,
             t => parse_size_or_expr(t, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
         };
-        if let Some(warning) = check_store_limits(size, &self.mem_limit, mem_limit)? {
-            eprintln!("compcache: warning: {warning}");
-        }
+        // Printed once every other check has passed (an error is the one line then).
+        let warning = check_store_limits(size, &self.mem_limit, mem_limit)?;
         let backing = self.backing.config(ram, mem_limit)?;
         let cfg = Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
         cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
+        if let Some(warning) = warning {
+            eprintln!("compcache: warning: {warning}");
+        }
         Ok(cfg)
     }
 }

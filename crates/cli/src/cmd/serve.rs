@@ -223,9 +223,8 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
         "0" | "none" | "" => 0,
         text => parse_size(text, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
     };
-    if let Some(warning) = super::device::check_store_limits(size, &args.mem_limit, mem_limit)? {
-        eprintln!("compcache: warning: {warning}");
-    }
+    // Printed once every other check has passed (an error is the one line then).
+    let warning = super::device::check_store_limits(size, &args.mem_limit, mem_limit)?;
     if ram > 0 && mem_limit > ram {
         return Err(Failure::usage(format!(
             "--mem-limit {} is above physical RAM ({}): it could never take effect; give at most {} or 0 for no limit",
@@ -255,6 +254,9 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
     let backing = args.backing.config(ram, mem_limit)?;
     let cfg = Config { algorithm, level: args.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
     cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(warning) = warning {
+        eprintln!("compcache: warning: {warning}");
+    }
     Ok(cfg)
 }
 
