@@ -248,6 +248,16 @@ where
         let alive = || !done.load(Ordering::SeqCst);
         while_up(&attached, &alive);
     }
+    // `while_up` must return only once the device is out of swap use; if it did not (a bug in
+    // the caller), the device stays attached and served until it is: disconnecting swap loses
+    // every page swapped out to it.
+    let mut waited = false;
+    while !done.load(Ordering::SeqCst) && listed_in_proc_swaps(&dev_path) {
+        if !std::mem::replace(&mut waited, true) {
+            eprintln!("compcache-kernel-nbd: {name} is still swap: it stays attached until `swapoff {name}` succeeds");
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
     if !done.load(Ordering::SeqCst) {
         if let Err(e) = nbd_ioctl(&*dev, NBD_DISCONNECT, 0) {
             eprintln!("compcache-kernel-nbd: NBD_DISCONNECT on {name}: {e}");
@@ -263,6 +273,22 @@ where
     }
     // NBD_DO_IT returns an error after a disconnect on some kernels; the device is gone either way.
     Ok(())
+}
+
+/// Whether the kernel swaps to `dev` (by device number or name); "yes" when /proc/swaps
+/// cannot be read, since the answer decides whether the device may go.
+fn listed_in_proc_swaps(dev: &Path) -> bool {
+    std::fs::read_to_string("/proc/swaps").map_or(true, |text| swaps_name(&text, dev))
+}
+
+fn swaps_name(swaps: &str, dev: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let rdev = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.file_type().is_block_device()).map(|m| m.rdev());
+    let want = rdev(dev);
+    swaps.lines().skip(1).filter_map(|l| l.split_whitespace().next()).any(|name| {
+        let name = name.replace("\\040", " ");
+        Path::new(&name) == dev || (want.is_some() && rdev(Path::new(&name)) == want)
+    })
 }
 
 /// Waits until `/sys/block/nbdN/size` is non-zero (the kernel sets the capacity once
@@ -286,6 +312,14 @@ fn wait_for_size(index: u32, done: &AtomicBool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_listed_as_swap_is_kept() {
+        let swaps = "Filename Type Size Used Priority\n/dev/nbd3 partition 1024 0 100\n";
+        assert!(swaps_name(swaps, Path::new("/dev/nbd3")));
+        assert!(!swaps_name(swaps, Path::new("/dev/nbd1")));
+        assert!(!swaps_name("Filename Type Size Used Priority\n", Path::new("/dev/nbd3")));
+    }
 
     #[test]
     fn device_names_parse() {

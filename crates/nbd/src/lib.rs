@@ -12,6 +12,7 @@
 //! - [`reply`]: structured reply chunks (READ data, block status, errors);
 //! - [`meta`]: metadata contexts (`base:allocation`) and block status descriptors;
 //! - [`listener`]: binding sockets (with stale-socket detection) and accepting clients;
+//! - [`budget`]: the server-wide in-flight byte budget shared by every connection;
 //! - [`control`]: the control channel (`compcache stat`, `compcache compact`), line-based JSON;
 //! - [`client`]: a minimal blocking NBD client, for tests and tools.
 //!
@@ -27,6 +28,19 @@
 //! by [`ServerOptions::max_inflight_bytes`] and the maximum payload of [`MAX_PAYLOAD_BYTES`].
 //! The rules (which lock protects what, in which order) are at the top of [`transmission`].
 //!
+//! ## Limits (what one client, or many, can take)
+//! - payload bytes in flight: per connection [`ServerOptions::max_inflight_bytes`], and for
+//!   the whole server [`ServerOptions::max_server_inflight_bytes`] ([`budget`]: the rule and
+//!   the guarantee that every connection can always have one request of up to
+//!   [`budget::GUARANTEED_REQUEST_BYTES`] in flight);
+//! - connections: [`ServerOptions::max_connections`] in all, of which the last
+//!   [`ServerOptions::reserved_local_connections`] only local clients (Unix socket, socket
+//!   pair) may take: TCP clients cannot lock the local ones out;
+//! - the handshake: it must be over within [`ServerOptions::handshake_deadline`] of the
+//!   connection's start, however slowly the client trickles bytes;
+//! - control clients: [`control::MAX_CLIENTS`] at once;
+//! - accept errors (out of descriptors) never end a listener ([`listener`]).
+//!
 //! ## Capabilities
 //! Declared in [`TRANSMISSION_FLAGS`]: FLUSH, FUA, TRIM, WRITE_ZEROES and MULTI_CONN, plus DF
 //! on a connection that negotiated structured replies
@@ -40,6 +54,7 @@
 //! write is in the store (visible to every connection) before it is replied to, so FLUSH and
 //! FUA have nothing left to do and multi-conn is valid.
 
+pub mod budget;
 pub mod client;
 pub mod control;
 pub mod handshake;
@@ -50,11 +65,14 @@ pub mod transmission;
 pub mod wire;
 
 #[cfg(test)]
+mod limits_tests;
+#[cfg(test)]
 mod tests;
 
 use compcache_store::Store;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The largest READ or WRITE payload a client may send or ask for: 32 MiB, the protocol's
 /// interoperable maximum. Advertised in `NBD_INFO_BLOCK_SIZE`.
@@ -103,8 +121,21 @@ pub struct ServerOptions {
     /// Requests one connection may have in flight (each worker holds at most one, so the
     /// smaller of this and `workers_per_connection` applies).
     pub max_inflight_requests: usize,
+    /// Payload bytes all connections together may have in flight ([`budget`]: a request is
+    /// admitted when it fits, on an otherwise idle server, or, up to
+    /// [`budget::GUARANTEED_REQUEST_BYTES`], when its connection holds nothing).
+    pub max_server_inflight_bytes: usize,
     /// Connections served at once; more are closed at once with a log line.
     pub max_connections: usize,
+    /// Of [`ServerOptions::max_connections`], the slots only local clients (Unix socket,
+    /// socket pair) may take: a TCP client is refused once `max_connections -
+    /// reserved_local_connections` connections are open.
+    pub reserved_local_connections: usize,
+    /// The whole handshake must be over within this time from the connection's start (an
+    /// absolute deadline, not an idle timer), so connections that never negotiate cannot
+    /// hold threads and connection slots. Transmission has no timeout: the kernel's client
+    /// may rightly stay idle for days.
+    pub handshake_deadline: Duration,
     /// Log a line when a client connects and disconnects cleanly (errors are always logged).
     pub verbose: bool,
     /// Data bytes each worker's request buffer holds from the start, made resident, and keeps
@@ -121,7 +152,10 @@ impl Default for ServerOptions {
             workers_per_connection: cpus.clamp(2, 4),
             max_inflight_bytes: 64 << 20,
             max_inflight_requests: 128,
+            max_server_inflight_bytes: 256 << 20,
             max_connections: 256,
+            reserved_local_connections: 16,
+            handshake_deadline: Duration::from_secs(60),
             verbose: false,
             request_buffer_bytes: 0,
         }
@@ -132,24 +166,38 @@ impl Default for ServerOptions {
 pub struct Server {
     pub export: Export,
     pub options: ServerOptions,
+    /// The server-wide in-flight byte budget, shared by every connection.
+    pub(crate) budget: Arc<budget::Budget>,
     next_client_id: AtomicU64,
     connections: AtomicU64,
 }
 
 impl Server {
     pub fn new(export: Export, options: ServerOptions) -> Server {
-        Server { export, options, next_client_id: AtomicU64::new(1), connections: AtomicU64::new(0) }
+        let budget = Arc::new(budget::Budget::new(options.max_server_inflight_bytes));
+        Server { export, options, budget, next_client_id: AtomicU64::new(1), connections: AtomicU64::new(0) }
     }
 
-    /// Serves one client on a connected stream until it disconnects; blocks. Errors are
-    /// logged (one line) and end only this connection.
+    /// Serves one local client (a Unix socket or a socket pair) on a connected stream until it
+    /// disconnects; blocks. Errors are logged (one line) and end only this connection.
     pub fn serve_connection<S: listener::Stream>(&self, stream: S, peer: &str) {
+        self.serve_connection_from(stream, peer, listener::Transport::Local)
+    }
+
+    /// The same for a client that came over `transport` (the connection cap keeps room for
+    /// local clients that TCP clients cannot take).
+    pub fn serve_connection_from<S: listener::Stream>(&self, stream: S, peer: &str, transport: listener::Transport) {
         let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
         let label = format!("client {id} ({peer})");
         let open = self.connections.fetch_add(1, Ordering::AcqRel) + 1;
         let _count = ConnectionCount(&self.connections);
-        if open as usize > self.options.max_connections {
-            log(&label, &format!("refused: {} connections already open (the limit)", open - 1));
+        let limit = match transport {
+            listener::Transport::Local => self.options.max_connections,
+            listener::Transport::Tcp => self.options.max_connections.saturating_sub(self.options.reserved_local_connections),
+        };
+        if open as usize > limit {
+            let kind = if transport == listener::Transport::Tcp { " for TCP clients (the rest are kept for local ones)" } else { "" };
+            log(&label, &format!("refused: {} connections already open (the limit{kind})", open - 1));
             stream.shutdown_both();
             return;
         }

@@ -30,7 +30,10 @@
 //!    (the holder of the read turn is the only worker that waits for room in the budget), to
 //!    release one, and by FLUSH to wait for earlier writes. Both waits sleep on its condition
 //!    variable (which releases the mutex) and may hold the read turn meanwhile: what they
-//!    wait for (other workers finishing their requests) needs neither.
+//!    wait for (other workers finishing their requests) needs neither. An admitted request
+//!    with a payload then takes its share of the server-wide budget (`crate::budget`), with
+//!    lock 2 released: the budget's lock is taken under the read turn only, and lock 2 under
+//!    it only to ask whether this connection is idle.
 //! 3. **The writer lock** (`Conn::writer`: the send half). No lock is taken under it; a reply
 //!    is written whole under it (rule 4). The workers waiting on locks 1 and 2 only ever wait
 //!    for workers that do not wait for them, so there is no cycle; a client that stops
@@ -74,8 +77,9 @@
 //! store already), but a client that pipelines writes and a flush gets what it meant, and its
 //! flush reply comes after those writes' replies.
 
+use crate::budget::Budget;
 use crate::handshake::{self, Negotiated, Outcome};
-use crate::listener::Stream;
+use crate::listener::{Deadline, Stream};
 use crate::reply::{self, ErrorChunk, HEADROOM};
 use crate::wire::*;
 use crate::{log, meta, Server, MAX_PAYLOAD_BYTES};
@@ -84,7 +88,8 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::{self, BufReader, Read};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// The receive buffer: large enough to take a header and a page of payload in one syscall,
 /// and many pipelined headers at once.
@@ -96,10 +101,6 @@ const MAX_SKIP_BYTES: u64 = 2 * MAX_PAYLOAD_BYTES as u64;
 /// A worker's request buffer is kept for the next request up to this data size; a larger one
 /// is freed after its request.
 pub const KEEP_BUFFER_BYTES: usize = 1 << 20;
-/// A client must finish the handshake within this time, so that connections that never
-/// negotiate cannot pin threads and connection slots forever. Transmission has no timeout:
-/// the kernel's client may rightly stay idle for days.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Requests up to this size (READ/WRITE data, TRIM/WRITE_ZEROES range) count as quick for
 /// the short path: 16 pages, a few tens of microseconds of (de)compression at most.
 const QUICK_REQUEST_BYTES: usize = 64 << 10;
@@ -211,12 +212,16 @@ impl Job {
     }
 }
 
-/// The in-flight state of one connection (lock 2; rules 2 and FLUSH ordering).
+/// The in-flight state of one connection (lock 2; rules 2 and FLUSH ordering), and its share
+/// of the server-wide byte budget (`crate::budget`: taken after this connection's own budget
+/// admits a request, with lock 2 released meanwhile; the admitting worker holds the read turn,
+/// so nothing else can be admitted on this connection while it waits).
 struct Inflight {
     state: Mutex<InflightState>,
     changed: Condvar,
     max_bytes: usize,
     max_requests: usize,
+    server: Arc<Budget>,
 }
 
 struct InflightState {
@@ -233,7 +238,13 @@ impl Inflight {
             changed: Condvar::new(),
             max_bytes,
             max_requests: max_requests.max(1),
+            server: Arc::new(Budget::new(usize::MAX)),
         }
+    }
+
+    /// The same, drawing on the server-wide budget `server` as well.
+    fn sharing(self, server: Arc<Budget>) -> Inflight {
+        Inflight { server, ..self }
     }
 
     /// Admits `job` for `worker`, waiting for room; false if the connection failed meanwhile.
@@ -246,6 +257,16 @@ impl Inflight {
                 return false;
             }
             self.changed.wait(&mut s);
+        }
+        if bytes > 0 {
+            drop(s);
+            // Nothing else is admitted on this connection meanwhile (the caller holds the read
+            // turn); its other requests may finish, which `connection_idle` sees.
+            let connection_idle = || self.state.lock().bytes == 0;
+            if !self.server.acquire(bytes, &connection_idle, failed) {
+                return false;
+            }
+            s = self.state.lock();
         }
         s.bytes += bytes;
         s.requests += 1;
@@ -265,6 +286,7 @@ impl Inflight {
                 s.modifying[worker] = 0;
             }
         }
+        self.server.release(job.cost());
         self.changed.notify_all();
     }
 
@@ -279,8 +301,11 @@ impl Inflight {
 
     /// Wakes every waiter (after `failed` was set, so that they see it).
     fn wake_all(&self) {
-        let _s = self.state.lock();
-        self.changed.notify_all();
+        {
+            let _s = self.state.lock();
+            self.changed.notify_all();
+        }
+        self.server.wake_all();
     }
 }
 
@@ -497,8 +522,10 @@ pub(crate) fn run_connection<S: Stream>(server: &Server, stream: S, label: &str)
     };
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
 
-    let _ = shutdown.set_receive_timeout(Some(HANDSHAKE_TIMEOUT));
-    let outcome = handshake::negotiate(&mut reader, &mut writer, &server.export);
+    // An absolute deadline, not an idle timer: a client that trickles a byte now and then
+    // must still finish within it.
+    let deadline = Instant::now() + server.options.handshake_deadline;
+    let outcome = handshake::negotiate(&mut Deadline::new(&mut reader, &shutdown, deadline), &mut writer, &server.export);
     let _ = shutdown.set_receive_timeout(None);
     let negotiated = match outcome {
         Ok(Outcome::Transmission(negotiated)) => negotiated,
@@ -522,7 +549,8 @@ pub(crate) fn run_connection<S: Stream>(server: &Server, stream: S, label: &str)
         reader: ReadTurn::new(ReadSide { stream: reader, last_seq: 0, end: None }),
         writer: Mutex::new(writer),
         shutdown,
-        inflight: Inflight::new(workers, server.options.max_inflight_bytes, server.options.max_inflight_requests),
+        inflight: Inflight::new(workers, server.options.max_inflight_bytes, server.options.max_inflight_requests)
+            .sharing(server.budget.clone()),
         failed: AtomicBool::new(false),
         quiet: AtomicBool::new(false),
         rejects_logged: AtomicU32::new(0),
@@ -939,6 +967,35 @@ mod tests {
         assert!(f.admit(0, &big, &failed));
         failed.store(true, Ordering::Release);
         assert!(!f.admit(1, &job(Command::Read, 2, 4096), &failed));
+    }
+
+    #[test]
+    fn connections_share_the_server_budget() {
+        let failed = AtomicBool::new(false);
+        let budget = Arc::new(Budget::new(1 << 20));
+        let a = Inflight::new(2, 64 << 20, 8).sharing(budget.clone());
+        let b = Inflight::new(2, 64 << 20, 8).sharing(budget.clone());
+        let held = job(Command::Read, 1, 1 << 20);
+        assert!(a.admit(0, &held, &failed), "an idle server admits");
+        // The progress guarantee: a connection holding nothing gets a small request through.
+        let small = job(Command::Write, 1, crate::budget::GUARANTEED_REQUEST_BYTES as u32);
+        assert!(b.admit(0, &small, &failed));
+        b.release(0, &small);
+        // A larger one waits until the other connection gives room back.
+        let large = job(Command::Read, 2, 1 << 20);
+        let released = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                assert!(b.admit(1, &large, &failed));
+                released.load(Ordering::Acquire)
+            });
+            released.store(true, Ordering::Release);
+            a.release(0, &held);
+            assert!(waiter.join().unwrap(), "admitted beyond the server budget while another connection held it");
+        });
+        assert_eq!(budget.in_flight_bytes(), 1 << 20);
+        b.release(1, &large);
+        assert_eq!(budget.in_flight_bytes(), 0);
     }
 
     #[test]

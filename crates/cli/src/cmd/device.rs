@@ -3,7 +3,9 @@
 //! servers that `compcache swapon` starts; they can also be run by hand (under systemd, say).
 //!
 //! On a stop signal the device is first taken out of swap use if the kernel still swaps to
-//! it, then removed. The final statistics go to `--stats-dir/<device>.stats.json` and a
+//! it, then removed. It is never removed while it is swap: a failed swapoff is logged with
+//! what to do, the device keeps serving, and swapoff is retried with a growing pause and at
+//! each further stop signal (`swapdev::take_out_of_swap`). The final statistics go to `--stats-dir/<device>.stats.json` and a
 //! control socket (`/run/compcache/<device>.ctl`) answers `compcache stat --control` while
 //! the device is up.
 
@@ -14,7 +16,7 @@ use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 
 use super::reserve;
-use super::swapdev::{is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals};
+use super::swapdev::{lock_future_mappings, pin_server_memory, signal_ready, take_out_of_swap, KernelSwap, StopSignals};
 use super::zramconf;
 use crate::backing::{spawn_writeback, BackingArgs};
 use crate::failure::Failure;
@@ -53,6 +55,59 @@ pub fn parse_size_or_expr(text: &str, ram_bytes: u64) -> Result<u64, String> {
     })
 }
 
+/// The checks of the store flags that `serve` and the swap servers (`ublk`, `nbd-attach`)
+/// share, on the parsed values (`mem_limit_text` as given): the one place for them until the
+/// two flag sets are unified.
+/// - a `--mem-limit` that is not 0 but below one page is an error (it used to round to 0,
+///   which means no limit: the opposite of what was asked);
+/// - a `--mem-limit` above `--size` is accepted with a warning, returned for the caller to
+///   print: the compressed data cannot grow much beyond the device size, so such a limit
+///   limits nothing, but zram accepts it too and zram-generator configurations may carry it.
+pub fn check_store_limits(size_bytes: u64, mem_limit_text: &str, mem_limit_bytes: u64) -> Result<Option<String>, Failure> {
+    let no_limit = matches!(mem_limit_text.trim(), "0" | "none" | "");
+    if !no_limit && mem_limit_bytes < PAGE_SIZE as u64 {
+        return Err(Failure::usage(format!(
+            "--mem-limit {mem_limit_text} is below one page ({PAGE_SIZE} bytes), which would mean no limit at all: give at least 4K, or 0 for no limit"
+        )));
+    }
+    if mem_limit_bytes > size_bytes {
+        return Ok(Some(format!(
+            "--mem-limit {} is above --size {}: the compressed data can never reach it, so it limits nothing",
+            human(mem_limit_bytes),
+            human(size_bytes)
+        )));
+    }
+    Ok(None)
+}
+
+/// Parses `--ready-fd`: the write end of the pipe `compcache swapon` passes. Anything else (a
+/// closed descriptor, stdin/stdout/stderr, a regular file, a terminal, a socket) is refused,
+/// so that the readiness line can never land in a file or on a descriptor the server uses.
+pub fn parse_ready_fd(text: &str) -> Result<i32, String> {
+    let fd: i32 = text.parse().map_err(|_| format!("{text:?} is not a descriptor number"))?;
+    if fd <= 2 {
+        return Err(format!("{fd} is stdin, stdout or stderr: give the pipe `compcache swapon` passes"));
+    }
+    // SAFETY: stat is plain data; all-zero is valid storage for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only into `st`, which is valid for writes; a bad descriptor is an
+    // error (EBADF), not undefined behaviour.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("descriptor {fd}: {} (it must be open: the pipe `compcache swapon` passes)", std::io::Error::last_os_error()));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => "a regular file",
+            libc::S_IFCHR => "a character device (a terminal?)",
+            libc::S_IFSOCK => "a socket",
+            libc::S_IFDIR => "a directory",
+            _ => "not a pipe",
+        };
+        return Err(format!("descriptor {fd} is {kind}: it must be the pipe `compcache swapon` passes"));
+    }
+    Ok(fd)
+}
+
 impl StoreArgs {
     pub fn config(&self) -> Result<Config, Failure> {
         let ram = physical_ram_bytes();
@@ -65,9 +120,14 @@ impl StoreArgs {
             "0" | "none" | "" => 0,
             t => parse_size_or_expr(t, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
         };
+        // Printed once every other check has passed (an error is the one line then).
+        let warning = check_store_limits(size, &self.mem_limit, mem_limit)?;
         let backing = self.backing.config(ram, mem_limit)?;
         let cfg = Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
         cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
+        if let Some(warning) = warning {
+            eprintln!("compcache: warning: {warning}");
+        }
         Ok(cfg)
     }
 }
@@ -91,7 +151,7 @@ pub struct ServerArgs {
     pub reserve: Option<String>,
 
     /// File descriptor to write "READY <device>" to once the device is up (used by swapon).
-    #[arg(long, value_name = "FD", hide = true)]
+    #[arg(long, value_name = "FD", hide = true, value_parser = parse_ready_fd)]
     pub ready_fd: Option<i32>,
 }
 
@@ -190,7 +250,9 @@ impl Session {
                         version: env!("CARGO_PKG_VERSION").to_string(),
                     },
                 });
-                let _ = std::thread::Builder::new().name("control".into()).spawn(move || control::serve(state, listener));
+                let _ = std::thread::Builder::new().name("control".into()).spawn(move || {
+                    control::serve(state, listener);
+                });
             }
             Err(e) => eprintln!("compcache: warning: no control socket {}: {e}", ctl.display()),
         }
@@ -210,12 +272,9 @@ impl Session {
             Some(sig) => eprintln!("compcache: signal {sig}: removing {}", dev.display()),
             None => eprintln!("compcache: {} was stopped by the kernel or another program", dev.display()),
         }
-        if is_active_swap(dev) {
-            eprintln!("compcache: {} is swap: swapoff first (reads every page back)", dev.display());
-            if let Err(e) = swapoff(dev) {
-                eprintln!("compcache: {e}");
-            }
-        }
+        // The front end removes the device once this returns: not while it is swap.
+        let mut pause = |d: std::time::Duration| self.signals.wait_timeout(d);
+        take_out_of_swap(dev, &KernelSwap, &mut pause, &mut |line: &str| eprintln!("compcache: {line}"));
         let _ = std::fs::remove_file(&ctl);
         self.write_stats(&name);
     }
@@ -288,6 +347,70 @@ pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[command(flatten)]
+        server: ServerArgs,
+    }
+
+    fn parse(v: &[&str]) -> Result<T, clap::Error> {
+        T::try_parse_from(std::iter::once("ublk").chain(v.iter().copied()))
+    }
+
+    #[test]
+    fn a_mem_limit_below_one_page_is_an_error_in_both_servers() {
+        let e = parse(&["--size", "64M", "--mem-limit", "100"]).unwrap().store.config().unwrap_err();
+        assert!(e.to_string().contains("below one page") && e.exit_code() == 2, "{e}");
+        assert_eq!(parse(&["--size", "64M", "--mem-limit", "4K"]).unwrap().store.config().unwrap().mem_limit_bytes, 4096);
+        assert_eq!(parse(&["--size", "64M", "--mem-limit", "0"]).unwrap().store.config().unwrap().mem_limit_bytes, 0);
+        // The one function both flag sets call.
+        assert!(check_store_limits(1 << 20, "1", 1).is_err());
+        assert!(check_store_limits(1 << 20, "none", 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_mem_limit_above_the_size_is_warned_about() {
+        let w = check_store_limits(64 << 20, "1G", 1 << 30).unwrap().expect("a warning");
+        assert!(w.contains("above --size") && w.contains("limits nothing"), "{w}");
+        assert!(check_store_limits(64 << 20, "16M", 16 << 20).unwrap().is_none());
+        // Still accepted.
+        assert_eq!(parse(&["--size", "64M", "--mem-limit", "1G"]).unwrap().store.config().unwrap().mem_limit_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn ready_fd_must_be_a_pipe() {
+        use std::os::fd::AsRawFd;
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let w = fds[1].to_string();
+        assert_eq!(parse(&["--ready-fd", &w]).unwrap().server.ready_fd, Some(fds[1]));
+        // SAFETY: both descriptors came from pipe() above and are closed once.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        // (Not the pipe's number: another test's thread may open a file under it meanwhile.)
+        let e = parse(&["--ready-fd", "987654"]).err().expect("a closed descriptor is refused").to_string();
+        assert!(e.contains("must be open"), "{e}");
+        for fd in ["0", "1", "2"] {
+            let e = parse(&["--ready-fd", fd]).err().expect("stdio is refused").to_string();
+            assert!(e.contains("stdin, stdout or stderr"), "{e}");
+        }
+        let path = std::env::temp_dir().join(format!("compcache-ready-fd-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        let fd = file.as_raw_fd().to_string();
+        let e = parse(&["--ready-fd", &fd]).err().expect("a regular file is refused").to_string();
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.contains("regular file"), "{e}");
+        assert!(parse(&["--ready-fd", "x"]).is_err());
+    }
 
     #[test]
     fn sizes_take_both_forms() {

@@ -74,10 +74,9 @@ pub struct Args {
     backing: BackingArgs,
 }
 
-/// What the main thread waits for.
+/// What the main thread waits for. (Listeners never end: they retry after accept errors.)
 enum Event {
     Signal(i32),
-    ListenerFailed(String),
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -90,7 +89,15 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let socket = match (&args.socket, &args.listen) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(_)) => None,
-        (None, None) => Some(paths::default_socket()),
+        (None, None) => {
+            let path = paths::default_socket();
+            // The default place is made private (0700) and must be ours: bound there, nobody
+            // else can reach or replace the socket.
+            if std::env::var_os(paths::SOCKET_ENV).filter(|p| !p.is_empty()).is_none() {
+                paths::private_dir(&paths::default_dir()).map_err(Failure::new)?;
+            }
+            Some(path)
+        }
     };
     let tcp = args.listen.as_deref().map(parse_listen).transpose()?;
     let control_path = args.control.clone().unwrap_or_else(|| match &socket {
@@ -152,18 +159,18 @@ pub fn run(args: Args) -> Result<(), Failure> {
     spawn("signals", tx.clone(), move || Event::Signal(wait_for_signal(&signals)));
     if let Some(l) = unix {
         let s = server.clone();
-        spawn("nbd-unix", tx.clone(), move || Event::ListenerFailed(format!("NBD Unix listener failed: {}", listener::serve_unix(s, l))));
+        spawn("nbd-unix", tx.clone(), move || listener::serve_unix(s, l));
     }
     if let Some(l) = tcp_listener {
         let s = server.clone();
-        spawn("nbd-tcp", tx.clone(), move || Event::ListenerFailed(format!("NBD TCP listener failed: {}", listener::serve_tcp(s, l))));
+        spawn("nbd-tcp", tx.clone(), move || listener::serve_tcp(s, l));
     }
     crate::maintenance::spawn(store.clone()).map_err(|e| Failure::new(format!("cannot start the maintenance thread: {e}")))?;
     if store.has_backing() {
         spawn_writeback(store.clone()).map_err(|e| Failure::new(format!("cannot start the writeback thread: {e}")))?;
     }
     let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
-    spawn("control", tx, move || Event::ListenerFailed(format!("control listener failed: {}", control::serve(state, control_listener))));
+    spawn("control", tx, move || control::serve(state, control_listener));
 
     let mut places: Vec<String> = Vec::new();
     if let Some(p) = &device.nbd_socket {
@@ -192,7 +199,6 @@ pub fn run(args: Args) -> Result<(), Failure> {
             let _ = writeln!(std::io::stderr(), "compcache: {} received: stopping, removing {}", signal_name(sig), files.join(" and "));
             Ok(())
         }
-        Ok(Event::ListenerFailed(msg)) => Err(Failure::new(format!("{msg}; stopping"))),
         Err(_) => Err(Failure::new("every listener stopped; stopping")),
     };
     // Remove the socket files and the PID file, then leave without waiting for connection
@@ -217,6 +223,8 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
         "0" | "none" | "" => 0,
         text => parse_size(text, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
     };
+    // Printed once every other check has passed (an error is the one line then).
+    let warning = super::device::check_store_limits(size, &args.mem_limit, mem_limit)?;
     if ram > 0 && mem_limit > ram {
         return Err(Failure::usage(format!(
             "--mem-limit {} is above physical RAM ({}): it could never take effect; give at most {} or 0 for no limit",
@@ -246,6 +254,9 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
     let backing = args.backing.config(ram, mem_limit)?;
     let cfg = Config { algorithm, level: args.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
     cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(warning) = warning {
+        eprintln!("compcache: warning: {warning}");
+    }
     Ok(cfg)
 }
 

@@ -6,6 +6,7 @@ use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::failure::Failure;
 
@@ -96,11 +97,94 @@ pub fn swapoff(dev: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Whether `dev` is an active swap area (listed in /proc/swaps).
+/// Whether `dev` is an active swap area (listed in /proc/swaps). Entries are compared by
+/// device number as well as by name: swap enabled through another name for the same device
+/// (a /dev/disk/by-* link, a copy of the node) is still this device's swap. When /proc/swaps
+/// cannot be read the answer is "yes": the callers remove the device only on a "no".
 pub fn is_active_swap(dev: &Path) -> bool {
-    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    match std::fs::read_to_string("/proc/swaps") {
+        Ok(swaps) => swaps_list(&swaps, dev),
+        Err(e) => {
+            eprintln!("compcache: cannot read /proc/swaps ({e}): taking {} to be swap", dev.display());
+            true
+        }
+    }
+}
+
+/// Whether the /proc/swaps text `swaps` lists `dev` (by name, or by device number).
+fn swaps_list(swaps: &str, dev: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let rdev = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.file_type().is_block_device()).map(|m| m.rdev());
     let want = dev.to_string_lossy();
-    swaps.lines().skip(1).any(|l| l.split_whitespace().next() == Some(want.as_ref()))
+    let want_rdev = rdev(dev);
+    swaps.lines().skip(1).filter_map(|l| l.split_whitespace().next()).any(|name| {
+        // /proc/swaps escapes spaces, tabs, newlines and backslashes as octal (\040).
+        let name = name.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\");
+        name == want || (want_rdev.is_some() && rdev(Path::new(&name)) == want_rdev)
+    })
+}
+
+/// What taking a device out of swap use needs from the system; the real one is
+/// [`KernelSwap`], tests give a scripted one.
+pub trait SwapSystem {
+    /// Whether the kernel swaps to `dev`; must answer "yes" when it cannot tell.
+    fn is_active_swap(&self, dev: &Path) -> bool;
+    fn swapoff(&self, dev: &Path) -> Result<(), Failure>;
+}
+
+/// /proc/swaps and swapoff(2).
+pub struct KernelSwap;
+
+impl SwapSystem for KernelSwap {
+    fn is_active_swap(&self, dev: &Path) -> bool {
+        is_active_swap(dev)
+    }
+    fn swapoff(&self, dev: &Path) -> Result<(), Failure> {
+        swapoff(dev)
+    }
+}
+
+/// The first pause between swapoff attempts that failed; it doubles up to
+/// [`SWAPOFF_RETRY_MAX`].
+pub const SWAPOFF_RETRY_FIRST: Duration = Duration::from_secs(1);
+pub const SWAPOFF_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// Takes `dev` out of swap use before its server removes it, and returns only once the kernel
+/// no longer swaps to it (the number of failed swapoff attempts): removing a device that is
+/// still swap loses every page swapped out to it, so the device stays up and keeps serving
+/// meanwhile (the caller's I/O threads run on). After each failure it says what to do and
+/// waits: `pause(d)` sleeps up to `d` and returns early, with the signal, when another stop
+/// signal arrives, which retries at once. The pause grows from [`SWAPOFF_RETRY_FIRST`] to
+/// [`SWAPOFF_RETRY_MAX`]. The only way to give up is SIGKILL, which loses the pages as
+/// removing would: that is for the operator to decide, never for this code.
+pub fn take_out_of_swap(
+    dev: &Path,
+    sys: &dyn SwapSystem,
+    pause: &mut dyn FnMut(Duration) -> Option<i32>,
+    log: &mut dyn FnMut(&str),
+) -> u32 {
+    let mut failures = 0u32;
+    let mut delay = SWAPOFF_RETRY_FIRST;
+    let mut announced = false;
+    while sys.is_active_swap(dev) {
+        if !std::mem::replace(&mut announced, true) {
+            log(&format!("{} is swap: swapoff first (reads every page back)", dev.display()));
+        }
+        let Err(e) = sys.swapoff(dev) else { continue };
+        failures += 1;
+        log(&format!(
+            "{e} (attempt {failures}): {dev} is still swap, so it stays up and keeps serving: removing it would lose every \
+             swapped-out page. Free memory (swapoff needs room for every page it reads back) or stop the programs using \
+             that swap, then send SIGTERM again to retry at once; retrying by itself in {delay:?}. `kill -9` gives up and \
+             loses the pages",
+            dev = dev.display()
+        ));
+        if let Some(sig) = pause(delay) {
+            log(&format!("signal {sig}: retrying swapoff of {} now", dev.display()));
+        }
+        delay = (delay * 2).min(SWAPOFF_RETRY_MAX);
+    }
+    failures
 }
 
 /// Keeps a swap server's memory resident and out of reclaim's I/O:
@@ -181,6 +265,15 @@ impl StopSignals {
             return Err(Failure::new(format!("blocking stop signals: {}", io::Error::from_raw_os_error(rc))));
         }
         Ok(StopSignals { set })
+    }
+
+    /// Waits up to `timeout` for a stop signal; returns it, or `None` when none came.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<i32> {
+        let t = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+        // SAFETY: `self.set` is initialised, `t` is a valid timespec, and a null siginfo
+        // pointer is allowed.
+        let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &t) };
+        (sig > 0).then_some(sig)
     }
 
     /// Returns the signal that arrived, or `None` once `alive()` turns false.
@@ -283,6 +376,92 @@ mod tests {
         assert_eq!(&h[1052..1061], b"compcache");
         assert!(h[..1024].iter().all(|&b| b == 0));
         assert!(swap_header(4096 * 9, uuid, "x").is_err());
+    }
+
+    /// A scripted system: swapoff fails `fail` times, then takes the device out of swap.
+    struct Scripted {
+        swap: std::cell::Cell<bool>,
+        fail: std::cell::Cell<u32>,
+        calls: std::cell::Cell<u32>,
+    }
+
+    impl SwapSystem for Scripted {
+        fn is_active_swap(&self, _: &Path) -> bool {
+            self.swap.get()
+        }
+        fn swapoff(&self, _: &Path) -> Result<(), Failure> {
+            self.calls.set(self.calls.get() + 1);
+            if self.fail.get() > 0 {
+                self.fail.set(self.fail.get() - 1);
+                return Err(Failure::new("swapoff /dev/x: Cannot allocate memory"));
+            }
+            self.swap.set(false);
+            Ok(())
+        }
+    }
+
+    fn scripted(swap: bool, fail: u32) -> Scripted {
+        Scripted { swap: swap.into(), fail: fail.into(), calls: 0.into() }
+    }
+
+    #[test]
+    fn a_device_is_released_only_once_it_is_no_longer_swap() {
+        let dev = Path::new("/dev/x");
+        let sys = scripted(true, 9);
+        let mut pauses = Vec::new();
+        let mut lines = Vec::new();
+        // Every third pause ends with a stop signal (a retry at once).
+        let mut pause = |d: Duration| {
+            pauses.push(d);
+            (pauses.len() % 3 == 0).then_some(libc::SIGTERM)
+        };
+        let failures = take_out_of_swap(dev, &sys, &mut pause, &mut |l: &str| lines.push(l.to_string()));
+        assert_eq!(failures, 9);
+        assert!(!sys.swap.get(), "returned while the device was still swap");
+        assert_eq!(sys.calls.get(), 10, "one swapoff per attempt, the last one works");
+        let secs: Vec<u64> = pauses.iter().map(|d| d.as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60], "the pause grows and is capped");
+        let failed: Vec<&String> = lines.iter().filter(|l| l.contains("still swap")).collect();
+        assert_eq!(failed.len(), 9, "every failure is logged: {lines:?}");
+        assert!(
+            failed[0].contains("Cannot allocate memory") && failed[0].contains("keeps serving") && failed[0].contains("SIGTERM"),
+            "{}",
+            failed[0]
+        );
+        assert_eq!(lines.iter().filter(|l| l.contains("retrying swapoff of /dev/x now")).count(), 3, "{lines:?}");
+    }
+
+    #[test]
+    fn a_device_that_is_not_swap_is_released_at_once() {
+        let sys = scripted(false, 0);
+        let mut pause = |_: Duration| -> Option<i32> { panic!("no pause when not swap") };
+        assert_eq!(take_out_of_swap(Path::new("/dev/x"), &sys, &mut pause, &mut |_: &str| {}), 0);
+        assert_eq!(sys.calls.get(), 0);
+        let sys = scripted(true, 0);
+        assert_eq!(take_out_of_swap(Path::new("/dev/x"), &sys, &mut pause, &mut |_: &str| {}), 0);
+        assert_eq!(sys.calls.get(), 1);
+    }
+
+    #[test]
+    fn proc_swaps_entries_match_by_name_or_device_number() {
+        let swaps = "Filename\tType\tSize\tUsed\tPriority\n/dev/ublkb0 partition 1024 0 100\n/tmp/my\\040swap file 8 0 -2\n";
+        assert!(swaps_list(swaps, Path::new("/dev/ublkb0")));
+        assert!(swaps_list(swaps, Path::new("/tmp/my swap")), "octal escapes are decoded");
+        assert!(!swaps_list(swaps, Path::new("/dev/ublkb1")));
+        // The same block device under another name is the same swap.
+        let null_like = Path::new("/dev/loop0");
+        if std::fs::metadata(null_like).is_ok() {
+            let dir = std::env::temp_dir().join(format!("compcache-swaps-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let alias = dir.join("alias");
+            std::os::unix::fs::symlink(null_like, &alias).unwrap();
+            let text = format!("Filename Type Size Used Priority\n{} partition 8 0 -2\n", alias.display());
+            let found = swaps_list(&text, null_like);
+            std::fs::remove_dir_all(&dir).unwrap();
+            assert!(found, "swap enabled through a link to the device is the device's swap");
+        } else {
+            eprintln!("skipped the device-number case: no /dev/loop0");
+        }
     }
 
     #[test]

@@ -504,18 +504,21 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let cmd = server_command("ublk", &s, "8M", 5);
+        // The descriptor must be a pipe, as the one swapon makes (the server checks).
+        let (_r, w) = ready_pipe().unwrap();
+        let fd = w.as_raw_fd();
+        let cmd = server_command("ublk", &s, "8M", fd);
         let Server::Ublk(u) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else {
             panic!("not ublk")
         };
         let cfg = u.store.config().unwrap();
         assert_eq!(
             (cfg.disksize_bytes, cfg.mem_limit_bytes, cfg.level, u.server.reserve.as_deref(), u.server.ready_fd),
-            (GIB, 16 << 20, Some(3), Some("8M"), Some(5))
+            (GIB, 16 << 20, Some(3), Some("8M"), Some(fd))
         );
         let b = cfg.backing.unwrap();
         assert_eq!((b.path.as_path(), b.high_pct, b.incompressible), (Path::new("/dev/vdb"), 80, true));
-        let cmd = server_command("nbd", &s, "0", 5);
+        let cmd = server_command("nbd", &s, "0", fd);
         let Server::NbdAttach(n) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else {
             panic!("not nbd")
         };
