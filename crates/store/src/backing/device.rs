@@ -13,8 +13,9 @@
 //!   same moment. It is a sparse regular file; [`FileDevice::created`] says so, and
 //!   [`BackingDevice::remove_if_created`] removes it (only if the path still names it) when the
 //!   start it was made for is refused.
-//! - An existing path is opened with `O_NOFOLLOW` (a symbolic link is refused: give the real
-//!   path) and `O_EXCL`, which for a block device is the kernel's exclusive claim: a mounted
+//! - An existing path is opened with `O_NOFOLLOW` (a symbolic link is refused, unless it
+//!   leads to a block device and belongs to root or this user, as udev's `/dev/disk/by-*`
+//!   links do) and `O_EXCL`, which for a block device is the kernel's exclusive claim: a mounted
 //!   device, an active swap device or one another program holds gives EBUSY, refused with a
 //!   message that says so (for a regular file Linux ignores `O_EXCL` without `O_CREAT`).
 //! - A regular file is locked with `flock(LOCK_EX | LOCK_NB)` for as long as it is open: a
@@ -302,13 +303,22 @@ fn open_or_create(path: &Path) -> io::Result<(File, bool)> {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(refuse(path, e.kind(), format!("cannot create it: {e}"))),
         }
-        let existing = OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_EXCL | libc::O_CLOEXEC).open(path);
+        let existing = match open_existing(path) {
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => match trusted_link_to_block_device(path) {
+                Some(real) => open_existing(&real).and_then(|f| match f.metadata()?.file_type().is_block_device() {
+                    true => Ok(f),
+                    false => Err(io::Error::from_raw_os_error(libc::ELOOP)),
+                }),
+                None => Err(e),
+            },
+            r => r,
+        };
         match existing {
             Ok(f) => return Ok((f, false)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // removed meanwhile: create it
             Err(e) => {
                 let what = match e.raw_os_error() {
-                    Some(libc::ELOOP) => "is a symbolic link: compcache does not follow one here (another user could point it at any file); give the path of the file or device itself".to_string(),
+                    Some(libc::ELOOP) => "is a symbolic link: compcache follows one only to a block device, and only a link owned by root or this user (as udev's /dev/disk/by-* links); another user could point it at any file; give the path of the file or device itself".to_string(),
                     Some(libc::EBUSY) => "is in use (mounted, active swap, or claimed by another program such as another compcache server): the kernel refused the exclusive open; free it or give another device".to_string(),
                     _ => format!("cannot open it: {e}"),
                 };
@@ -317,6 +327,26 @@ fn open_or_create(path: &Path) -> io::Result<(File, bool)> {
         }
     }
     Err(refuse(path, io::ErrorKind::Other, "appears and disappears while it is being opened: is another program using it?".into()))
+}
+
+/// Opens what is at `path` without following a final symbolic link; `O_EXCL` claims a block
+/// device exclusively (Linux ignores it for a regular file without `O_CREAT`).
+fn open_existing(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_EXCL | libc::O_CLOEXEC).open(path)
+}
+
+/// Where a symbolic link at `path` leads, if compcache may follow it: to a block device, and
+/// the link belongs to root or to this user (udev's /dev/disk/by-* links). A link someone else
+/// planted is never followed.
+fn trusted_link_to_block_device(path: &Path) -> Option<PathBuf> {
+    let link = std::fs::symlink_metadata(path).ok()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if !link.file_type().is_symlink() || (link.uid() != 0 && link.uid() != uid) {
+        return None;
+    }
+    let real = std::fs::canonicalize(path).ok()?;
+    std::fs::metadata(&real).ok()?.file_type().is_block_device().then_some(real)
 }
 
 /// One server per backing file: an exclusive, non-blocking `flock` held as long as the file
