@@ -48,6 +48,12 @@ pub struct BackingArgs {
     /// Store pages that do not compress on the backing device at once.
     #[arg(long, help_heading = "Backing device")]
     pub backing_incompressible: bool,
+
+    /// Take over an existing --backing file that has no compcache signature, or that other
+    /// users could read (it is set to mode 0600 and this user). Without it such a file is
+    /// refused and left untouched. See docs/backing.md, "What compcache refuses".
+    #[arg(long, help_heading = "Backing device")]
+    pub force: bool,
 }
 
 impl BackingArgs {
@@ -61,9 +67,13 @@ impl BackingArgs {
             }
         };
         let Some(path) = &self.backing else {
-            if self.backing_size.is_some() || self.writeback_limit.is_some() || self.writeback_rate.is_some() || self.backing_incompressible
+            if self.backing_size.is_some()
+                || self.writeback_limit.is_some()
+                || self.writeback_rate.is_some()
+                || self.backing_incompressible
+                || self.force
             {
-                return Err(Failure::usage("--backing-size, --writeback-* and --backing-incompressible need --backing PATH"));
+                return Err(Failure::usage("--backing-size, --writeback-*, --backing-incompressible and --force need --backing PATH"));
             }
             return Ok(None);
         };
@@ -79,6 +89,7 @@ impl BackingArgs {
             writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit)?,
             writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate)?,
             incompressible: self.backing_incompressible,
+            force: self.force,
             ..BackingConfig::new(path)
         };
         Ok(Some(cfg))
@@ -103,7 +114,36 @@ impl BackingArgs {
         if self.backing_incompressible {
             v.push("--backing-incompressible".into());
         }
+        if self.force {
+            v.push("--force".into());
+        }
         v
+    }
+}
+
+/// Held from the store's creation until a server has started: if the start is refused
+/// (a socket cannot be bound, a thread cannot start, the kernel refuses the device), its drop
+/// gives the backing device up ([`Store::abandon_backing`]: emptied, and the file removed if
+/// this start created it), as docs/cli.md promises ("a refused start leaves nothing behind").
+pub struct StartGuard(Option<Arc<Store>>);
+
+impl StartGuard {
+    pub fn new(store: &Arc<Store>) -> StartGuard {
+        StartGuard(Some(Arc::clone(store)))
+    }
+
+    /// The server is up: from now on its exit path closes the backing device
+    /// ([`Store::close_backing`]).
+    pub fn started(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for StartGuard {
+    fn drop(&mut self) {
+        if let Some(store) = self.0.take() {
+            store.abandon_backing();
+        }
     }
 }
 
@@ -175,6 +215,10 @@ mod tests {
             (b.size_bytes, b.writeback_rate_bytes, b.writeback_limit_bytes, b.high_pct, b.low_pct, b.incompressible),
             (4 * GIB, 8 << 20, GIB, 80, 60, true)
         );
+        assert!(!b.force);
+        assert!(args(&["--backing", "f", "--force"]).config(8 * GIB, GIB).unwrap().unwrap().force);
+        let e = args(&["--force"]).config(8 * GIB, GIB).unwrap_err().to_string();
+        assert!(e.contains("need --backing"), "{e}");
         let d = args(&["--backing", "f"]).config(8 * GIB, GIB).unwrap().unwrap();
         assert_eq!(
             (d.size_bytes, d.high_pct, d.low_pct, d.writeback_rate_bytes),
@@ -206,6 +250,7 @@ mod tests {
                 "--writeback-rate",
                 "4M/s",
                 "--backing-incompressible",
+                "--force",
             ][..],
         ] {
             let a = args(v);

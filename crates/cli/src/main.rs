@@ -7,6 +7,7 @@ mod cmd;
 mod failure;
 mod maintenance;
 mod paths;
+mod private_file;
 mod units;
 
 use clap::{Parser, Subcommand};

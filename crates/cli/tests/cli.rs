@@ -410,3 +410,96 @@ fn mlock_keeps_the_server_locked_without_committing_the_device() {
     assert_eq!(c.read(0, 4096).unwrap(), text_page(1));
     c.disconnect().unwrap();
 }
+
+// --- files the server creates: PID file, backing file (issue 10, items 1, 3, 9) ------------
+
+#[test]
+fn a_pid_file_that_is_a_symlink_is_refused_and_its_target_not_truncated() {
+    let dir = TempDir::new("pid-symlink");
+    let target = dir.path("passwd-copy");
+    std::fs::write(&target, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+    let link = dir.path("server.pid");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out =
+        compcache(&["serve", "--size", "16M", "--socket", dir.path("s.sock").to_str().unwrap(), "--pid-file", link.to_str().unwrap()]);
+    assert!(!out.status.success(), "a symbolic link as --pid-file is refused");
+    let err = stderr_of(&out);
+    assert!(err.contains("--pid-file") && err.trim().lines().count() == 1, "{err}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "root:x:0:0:root:/root:/bin/bash\n", "the target is untouched");
+    assert!(!dir.path("s.sock").exists(), "a refused start leaves nothing behind");
+
+    // A PID file of a running process is not taken over either; a stale one of ours is.
+    let live = dir.path("live.pid");
+    std::fs::write(&live, format!("{}\n", std::process::id())).unwrap();
+    let out =
+        compcache(&["serve", "--size", "16M", "--socket", dir.path("s.sock").to_str().unwrap(), "--pid-file", live.to_str().unwrap()]);
+    assert!(!out.status.success() && stderr_of(&out).contains("is running"), "{}", stderr_of(&out));
+    assert_eq!(std::fs::read_to_string(&live).unwrap().trim(), std::process::id().to_string());
+    let stale = dir.path("stale.pid");
+    std::fs::write(&stale, "2147483646\n").unwrap(); // above pid_max: no such process
+    let mut srv = ServerGuard::start(&dir, &["--size", "16M", "--pid-file", stale.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&stale).unwrap().trim(), srv.pid().to_string());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&stale).unwrap().permissions().mode() & 0o777, 0o600, "owner-only");
+    let (status, _) = srv.terminate();
+    assert!(status.success());
+    assert!(!stale.exists(), "removed at exit");
+}
+
+#[test]
+fn a_refused_start_leaves_no_new_backing_file() {
+    let dir = TempDir::new("refused-backing");
+    let backing = dir.path("backing.img");
+    // Refused after the store (and its backing file) exist: the PID file's directory is missing.
+    let out = compcache(&[
+        "serve",
+        "--size",
+        "16M",
+        "--mem-limit",
+        "4M",
+        "--backing",
+        backing.to_str().unwrap(),
+        "--socket",
+        dir.path("s.sock").to_str().unwrap(),
+        "--pid-file",
+        dir.path("no/such/dir/pid").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr_of(&out).contains("--pid-file"), "{}", stderr_of(&out));
+    assert!(!backing.exists(), "the backing file made for the refused start is removed");
+    assert!(!dir.path("s.sock").exists() && !dir.path("s.sock.ctl").exists());
+}
+
+#[test]
+fn a_stopped_server_leaves_no_page_data_in_its_backing_file() {
+    let dir = TempDir::new("backing-exit");
+    let backing = dir.path("backing.img");
+    let marker = b"SECRET-swapped-out-password-0123456789";
+    let mut srv = ServerGuard::start(
+        &dir,
+        &["--size", "16M", "--mem-limit", "4M", "--backing", backing.to_str().unwrap(), "--backing-incompressible"],
+    );
+    let mut c = srv.client();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..32u64 {
+        let mut p: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        p[100..100 + marker.len()].copy_from_slice(marker);
+        c.write(i * 4096, &p).unwrap();
+    }
+    let on_file = |p: &std::path::Path| std::fs::read(p).unwrap().windows(marker.len()).any(|w| w == marker);
+    assert!(num(&srv.stat_json(), "bd_count") > 0);
+    assert!(on_file(&backing), "incompressible pages went to the backing file");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&backing).unwrap().permissions().mode() & 0o777, 0o600, "owner-only");
+    c.disconnect().unwrap();
+    let (status, stderr) = srv.terminate();
+    assert!(status.success(), "{stderr}");
+    assert!(!on_file(&backing), "swapped-out data outlived the server");
+}

@@ -67,15 +67,16 @@
 //!    then the connection is closed.
 //!
 //! # FUA and FLUSH
-//! The store keeps everything in RAM, and a request is in the store before it is replied to:
-//! without a backing device FUA needs nothing beyond replying after the store call. With one,
-//! a write may have gone to the backing file, so a modifying request with FUA is followed by
-//! `Store::flush` (an fsync) before its reply. FLUSH calls `Store::flush` (which
-//! fsyncs the backing device, if any) only once every modifying request (WRITE,
-//! WRITE_ZEROES, TRIM) read before it on this connection has been executed and answered. The
-//! protocol asks less (the writes *completed* before the FLUSH was received; those are in the
-//! store already), but a client that pipelines writes and a flush gets what it meant, and its
-//! flush reply comes after those writes' replies.
+//! A request is in the store before it is replied to, and every later read on any connection
+//! finds it: that is everything FUA and FLUSH can ask of this device, so FUA needs nothing
+//! beyond replying after the store call, and FLUSH calls `Store::flush`, which returns at
+//! once. With a backing device too: the index of its records lives in the server's memory,
+//! so an fsync would make nothing durable (docs/backing.md, "Flush and FUA"). FLUSH is
+//! answered only once every modifying request (WRITE, WRITE_ZEROES, TRIM) read before it on
+//! this connection has been executed and answered. The protocol asks less (the writes
+//! *completed* before the FLUSH was received; those are in the store already), but a client
+//! that pipelines writes and a flush gets what it meant, and its flush reply comes after
+//! those writes' replies.
 
 use crate::budget::Budget;
 use crate::handshake::{self, Negotiated, Outcome};
@@ -785,7 +786,6 @@ fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job,
 /// bytes of it the reply carries.
 fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Result<usize, StoreError> {
     let (offset, len) = (job.req.offset, job.req.len as u64);
-    let modifies = matches!(job.cmd, Command::Write | Command::Trim | Command::WriteZeroes);
     let reply_bytes = match job.cmd {
         Command::Read => store.read(ctx, offset, data).map(|()| data.len()),
         Command::Write => store.write(ctx, offset, data).map(|()| 0),
@@ -797,9 +797,6 @@ fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Resu
         Command::BlockStatus => store.block_status(offset, len).map(|extents| meta::encode_extents(data, extents)),
         Command::Disconnect => unreachable!("NBD_CMD_DISC ends the reading; it is never served"),
     }?;
-    if modifies && job.req.flags & CMD_FLAG_FUA != 0 && store.has_backing() {
-        store.flush()?;
-    }
     Ok(reply_bytes)
 }
 
@@ -807,10 +804,16 @@ fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Resu
 mod tests {
     use super::*;
 
-    /// A backing device in memory that counts `sync` calls.
+    /// A backing device in memory that counts the calls made to it.
     struct CountingDevice {
         bytes: parking_lot::Mutex<Vec<u8>>,
-        syncs: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl CountingDevice {
+        fn count(&self) {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     impl compcache_store::BackingDevice for CountingDevice {
@@ -818,43 +821,50 @@ mod tests {
             self.bytes.lock().len() as u64
         }
         fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.count();
             buf.copy_from_slice(&self.bytes.lock()[offset as usize..][..buf.len()]);
             Ok(())
         }
         fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.count();
             self.bytes.lock()[offset as usize..][..buf.len()].copy_from_slice(buf);
             Ok(())
         }
-        fn sync(&self) -> std::io::Result<()> {
-            self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        fn discard(&self, _offset: u64, _len: u64) -> std::io::Result<()> {
+            self.count();
             Ok(())
+        }
+        fn discard_all(&self) -> std::io::Result<()> {
+            Ok(()) // the store's close at drop, not a request
         }
         fn describe(&self) -> String {
             "memory".into()
         }
     }
 
+    /// FUA and FLUSH ask for what every reply already guarantees (the write is in the store,
+    /// and later reads find it), also with a backing device, whose records die with the
+    /// server: they cost no device I/O (no fsync: the index is in RAM, so it would make
+    /// nothing durable; docs/backing.md, "Flush and FUA").
     #[test]
-    fn fua_writes_reach_stable_storage_when_there_is_a_backing_device() {
-        let syncs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let dev = CountingDevice { bytes: parking_lot::Mutex::new(vec![0; 8 << 20]), syncs: syncs.clone() };
+    fn fua_and_flush_cost_no_backing_device_io_and_writes_are_read_back() {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let dev = CountingDevice { bytes: parking_lot::Mutex::new(vec![0; 8 << 20]), calls: calls.clone() };
         let mut cfg = compcache_store::Config::with_disksize(1 << 20);
         cfg.backing = Some(compcache_store::BackingConfig::new("memory"));
         let store = Store::with_backing_device(cfg, Box::new(dev)).unwrap();
         let mut ctx = store.context();
-        let count = || syncs.load(std::sync::atomic::Ordering::Relaxed);
+        let count = || calls.load(std::sync::atomic::Ordering::Relaxed);
         let job = |cmd, flags| Job { req: req(0, flags, 0, 4096), cmd, seq: 1 };
-        let mut data = vec![7u8; 4096];
-        execute(&store, &mut ctx, &job(Command::Write, 0), &mut data).unwrap();
-        assert_eq!(count(), 0, "a plain write does not sync");
-        for cmd in [Command::Write, Command::WriteZeroes, Command::Trim] {
-            let before = count();
+        for cmd in [Command::Write, Command::WriteZeroes, Command::Trim, Command::Write] {
+            let mut data = vec![7u8; 4096];
             execute(&store, &mut ctx, &job(cmd, CMD_FLAG_FUA), &mut data).unwrap();
-            assert_eq!(count(), before + 1, "{cmd:?} with FUA syncs the backing device");
+            execute(&store, &mut ctx, &job(Command::Flush, 0), &mut []).unwrap();
         }
-        let before = count();
-        execute(&store, &mut ctx, &job(Command::Read, CMD_FLAG_FUA), &mut data).unwrap();
-        assert_eq!(count(), before, "FUA on a read asks for nothing");
+        assert_eq!(count(), 0, "FUA and FLUSH issued device I/O");
+        let mut back = vec![0u8; 4096];
+        execute(&store, &mut ctx, &job(Command::Read, CMD_FLAG_FUA), &mut back).unwrap();
+        assert_eq!(back, vec![7u8; 4096], "the FUA write is what later reads see");
     }
 
     fn req(cmd: u16, flags: u16, offset: u64, len: u32) -> Request {

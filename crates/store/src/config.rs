@@ -46,10 +46,11 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 1 << 20;
 /// `backing_dev`, `writeback`, `writeback_limit`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackingConfig {
-    /// A block device or a regular file; a missing file is created (sparse).
+    /// A block device or a regular file; a missing file is created (sparse, mode 0600).
     pub path: std::path::PathBuf,
-    /// Bytes of the device to use; 0: a block device's or existing file's size, or for a new
-    /// file the device size (`disksize_bytes`, plenty: pages go out compressed).
+    /// Bytes of the device to use after its 4 KiB superblock; 0: a block device's or existing
+    /// file's size (less the superblock), or for a new file the device size
+    /// (`disksize_bytes`, plenty: pages go out compressed).
     pub size_bytes: u64,
     /// Write back cold pages when pool memory passes this percent of `mem_limit`...
     pub high_pct: u8,
@@ -68,6 +69,10 @@ pub struct BackingConfig {
     pub promote: bool,
     /// Segment size in bytes (a multiple of 4096).
     pub segment_bytes: u64,
+    /// Take over an existing regular file that has no compcache signature or is not private
+    /// (other owner, group or other access, several links): it is set to mode 0600 and this
+    /// user. Without it such a file is refused, untouched (`backing/device.rs`).
+    pub force: bool,
 }
 
 impl BackingConfig {
@@ -83,6 +88,7 @@ impl BackingConfig {
             incompressible: false,
             promote: true,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
+            force: false,
         }
     }
 

@@ -32,7 +32,7 @@ pub mod store;
 mod zeroed;
 pub mod zspool;
 
-pub use backing::{BackingDevice, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
+pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
 pub use compress::Algorithm;
 pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config};
 pub use error::StoreError;

@@ -108,7 +108,13 @@ impl Store {
 
     fn build(cfg: Config, backing: Option<Backing>) -> Result<Store, StoreError> {
         let num_pages = cfg.disksize_bytes / PAGE;
-        let os = |what: &str, e: std::io::Error| StoreError::Config(format!("cannot reserve {what}: {e}"));
+        let os = |what: &str, e: std::io::Error| {
+            // A refused start leaves no backing file it created behind.
+            if let Some(b) = &backing {
+                b.abandon();
+            }
+            StoreError::Config(format!("cannot reserve {what}: {e}"))
+        };
         let slots = ZeroedSlice::new(num_pages as usize).map_err(|e| os("the slot table", e))?;
         // Address space for the pool: room for every slot raw plus fragmentation; only
         // touched pages cost memory.
@@ -238,11 +244,33 @@ impl Store {
         Ok(())
     }
 
-    /// Makes completed writes durable: RAM needs nothing; the backing device is fsync'd.
+    /// What FLUSH and FUA ask of the device: that every completed write is kept. Every write
+    /// is in the store (RAM, or a record on the backing device whose `pwrite` returned) before
+    /// it completes, and every later read finds it, so there is nothing left to do: this
+    /// returns at once. The backing device is not fsync'd: the index of its records lives in
+    /// this process's memory, so they are useless after it ends, and an fsync would make
+    /// nothing durable (docs/backing.md, "Flush and FUA"). Front ends still order a FLUSH
+    /// after the writes before it (crates/nbd).
     pub fn flush(&self) -> Result<(), StoreError> {
-        match &self.backing {
-            Some(b) => b.sync(),
-            None => Ok(()),
+        Ok(())
+    }
+
+    /// Ends the backing device's life before the process exits: discards all of it (a file
+    /// is emptied to its superblock, a block device gets BLKDISCARD), so that no page data
+    /// outlives the run. Dropping the store does the same; a server that exits without
+    /// dropping it (it is shared with threads) calls this once it serves no more requests.
+    /// Pages still on the device read as I/O errors afterwards. Idempotent.
+    pub fn close_backing(&self) {
+        if let Some(b) = &self.backing {
+            b.close();
+        }
+    }
+
+    /// A start refused after the store was made: [`Store::close_backing`], and remove the
+    /// backing file if this store created it (only that file: an existing one is kept, empty).
+    pub fn abandon_backing(&self) {
+        if let Some(b) = &self.backing {
+            b.abandon();
         }
     }
 

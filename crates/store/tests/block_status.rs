@@ -155,9 +155,6 @@ impl BackingDevice for MemDevice {
         self.0.lock()[offset as usize..][..buf.len()].copy_from_slice(buf);
         Ok(())
     }
-    fn sync(&self) -> std::io::Result<()> {
-        Ok(())
-    }
     fn describe(&self) -> String {
         "memory".into()
     }

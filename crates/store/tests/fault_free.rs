@@ -121,7 +121,9 @@ fn the_backing_path_takes_no_page_fault_either() {
     let cfg = Config { mem_limit_bytes: 2 * RESERVE_PAGES * PAGE as u64, backing: Some(b), ..Config::with_disksize(PAGES * PAGE as u64) };
     let store = Arc::new(Store::new(cfg).unwrap());
     // Whether reads go through O_DIRECT (and so the aligned read buffer) here: not on tmpfs.
-    let direct = FileDevice::open(&path, 0, 0).unwrap().direct_reads();
+    // (Probed on a file of its own beside it: the store holds the backing file's lock.)
+    let probe = compcache_store::DeviceOptions { size_bytes: 1 << 20, ..Default::default() };
+    let direct = FileDevice::open(&dir.0.join("probe.img"), probe).unwrap().direct_reads();
     let mut ctx = store.context();
     let mut page = vec![0u8; PAGE];
     for i in 0..PAGES {

@@ -18,8 +18,9 @@ use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, 
 use super::reserve;
 use super::swapdev::{lock_future_mappings, pin_server_memory, signal_ready, take_out_of_swap, KernelSwap, StopSignals};
 use super::zramconf;
-use crate::backing::{spawn_writeback, BackingArgs};
+use crate::backing::{spawn_writeback, BackingArgs, StartGuard};
 use crate::failure::Failure;
+use crate::private_file;
 use crate::units::human;
 
 /// The store settings both servers take.
@@ -198,6 +199,8 @@ struct Session {
     server: ServerArgs,
     signals: StopSignals,
     frontend: &'static str,
+    /// Until the device is up: a refused start gives the backing device up (`StartGuard`).
+    start: std::sync::Mutex<Option<StartGuard>>,
 }
 
 impl Session {
@@ -213,6 +216,7 @@ impl Session {
             t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
         };
         let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
+        let start = StartGuard::new(&store);
         lock_future_mappings(!server.no_mlock);
         if reserve_bytes > 0 {
             let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
@@ -227,12 +231,16 @@ impl Session {
         if store.has_backing() {
             spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
         }
-        Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend })
+        let start = std::sync::Mutex::new(Some(start));
+        Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend, start })
     }
 
     /// Runs while the device is up: announce it, serve `compcache stat`, wait for a stop
     /// signal, and take the device out of swap use before it goes.
     fn while_up(&self, dev: &Path, detail: &str, alive: &dyn Fn() -> bool) {
+        if let Some(start) = self.start.lock().ok().and_then(|mut s| s.take()) {
+            start.started();
+        }
         let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
         let _ = std::fs::create_dir_all("/run/compcache");
@@ -279,15 +287,29 @@ impl Session {
         self.write_stats(&name);
     }
 
+    /// The final statistics, to the log and to `--stats-dir` (a private file, replacing only
+    /// this user's own: `private_file`).
     fn write_stats(&self, name: &str) {
         let stats = serde_json::to_value(self.store.stats()).unwrap_or_default();
         eprintln!("compcache: final statistics of {name}: {stats}");
         if let Some(dir) = &self.server.stats_dir {
             let path = dir.join(format!("{name}.stats.json"));
-            if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, format!("{stats:#}\n"))) {
+            let written = private_file::create_private_dir_all(dir)
+                .and_then(|_| private_file::write_replacing_own(&path, format!("{stats:#}\n").as_bytes()));
+            if let Err(e) = written {
                 eprintln!("compcache: {}: {e}", path.display());
             }
         }
+    }
+}
+
+impl Drop for Session {
+    /// The front end has removed the device (or never made it): empty the backing device,
+    /// so that no page data outlives the server (docs/backing.md); the store itself is
+    /// shared with threads that outlive the session. A start refused before the device was
+    /// up then also removes a backing file it created (`start`, dropped after this).
+    fn drop(&mut self) {
+        self.store.close_backing();
     }
 }
 

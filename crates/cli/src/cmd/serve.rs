@@ -1,9 +1,10 @@
 //! `compcache serve`: create a compressed RAM device and serve it over NBD until SIGINT,
 //! SIGTERM or SIGHUP, with a control socket for `compcache stat`.
 
-use crate::backing::{spawn_writeback, BackingArgs};
+use crate::backing::{spawn_writeback, BackingArgs, StartGuard};
 use crate::failure::Failure;
 use crate::paths;
+use crate::private_file;
 use crate::units::human;
 use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_nbd::listener::{self, SocketFileGuard};
@@ -11,6 +12,7 @@ use compcache_nbd::{Export, Server, ServerOptions};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 
@@ -117,6 +119,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         Failure::new(format!("cannot create the device: {e}{hint}"))
     })?;
     let store = Arc::new(store);
+    let start = StartGuard::new(&store);
 
     // Bind everything before serving anything, so a failure leaves nothing behind.
     let mut guards: Vec<SocketFileGuard> = Vec::new();
@@ -171,6 +174,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
     spawn("control", tx, move || control::serve(state, control_listener));
+    start.started();
 
     let mut places: Vec<String> = Vec::new();
     if let Some(p) = &device.nbd_socket {
@@ -201,10 +205,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
         }
         Err(_) => Err(Failure::new("every listener stopped; stopping")),
     };
-    // Remove the socket files and the PID file, then leave without waiting for connection
-    // threads: the device lives in this process's memory and ends with it.
+    // Remove the socket files and the PID file, empty the backing device, then leave without
+    // waiting for connection threads: the device lives in this process's memory and ends
+    // with it.
     drop(guards);
     drop(_pid_file);
+    // No page data outlives the server (docs/backing.md): the store is shared with threads
+    // that `exit` stops, so it is never dropped; empty the backing device now.
+    store.close_backing();
     if let Err(f) = result {
         eprintln!("compcache: error: {f}");
         std::process::exit(f.exit_code());
@@ -346,21 +354,62 @@ fn lock_memory() -> Result<(), Failure> {
     )))
 }
 
-/// A PID file, removed on drop if it still holds our PID.
-struct PidFile(PathBuf);
+/// The PID file: created exclusively, owner-only, never through a symbolic link
+/// (`private_file`). A file already at the path is replaced only if it is this user's regular
+/// file holding the PID of a process that no longer exists (left by a server that was
+/// killed); anything else is refused, untouched. Removed on drop if the path still names the
+/// file we wrote.
+struct PidFile {
+    path: PathBuf,
+    id: (u64, u64),
+}
 
 impl PidFile {
     fn write(path: &Path) -> Result<PidFile, Failure> {
-        std::fs::write(path, format!("{}\n", std::process::id()))
-            .map_err(|e| Failure::new(format!("--pid-file {}: {e}", path.display())))?;
-        Ok(PidFile(path.to_path_buf()))
+        let fail = |what: String| Failure::new(format!("--pid-file {}: {what}", path.display()));
+        let mut f = match private_file::create_new(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                match stale_pid(path) {
+                    Ok(pid) => eprintln!("compcache: --pid-file {}: replacing a stale PID file (process {pid} is gone)", path.display()),
+                    Err(why) => return Err(fail(format!("{why}: remove it or choose another path"))),
+                }
+                std::fs::remove_file(path).map_err(|e| fail(e.to_string()))?;
+                private_file::create_new(path)
+            }
+            r => r,
+        }
+        .map_err(|e| fail(e.to_string()))?;
+        f.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(|e| fail(e.to_string()))?;
+        let m = f.metadata().map_err(|e| fail(e.to_string()))?;
+        Ok(PidFile { path: path.to_path_buf(), id: (m.dev(), m.ino()) })
     }
+}
+
+/// The PID in the existing file at `path` if it is a stale PID file of ours; else why not.
+fn stale_pid(path: &Path) -> Result<i32, String> {
+    if private_file::own_regular_file(path).ok().flatten() != Some(true) {
+        return Err("exists and is not this user's regular file".into());
+    }
+    let mut text = String::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        .map_err(|e| format!("exists and cannot be read ({e})"))?;
+    let pid: i32 = text.trim().parse().ok().filter(|&p| p > 0).ok_or("exists and does not hold a PID")?;
+    // SAFETY: kill with signal 0 only checks whether the process exists; no signal is sent.
+    let alive = unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    if alive {
+        return Err(format!("exists and process {pid} is running (another server?)"));
+    }
+    Ok(pid)
 }
 
 impl Drop for PidFile {
     fn drop(&mut self) {
-        if std::fs::read_to_string(&self.0).map(|s| s.trim() == std::process::id().to_string()).unwrap_or(false) {
-            let _ = std::fs::remove_file(&self.0);
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id) {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }

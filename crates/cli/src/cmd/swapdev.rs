@@ -316,8 +316,9 @@ impl SwapState {
             "log": self.log, "stats": self.stats, "control": self.control,
         });
         let path = Self::path_for(&self.device);
-        std::fs::create_dir_all(STATE_DIR).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
-        std::fs::write(&path, format!("{v:#}\n")).map_err(|e| Failure::new(format!("{}: {e}", path.display())))
+        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+        crate::private_file::write_replacing_own(&path, format!("{v:#}\n").as_bytes())
+            .map_err(|e| Failure::new(format!("{}: {e}", path.display())))
     }
 
     pub fn load(path: &Path) -> Result<SwapState, Failure> {

@@ -224,11 +224,11 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         return Ok(());
     };
     let frontend = choose_frontend(&args.frontend)?;
-    std::fs::create_dir_all(STATE_DIR).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+    crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
 
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let log = PathBuf::from(format!("{STATE_DIR}/{frontend}-{stamp}.log"));
-    let log_file = std::fs::File::create(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
+    let log_file = crate::private_file::create_new(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
     let (ready_r, ready_w) = ready_pipe()?;
 
     let exe = std::env::current_exe().map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))?;

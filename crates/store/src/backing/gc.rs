@@ -120,7 +120,7 @@ impl Store {
             drop(g);
             let off = k * seg_bytes + (loc - seg as u64 * sp.seg_bytes) as usize;
             let rec = &image[off..off + HEADER + len as usize];
-            let poison = log::verify(gen, loc, index, rec).is_err();
+            let poison = log::verify(b.run, gen, loc, index, rec).is_err();
             rep.corrupt += poison as u64;
             m.batch.push(index, Entry::Backing { loc, len }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
             if m.batch.is_full() && !self.gc_batch(b, m, rep) {

@@ -3,14 +3,18 @@
 //! # Record format
 //! ```text
 //! loc:  crc32c (4 bytes, little endian) | payload (len bytes: compressed page, or 4096 raw)
-//! crc = crc32c(generation u32 | loc u64 | slot index u64 | len u16, all LE) extended over payload
+//! crc = crc32c(run u64 | generation u32 | loc u64 | slot index u64 | len u16, all LE)
+//!       extended over the payload
 //! ```
 //! Records are packed back to back inside a segment (several compressed pages per 4 KiB
 //! block; a record may straddle blocks but never segments). The record carries no length or
 //! owner: the slot entry holds both (`BACKING { loc, len }`), and both are in the checksum, as
-//! are the location and the segment's generation. So a record read for the wrong slot, from
-//! the wrong place, from an earlier life of its segment, a hole, a truncated or a corrupted
-//! file never verifies: it is an error, never data.
+//! are the location, the segment's generation and the run: a random 64-bit identifier drawn
+//! from the kernel (`getrandom`) each time the device is opened (`Backing::run`), never
+//! written anywhere. So a record read for the wrong slot, from the wrong place, from an
+//! earlier life of its segment, written by another run or another server (which numbers its
+//! generations the same way), a hole, a truncated or a corrupted file never verifies: it is
+//! an error, never data (up to the checksum's 2^-32 chance of a collision per read).
 //!
 //! # Writers
 //! A [`LogHead`] appends to its OPEN segment and opens the next one when a record does not
@@ -34,20 +38,22 @@ pub(crate) const BATCH_BYTES: usize = 256 << 10;
 /// written before it reaches `BATCH_BYTES`.
 const BATCH_ITEMS: usize = 2048;
 
-/// The checksum a record at `loc` in a segment of generation `gen`, owned by slot `index`, carries.
-pub(crate) fn record_crc(gen: u32, loc: u64, index: u64, payload: &[u8]) -> u32 {
-    let mut h = [0u8; 22];
-    h[..4].copy_from_slice(&gen.to_le_bytes());
-    h[4..12].copy_from_slice(&loc.to_le_bytes());
-    h[12..20].copy_from_slice(&index.to_le_bytes());
-    h[20..22].copy_from_slice(&(payload.len() as u16).to_le_bytes());
+/// The checksum a record at `loc` in a segment of generation `gen`, owned by slot `index`,
+/// written in run `run`, carries.
+pub(crate) fn record_crc(run: u64, gen: u32, loc: u64, index: u64, payload: &[u8]) -> u32 {
+    let mut h = [0u8; 30];
+    h[..8].copy_from_slice(&run.to_le_bytes());
+    h[8..12].copy_from_slice(&gen.to_le_bytes());
+    h[12..20].copy_from_slice(&loc.to_le_bytes());
+    h[20..28].copy_from_slice(&index.to_le_bytes());
+    h[28..30].copy_from_slice(&(payload.len() as u16).to_le_bytes());
     crc32c::crc32c_append(crc32c::crc32c(&h), payload)
 }
 
 /// Checks a record (header and payload) read from `loc`.
-pub(crate) fn verify(gen: u32, loc: u64, index: u64, record: &[u8]) -> Result<(), String> {
+pub(crate) fn verify(run: u64, gen: u32, loc: u64, index: u64, record: &[u8]) -> Result<(), String> {
     let stored = u32::from_le_bytes(record[..HEADER].try_into().expect("4-byte header"));
-    let want = record_crc(gen, loc, index, &record[HEADER..]);
+    let want = record_crc(run, gen, loc, index, &record[HEADER..]);
     if stored == want {
         Ok(())
     } else {
@@ -172,6 +178,7 @@ impl Batch {
         head: &mut LogHead,
         space: &SpaceMap,
         dev: &dyn BackingDevice,
+        run: u64,
         use_reserve: bool,
     ) -> Result<(bool, u64), BatchError> {
         let mut full = false;
@@ -191,7 +198,7 @@ impl Batch {
         self.items.truncate(placed);
         for it in &self.items {
             let rec = &mut self.buf[it.off..it.off + HEADER + it.len as usize];
-            let crc = record_crc(it.gen, it.loc, it.index, &rec[HEADER..]);
+            let crc = record_crc(run, it.gen, it.loc, it.index, &rec[HEADER..]);
             let crc = if it.poison { !crc } else { crc };
             rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
         }
@@ -229,16 +236,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_checksum_binds_place_owner_generation_and_bytes() {
-        let c = record_crc(1, 4096, 7, b"payload");
-        assert_ne!(c, record_crc(2, 4096, 7, b"payload"));
-        assert_ne!(c, record_crc(1, 4100, 7, b"payload"));
-        assert_ne!(c, record_crc(1, 4096, 8, b"payload"));
-        assert_ne!(c, record_crc(1, 4096, 7, b"paylOad"));
+    fn the_checksum_binds_run_place_owner_generation_and_bytes() {
+        let run = 0x1234_5678_9abc_def0;
+        let c = record_crc(run, 1, 4096, 7, b"payload");
+        assert_ne!(c, record_crc(run + 1, 1, 4096, 7, b"payload"));
+        assert_ne!(c, record_crc(run, 2, 4096, 7, b"payload"));
+        assert_ne!(c, record_crc(run, 1, 4100, 7, b"payload"));
+        assert_ne!(c, record_crc(run, 1, 4096, 8, b"payload"));
+        assert_ne!(c, record_crc(run, 1, 4096, 7, b"paylOad"));
         let mut rec = c.to_le_bytes().to_vec();
         rec.extend_from_slice(b"payload");
-        assert!(verify(1, 4096, 7, &rec).is_ok());
-        assert!(verify(1, 4096, 7, &[0u8; 11]).is_err(), "a hole never verifies");
+        assert!(verify(run, 1, 4096, 7, &rec).is_ok());
+        assert!(verify(run ^ 1, 1, 4096, 7, &rec).is_err(), "another run's record never verifies");
+        assert!(verify(run, 1, 4096, 7, &[0u8; 11]).is_err(), "a hole never verifies");
     }
 
     #[test]

@@ -28,13 +28,29 @@
 //! - the space map's free-segment list: a leaf under everything (`space.rs`).
 //! - Neither request path takes `maint`: a request never waits for writeback or GC, only for
 //!   a slot lock the maintenance thread holds for one page copy.
+//! - `close` (the end of the device) takes `maint`, then waits for the overflow writes in
+//!   flight (`overflow_writers`, no lock: a writer counts itself, then checks `closed`) before
+//!   it discards the device; no record is written after it.
 //!
-//! # Durability and faults
+//! # Durability, flush and faults
 //! A slot points to a record only after the record's `pwrite` returned, so nothing is reported
-//! written that is not in the file; `Store::flush` fsyncs the device. A failed write leaves
-//! the page where it was (writeback) or fails the request with [`StoreError::Backing`]
-//! (overflow); a failed or unverifiable read fails that request only. Each failure is logged
-//! (the first ones, then one in a thousand) and counted in `bd_errors`.
+//! written that is not in the file, and every later read (from any thread) finds it. That is
+//! all FLUSH and FUA mean here (`Store::flush`): the index of the records lives in the
+//! server's RAM, so they are useless once the server is gone, and an fsync would make nothing
+//! durable; the device is never fsync'd. A failed write leaves the page where it was
+//! (writeback) or fails the request with [`StoreError::Backing`] (overflow); a failed or
+//! unverifiable read fails that request only. Each failure is logged (the first ones, then
+//! one in a thousand) and counted in `bd_errors`.
+//!
+//! # Life of the device (security)
+//! The device holds other processes' memory. `device.rs` opens it private (0600, no symbolic
+//! link, no foreign file taken over, locked against a second server); each opening draws a
+//! new run identifier that every record's checksum covers (`log.rs`), so records of another
+//! run or server never verify; the data area is discarded when the device is opened and when
+//! the tier is closed (`Backing`'s drop, or `Store::close_backing` from a server that exits
+//! without dropping the store), so no page data outlives the run. A start refused after the
+//! device was opened calls `Store::abandon_backing`, which also removes a file this run
+//! created.
 
 pub mod device;
 mod gc;
@@ -43,27 +59,64 @@ mod policy;
 pub(crate) mod space;
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use crate::config::BackingConfig;
 use crate::error::StoreError;
-pub use device::{BackingDevice, FileDevice, ReadBuf};
+pub use device::{BackingDevice, DeviceOptions, FileDevice, ReadBuf};
 pub use gc::GcReport;
 use log::{Batch, LogHead, HEADER};
 pub use policy::{MaintenanceReport, WritebackBudget, WritebackReport};
 use space::SpaceMap;
 
+/// The fewest segments a device must have: one open per log head, GC's reserve, and one.
+const MIN_SEGMENTS: u64 = 4;
 /// Errors logged in full before the log thins out to one in `LOG_EVERY`.
 const LOG_FIRST: u64 = 20;
 const LOG_EVERY: u64 = 1000;
 
 pub(crate) struct Backing {
     pub dev: Box<dyn BackingDevice>,
+    /// This run's identifier, in every record's checksum (`log.rs`).
+    pub run: u64,
     pub space: SpaceMap,
     pub cfg: BackingConfig,
     overflow: Mutex<LogHead>,
     pub maint: Mutex<Maint>,
     pub ctr: BackingCounters,
+    /// `close` ran (or is running): no record is written any more. Set under `maint` (so no
+    /// writeback or GC batch follows it) and checked by overflow writers after they count
+    /// themselves in `overflow_writers` (SeqCst both sides: either `close` sees the writer
+    /// and waits for its `pwrite`, or the writer sees `closed` and writes nothing).
+    closed: AtomicBool,
+    overflow_writers: AtomicU64,
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// A random run identifier from the kernel (`getrandom`, which blocks only until the pool is
+/// initialised at boot).
+fn run_id() -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: getrandom writes at most `b.len() - got` bytes into `b[got..]`, which is
+        // ours and that long.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(u64::from_le_bytes(b))
 }
 
 /// State of the maintenance side (writeback and GC), under `Backing::maint`.
@@ -100,25 +153,50 @@ pub(crate) fn resident_bytes(bytes: usize) -> Vec<u8> {
 }
 
 impl Backing {
-    /// Opens (creating if needed) the configured file or device.
+    /// Opens (creating if needed) the configured file or device (`device.rs` says what it
+    /// refuses). A device opened but then refused (too small) is closed again, and a file this
+    /// call created is removed.
     pub fn open(cfg: &BackingConfig, disksize_bytes: u64) -> Result<Backing, StoreError> {
-        let dev = FileDevice::open(&cfg.path, cfg.size_bytes, disksize_bytes)
-            .map_err(|e| StoreError::Config(format!("cannot open the backing device {}: {e}", cfg.path.display())))?;
-        Backing::with_device(cfg, Box::new(dev))
+        let opts = DeviceOptions {
+            size_bytes: cfg.size_bytes,
+            default_bytes: disksize_bytes,
+            min_bytes: MIN_SEGMENTS * cfg.segment_bytes,
+            force: cfg.force,
+        };
+        let dev = FileDevice::open(&cfg.path, opts).map_err(|e| {
+            StoreError::Config(format!(
+                "cannot use the backing device (at least {MIN_SEGMENTS} segments of {} bytes): {e}",
+                cfg.segment_bytes
+            ))
+        })?;
+        // (FileDevice::open refused a device under MIN_SEGMENTS before writing anything.)
+        match run_id() {
+            Ok(run) => Ok(Backing::build(cfg, Box::new(dev), run)),
+            Err(e) => {
+                let _ = dev.remove_if_created();
+                Err(StoreError::Config(format!("cannot draw the backing device's run identifier (getrandom): {e}")))
+            }
+        }
     }
 
     pub fn with_device(cfg: &BackingConfig, dev: Box<dyn BackingDevice>) -> Result<Backing, StoreError> {
-        let space = SpaceMap::new(dev.size_bytes(), cfg.segment_bytes);
-        if space.num_segments() < 4 {
+        if dev.size_bytes() / cfg.segment_bytes < MIN_SEGMENTS {
             return Err(StoreError::Config(format!(
-                "backing device {} has {} bytes: at least 4 segments of {} bytes are needed",
+                "backing device {} has {} usable bytes: at least {MIN_SEGMENTS} segments of {} bytes are needed",
                 dev.describe(),
                 dev.size_bytes(),
                 cfg.segment_bytes
             )));
         }
-        Ok(Backing {
+        let run = run_id().map_err(|e| StoreError::Config(format!("cannot draw the backing device's run identifier (getrandom): {e}")))?;
+        Ok(Backing::build(cfg, dev, run))
+    }
+
+    fn build(cfg: &BackingConfig, dev: Box<dyn BackingDevice>, run: u64) -> Backing {
+        let space = SpaceMap::new(dev.size_bytes(), cfg.segment_bytes);
+        Backing {
             dev,
+            run,
             space,
             cfg: cfg.clone(),
             overflow: Mutex::new(LogHead::default()),
@@ -126,18 +204,62 @@ impl Backing {
             // their slot locks, where growing it would make requests wait on an allocation.
             maint: Mutex::new(Maint { head: LogHead::default(), batch: Batch::reserved(), draining: false, cursor: 0 }),
             ctr: BackingCounters::default(),
-        })
+            closed: AtomicBool::new(false),
+            overflow_writers: AtomicU64::new(0),
+        }
+    }
+
+    /// Discards the whole device: the end of its life (module docs). Writes fail from now on
+    /// and pages still on it read as I/O errors. Idempotent; failures are logged.
+    pub fn close(&self) {
+        // Under the maintenance mutex: no writeback or GC batch lands after the discard.
+        let m = self.maint.lock();
+        if self.closed.swap(true, SeqCst) {
+            return;
+        }
+        while self.overflow_writers.load(SeqCst) != 0 {
+            std::thread::yield_now(); // an overflow pwrite in flight: one write's time
+        }
+        if let Err(e) = self.dev.discard_all() {
+            let _ = self.error(u64::MAX, format!("discarding the device at close failed: {e}; its records may stay on it"));
+        }
+        drop(m);
+    }
+
+    /// Whether writeback and GC may write (checked under `maint`).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(SeqCst)
+    }
+
+    /// A start refused after the device was opened: close it, and remove the file if this
+    /// run created it.
+    pub fn abandon(&self) {
+        self.close();
+        if let Err(e) = self.dev.remove_if_created() {
+            eprintln!("compcache: backing device {}: cannot remove the file made for this run: {e}", self.dev.describe());
+        }
     }
 
     /// Writes one record (the overflow path of a request). `rec` is the record buffer with
     /// the payload at `rec[HEADER..]`. Returns its location once it is in the file.
     pub fn write_record(&self, index: u64, rec: &mut [u8]) -> Result<u64, StoreError> {
+        self.overflow_writers.fetch_add(1, SeqCst);
+        let r = if self.closed.load(SeqCst) {
+            Err(self.error(index, format!("the backing device {} is closed", self.dev.describe())))
+        } else {
+            self.write_open_record(index, rec)
+        };
+        self.overflow_writers.fetch_sub(1, SeqCst);
+        r
+    }
+
+    fn write_open_record(&self, index: u64, rec: &mut [u8]) -> Result<u64, StoreError> {
         let (loc, gen) = self
             .overflow
             .lock()
             .reserve(&self.space, rec.len() as u64, false)
             .map_err(|_| self.error(index, format!("the backing device {} is full", self.dev.describe())))?;
-        let crc = log::record_crc(gen, loc, index, &rec[HEADER..]);
+        let crc = log::record_crc(self.run, gen, loc, index, &rec[HEADER..]);
         rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
         let r = self.dev.write_at(rec, loc);
         self.space.written(loc);
@@ -164,7 +286,7 @@ impl Backing {
     /// Verifies the record of slot `index` read from `loc` (its segment pinned).
     pub fn check(&self, index: u64, loc: u64, rec: &[u8]) -> Result<(), StoreError> {
         let gen = self.space.gen(self.space.seg_of(loc));
-        log::verify(gen, loc, index, rec).map_err(|reason| {
+        log::verify(self.run, gen, loc, index, rec).map_err(|reason| {
             self.log(index, &reason);
             StoreError::Corrupt { index, reason }
         })
@@ -173,10 +295,6 @@ impl Backing {
     /// Frees the record of a slot entry that was just taken out of its slot.
     pub fn free(&self, loc: u64, len: u16) {
         self.space.free(loc, (HEADER + len as usize) as u64);
-    }
-
-    pub fn sync(&self) -> Result<(), StoreError> {
-        self.dev.sync().map_err(|e| self.error(u64::MAX, format!("fsync of {} failed: {e}", self.dev.describe())))
     }
 
     /// Counts and logs a device failure; the error for the request it hit.

@@ -261,7 +261,12 @@ impl Store {
         let Maint { head, batch, .. } = m;
         let first = batch.items.first().map_or(u64::MAX, |it| it.index);
         let pages = batch.items.len();
-        match batch.write(head, &b.space, &*b.dev, purpose == Purpose::Gc) {
+        let written = if b.is_closed() {
+            Err(BatchError(std::io::Error::other("the device is closed")))
+        } else {
+            batch.write(head, &b.space, &*b.dev, b.run, purpose == Purpose::Gc)
+        };
+        match written {
             Ok((full, writes)) => {
                 f.full = full;
                 f.writes = writes;
