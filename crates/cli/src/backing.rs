@@ -57,16 +57,11 @@ impl BackingArgs {
         let size = |flag: &str, text: &Option<String>| -> Result<u64, Failure> {
             match text.as_deref().map(str::trim) {
                 None | Some("0") | Some("none") => Ok(0),
-                Some(t) => parse_size(t.strip_suffix("/s").unwrap_or(t), ram)
-                    .map_err(|e| Failure::usage(format!("{flag}: {e}"))),
+                Some(t) => parse_size(t.strip_suffix("/s").unwrap_or(t), ram).map_err(|e| Failure::usage(format!("{flag}: {e}"))),
             }
         };
         let Some(path) = &self.backing else {
-            if self.backing_size.is_some()
-                || self.writeback_limit.is_some()
-                || self.writeback_rate.is_some()
-                || self.backing_incompressible
-            {
+            if self.backing_size.is_some() || self.writeback_limit.is_some() || self.writeback_rate.is_some() || self.backing_incompressible {
                 return Err(Failure::usage("--backing-size, --writeback-* and --backing-incompressible need --backing PATH"));
             }
             return Ok(None);
@@ -89,23 +84,11 @@ impl BackingArgs {
     /// The same flags as arguments for a server command line (`swapon` starting `compcache
     /// ublk` or `compcache nbd-attach`): nothing without `--backing`.
     pub fn to_args(&self) -> Vec<OsString> {
-        let Some(path) = &self.backing else {
-            return Vec::new();
-        };
+        let Some(path) = &self.backing else { return Vec::new() };
         let mut v: Vec<OsString> = vec!["--backing".into(), path.into()];
-        v.extend([
-            "--writeback-high".into(),
-            self.writeback_high.to_string().into(),
-        ]);
-        v.extend([
-            "--writeback-low".into(),
-            self.writeback_low.to_string().into(),
-        ]);
-        for (flag, value) in [
-            ("--backing-size", &self.backing_size),
-            ("--writeback-limit", &self.writeback_limit),
-            ("--writeback-rate", &self.writeback_rate),
-        ] {
+        v.extend(["--writeback-high".into(), self.writeback_high.to_string().into()]);
+        v.extend(["--writeback-low".into(), self.writeback_low.to_string().into()]);
+        for (flag, value) in [("--backing-size", &self.backing_size), ("--writeback-limit", &self.writeback_limit), ("--writeback-rate", &self.writeback_rate)] {
             if let Some(text) = value {
                 v.extend([flag.into(), text.into()]);
             }
@@ -130,28 +113,19 @@ const WRITEBACK_PERIOD: Duration = Duration::from_millis(100);
 /// falls behind (or waits for memory itself), writes that find the pool full overflow to the
 /// device directly.
 pub fn spawn_writeback(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("writeback".into())
-        .spawn(move || {
-            let mut full = false;
-            let mut last = Instant::now();
-            loop {
-                std::thread::sleep(WRITEBACK_PERIOD);
-                let r = store.maintain(last.elapsed());
-                last = Instant::now();
-                if r.writeback.device_full != full {
-                    full = r.writeback.device_full;
-                    eprintln!(
-                        "compcache: backing device {}",
-                        if full {
-                            "full: writeback paused"
-                        } else {
-                            "has room again"
-                        }
-                    );
-                }
+    std::thread::Builder::new().name("writeback".into()).spawn(move || {
+        let mut full = false;
+        let mut last = Instant::now();
+        loop {
+            std::thread::sleep(WRITEBACK_PERIOD);
+            let r = store.maintain(last.elapsed());
+            last = Instant::now();
+            if r.writeback.device_full != full {
+                full = r.writeback.device_full;
+                eprintln!("compcache: backing device {}", if full { "full: writeback paused" } else { "has room again" });
             }
-        })
+        }
+    })
 }
 
 #[cfg(test)]
@@ -166,61 +140,23 @@ mod tests {
     }
 
     fn args(v: &[&str]) -> BackingArgs {
-        T::try_parse_from(std::iter::once("t").chain(v.iter().copied()))
-            .unwrap()
-            .backing
+        T::try_parse_from(std::iter::once("t").chain(v.iter().copied())).unwrap().backing
     }
 
     const GIB: u64 = 1 << 30;
 
     #[test]
     fn flags_become_the_store_config() {
-        let a = args(&[
-            "--backing",
-            "/dev/vdb",
-            "--backing-size",
-            "4G",
-            "--writeback-rate",
-            "8M/s",
-            "--writeback-limit",
-            "1G",
-            "--writeback-high",
-            "80",
-            "--writeback-low",
-            "60",
-            "--backing-incompressible",
-        ]);
+        let a = args(&["--backing", "/dev/vdb", "--backing-size", "4G", "--writeback-rate", "8M/s", "--writeback-limit", "1G", "--writeback-high", "80", "--writeback-low", "60", "--backing-incompressible"]);
         let b = a.config(8 * GIB, GIB).unwrap().unwrap();
         assert_eq!(b.path, PathBuf::from("/dev/vdb"));
-        assert_eq!(
-            (
-                b.size_bytes,
-                b.writeback_rate_bytes,
-                b.writeback_limit_bytes,
-                b.high_pct,
-                b.low_pct,
-                b.incompressible
-            ),
-            (4 * GIB, 8 << 20, GIB, 80, 60, true)
-        );
-        let d = args(&["--backing", "f"])
-            .config(8 * GIB, GIB)
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (d.size_bytes, d.high_pct, d.low_pct, d.writeback_rate_bytes),
-            (0, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT, 0)
-        );
+        assert_eq!((b.size_bytes, b.writeback_rate_bytes, b.writeback_limit_bytes, b.high_pct, b.low_pct, b.incompressible), (4 * GIB, 8 << 20, GIB, 80, 60, true));
+        let d = args(&["--backing", "f"]).config(8 * GIB, GIB).unwrap().unwrap();
+        assert_eq!((d.size_bytes, d.high_pct, d.low_pct, d.writeback_rate_bytes), (0, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT, 0));
         assert!(args(&[]).config(8 * GIB, 0).unwrap().is_none());
-        let e = args(&["--writeback-rate", "1M"])
-            .config(8 * GIB, GIB)
-            .unwrap_err()
-            .to_string();
+        let e = args(&["--writeback-rate", "1M"]).config(8 * GIB, GIB).unwrap_err().to_string();
         assert!(e.contains("need --backing"), "{e}");
-        let e = args(&["--backing", "f", "--writeback-limit", "lots"])
-            .config(8 * GIB, GIB)
-            .unwrap_err()
-            .to_string();
+        let e = args(&["--backing", "f", "--writeback-limit", "lots"]).config(8 * GIB, GIB).unwrap_err().to_string();
         assert!(e.starts_with("--writeback-limit"), "{e}");
     }
 
@@ -229,26 +165,10 @@ mod tests {
         assert!(args(&[]).to_args().is_empty());
         for v in [
             &["--backing", "/dev/vdb"][..],
-            &[
-                "--backing",
-                "/var/lib/b.img",
-                "--backing-size",
-                "2G",
-                "--writeback-high",
-                "70",
-                "--writeback-low",
-                "50",
-                "--writeback-limit",
-                "1G",
-                "--writeback-rate",
-                "4M/s",
-                "--backing-incompressible",
-            ][..],
+            &["--backing", "/var/lib/b.img", "--backing-size", "2G", "--writeback-high", "70", "--writeback-low", "50", "--writeback-limit", "1G", "--writeback-rate", "4M/s", "--backing-incompressible"][..],
         ] {
             let a = args(v);
-            let again = T::try_parse_from(std::iter::once(OsString::from("t")).chain(a.to_args()))
-                .unwrap()
-                .backing;
+            let again = T::try_parse_from(std::iter::once(OsString::from("t")).chain(a.to_args())).unwrap().backing;
             assert_eq!(again, a, "{v:?}");
         }
     }

@@ -12,18 +12,12 @@ pub struct Failure {
 impl Failure {
     /// A failure with exit code 1.
     pub fn new(message: impl Into<String>) -> Failure {
-        Failure {
-            message: message.into(),
-            code: 1,
-        }
+        Failure { message: message.into(), code: 1 }
     }
 
     /// A failure caused by how the command was invoked (exit code 2, as clap's own errors).
     pub fn usage(message: impl Into<String>) -> Failure {
-        Failure {
-            message: message.into(),
-            code: 2,
-        }
+        Failure { message: message.into(), code: 2 }
     }
 
     pub fn exit_code(&self) -> i32 {

@@ -24,15 +24,13 @@ pub fn worth_compacting(compactable_pages: u64, pool_pages: u64) -> bool {
 
 /// Starts the maintenance thread for `store`. It runs for the life of the process.
 pub fn spawn(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("maintenance".into())
-        .spawn(move || loop {
-            std::thread::sleep(PERIOD);
-            let compactable = store.compactable_pages();
-            if worth_compacting(compactable, store.stats().pages_used) {
-                store.compact();
-            }
-        })
+    std::thread::Builder::new().name("maintenance".into()).spawn(move || loop {
+        std::thread::sleep(PERIOD);
+        let compactable = store.compactable_pages();
+        if worth_compacting(compactable, store.stats().pages_used) {
+            store.compact();
+        }
+    })
 }
 
 #[cfg(test)]
@@ -42,14 +40,8 @@ mod tests {
     #[test]
     fn compacts_only_when_enough_can_be_given_back() {
         assert!(!worth_compacting(0, 1000));
-        assert!(
-            !worth_compacting(255, 300),
-            "under 1 MiB is not worth a pass"
-        );
-        assert!(
-            !worth_compacting(1000, 100_000),
-            "1% of the pool is not worth a pass"
-        );
+        assert!(!worth_compacting(255, 300), "under 1 MiB is not worth a pass");
+        assert!(!worth_compacting(1000, 100_000), "1% of the pool is not worth a pass");
         assert!(worth_compacting(2000, 100_000));
     }
 
@@ -62,11 +54,7 @@ mod tests {
         for i in 0..8192u64 {
             // distinct, compressible pages of a few sizes
             for (j, b) in page.iter_mut().enumerate() {
-                *b = if j < 600 + (i as usize % 7) * 64 {
-                    (i as usize * 7 + j * 13) as u8
-                } else {
-                    0x20 + (j % 3) as u8
-                };
+                *b = if j < 600 + (i as usize % 7) * 64 { (i as usize * 7 + j * 13) as u8 } else { 0x20 + (j % 3) as u8 };
             }
             page[..8].copy_from_slice(&i.to_le_bytes());
             store.write_page(&mut ctx, i, &page).unwrap();
@@ -74,19 +62,13 @@ mod tests {
         for i in (0..8192u64).filter(|i| i % 8 != 0) {
             store.discard_page(i);
         }
-        assert!(worth_compacting(
-            store.compactable_pages(),
-            store.stats().pages_used
-        ));
+        assert!(worth_compacting(store.compactable_pages(), store.stats().pages_used));
         let before = store.stats().mem_used_total;
         spawn(store.clone()).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while store.stats().pages_compacted == 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(
-            store.stats().mem_used_total < before,
-            "the maintenance thread compacted"
-        );
+        assert!(store.stats().mem_used_total < before, "the maintenance thread compacted");
     }
 }

@@ -63,29 +63,15 @@ impl ServerGuard {
     /// Spawns `cmd`; its stderr goes to `log` (a file: a pipe nobody reads could fill up).
     fn spawn(mut cmd: Command, socket: PathBuf, control: PathBuf, log: PathBuf) -> ServerGuard {
         let stderr = std::fs::File::create(&log).unwrap();
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn compcache");
-        let mut guard = ServerGuard {
-            child: None,
-            ready_line: String::new(),
-            socket,
-            control,
-            log,
-        };
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr).spawn().expect("spawn compcache");
+        let mut guard = ServerGuard { child: None, ready_line: String::new(), socket, control, log };
         let stdout = child.stdout.take().unwrap();
         guard.child = Some(child);
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).unwrap();
         if line.is_empty() {
             let status = guard.child.take().unwrap().wait().unwrap();
-            panic!(
-                "compcache serve exited ({status}) before it was ready: {}",
-                std::fs::read_to_string(&guard.log).unwrap_or_default()
-            );
+            panic!("compcache serve exited ({status}) before it was ready: {}", std::fs::read_to_string(&guard.log).unwrap_or_default());
         }
         guard.ready_line = line.trim().to_string();
         guard
@@ -100,17 +86,8 @@ impl ServerGuard {
     }
 
     fn stat_json(&self) -> Value {
-        let out = compcache(&[
-            "stat",
-            "--json",
-            "--control",
-            self.control.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "stat failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = compcache(&["stat", "--json", "--control", self.control.to_str().unwrap()]);
+        assert!(out.status.success(), "stat failed: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).expect("stat --json prints JSON")
     }
 
@@ -126,10 +103,7 @@ impl ServerGuard {
         // reaped (we hold its Child), so it cannot have been reused.
         unsafe { libc::kill(child.id() as i32, sig) };
         let status = child.wait_with_output().unwrap().status;
-        (
-            status,
-            std::fs::read_to_string(&self.log).unwrap_or_default(),
-        )
+        (status, std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 }
 
@@ -145,11 +119,7 @@ impl Drop for ServerGuard {
 }
 
 fn compcache(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run compcache")
+    Command::new(BIN).args(args).stdin(Stdio::null()).output().expect("run compcache")
 }
 
 fn stderr_of(o: &Output) -> String {
@@ -157,9 +127,7 @@ fn stderr_of(o: &Output) -> String {
 }
 
 fn num(v: &Value, k: &str) -> u64 {
-    v.get(k)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("stat --json has no {k}: {v}"))
+    v.get(k).and_then(Value::as_u64).unwrap_or_else(|| panic!("stat --json has no {k}: {v}"))
 }
 
 /// A page of text-like bytes: compresses well but is not same-filled.
@@ -172,11 +140,7 @@ fn text_page(i: u64) -> Vec<u8> {
 fn serve_write_read_and_stat() {
     let dir = TempDir::new("serve");
     let srv = ServerGuard::start(&dir, &["--size", "64M"]);
-    assert!(
-        srv.ready_line.contains("64M") && srv.ready_line.contains(srv.socket.to_str().unwrap()),
-        "{}",
-        srv.ready_line
-    );
+    assert!(srv.ready_line.contains("64M") && srv.ready_line.contains(srv.socket.to_str().unwrap()), "{}", srv.ready_line);
 
     let before = srv.stat_json();
     assert_eq!(num(&before, "disksize"), 64 << 20);
@@ -197,10 +161,7 @@ fn serve_write_read_and_stat() {
     assert_eq!(num(&after, "num_writes"), 257);
     assert!(num(&after, "num_reads") >= 16);
     assert_eq!(num(&after, "orig_data_size"), 257 * 4096);
-    assert!(
-        num(&after, "compr_data_size") < 256 * 4096 / 2,
-        "text compresses: {after}"
-    );
+    assert!(num(&after, "compr_data_size") < 256 * 4096 / 2, "text compresses: {after}");
     assert!(num(&after, "mem_used_total") > 0);
 
     c.trim(0, 128 * 4096).unwrap();
@@ -219,36 +180,15 @@ fn serve_write_read_and_stat() {
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(table.status.success());
     let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(
-        header,
-        [
-            "NAME",
-            "ALGORITHM",
-            "DISKSIZE",
-            "DATA",
-            "COMPR",
-            "TOTAL",
-            "RATIO",
-            "LIMIT"
-        ]
-    );
-    assert!(
-        text.contains("orig_data_size") && text.contains("notify_free") && text.contains("64M"),
-        "{text}"
-    );
+    assert_eq!(header, ["NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "LIMIT"]);
+    assert!(text.contains("orig_data_size") && text.contains("notify_free") && text.contains("64M"), "{text}");
 
     let rz = compcache(&["stat", "--ramzswap", "--control", ctl]);
     let rz = String::from_utf8_lossy(&rz.stdout);
-    assert!(
-        rz.contains("DiskSize:") && rz.contains("65536 kB") && rz.contains("NotifyFree:"),
-        "{rz}"
-    );
+    assert!(rz.contains("DiskSize:") && rz.contains("65536 kB") && rz.contains("NotifyFree:"), "{rz}");
 
     let mm = compcache(&["stat", "--mm-stat", "--control", ctl]);
-    let cols: Vec<u64> = String::from_utf8_lossy(&mm.stdout)
-        .split_whitespace()
-        .map(|c| c.parse().unwrap())
-        .collect();
+    let cols: Vec<u64> = String::from_utf8_lossy(&mm.stdout).split_whitespace().map(|c| c.parse().unwrap()).collect();
     assert_eq!(cols.len(), 9, "zram's mm_stat has 9 columns");
     assert_eq!(cols[0], 129 * 4096);
 
@@ -261,14 +201,8 @@ fn serve_write_read_and_stat() {
 fn sigterm_removes_sockets_and_pid_file() {
     let dir = TempDir::new("sigterm");
     let pid_file = dir.path("server.pid");
-    let mut srv = ServerGuard::start(
-        &dir,
-        &["--size", "16M", "--pid-file", pid_file.to_str().unwrap()],
-    );
-    assert_eq!(
-        std::fs::read_to_string(&pid_file).unwrap().trim(),
-        srv.pid().to_string()
-    );
+    let mut srv = ServerGuard::start(&dir, &["--size", "16M", "--pid-file", pid_file.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&pid_file).unwrap().trim(), srv.pid().to_string());
     assert!(srv.socket.exists() && srv.control.exists());
     // A client still connected does not hold the shutdown up.
     let mut c = srv.client();
@@ -304,10 +238,7 @@ fn sigint_and_sighup_stop_cleanly_too() {
         let (status, stderr) = srv.signal(sig);
         assert!(status.success(), "{name}: {status}; {stderr}");
         assert!(stderr.contains(name), "{stderr}");
-        assert!(
-            !srv.socket.exists() && !srv.control.exists(),
-            "{name}: sockets removed"
-        );
+        assert!(!srv.socket.exists() && !srv.control.exists(), "{name}: sockets removed");
     }
 }
 
@@ -319,23 +250,12 @@ fn a_live_socket_is_refused_and_a_stale_one_replaced() {
     c.write(0, b"first server").unwrap();
 
     // Second server on the same socket: refused, one clear line, non-zero exit.
-    let out = compcache(&[
-        "serve",
-        "--size",
-        "16M",
-        "--socket",
-        srv.socket.to_str().unwrap(),
-        "--control",
-        dir.path("other.ctl").to_str().unwrap(),
-    ]);
+    let out = compcache(&["serve", "--size", "16M", "--socket", srv.socket.to_str().unwrap(), "--control", dir.path("other.ctl").to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr_of(&out);
     assert!(err.contains("in use by a running server"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    assert!(
-        !dir.path("other.ctl").exists(),
-        "a refused server leaves nothing behind"
-    );
+    assert!(!dir.path("other.ctl").exists(), "a refused server leaves nothing behind");
 
     // The first server is unharmed.
     assert_eq!(c.read(0, 12).unwrap(), b"first server");
@@ -346,10 +266,7 @@ fn a_live_socket_is_refused_and_a_stale_one_replaced() {
     drop(UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
     let dir2 = TempDir::new("stale-ctl");
-    let srv2 = ServerGuard::start(
-        &dir2,
-        &["--size", "16M", "--socket", stale.to_str().unwrap()],
-    );
+    let srv2 = ServerGuard::start(&dir2, &["--size", "16M", "--socket", stale.to_str().unwrap()]);
     let mut c2 = Client::connect_unix(&stale, "compcache").unwrap();
     c2.write(0, b"x").unwrap();
     c2.disconnect().unwrap();
@@ -362,10 +279,7 @@ fn bad_flags_fail_with_one_clear_line() {
         (&["serve", "--size", "12Q"], "--size"),
         (&["serve", "--size", "0"], "at least one"),
         (&["serve", "--algorithm", "lzo"], "lz4 or zstd"),
-        (
-            &["serve", "--algorithm", "zstd", "--level", "40"],
-            "level 40",
-        ),
+        (&["serve", "--algorithm", "zstd", "--level", "40"], "level 40"),
         (&["serve", "--mem-limit", "1000T"], "above physical RAM"),
         (&["serve", "--size", "100000T"], "slot table"),
         (&["serve", "--listen", "nowhere"], "give a port"),
@@ -376,10 +290,7 @@ fn bad_flags_fail_with_one_clear_line() {
         let out = compcache(args);
         assert!(!out.status.success(), "{args:?} must fail");
         let err = stderr_of(&out);
-        assert!(
-            err.contains(needle),
-            "{args:?}: expected {needle:?} in: {err}"
-        );
+        assert!(err.contains(needle), "{args:?}: expected {needle:?} in: {err}");
         if args[0] == "serve" && !args.contains(&"--no-such-flag") {
             assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
             assert!(err.starts_with("compcache: error: "), "{err}");
@@ -390,17 +301,10 @@ fn bad_flags_fail_with_one_clear_line() {
 #[test]
 fn stat_without_a_server_says_what_to_do() {
     let dir = TempDir::new("noserver");
-    let out = compcache(&[
-        "stat",
-        "--control",
-        dir.path("nothing.ctl").to_str().unwrap(),
-    ]);
+    let out = compcache(&["stat", "--control", dir.path("nothing.ctl").to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr_of(&out);
-    assert!(
-        err.contains("is `compcache serve` running? try --control PATH"),
-        "{err}"
-    );
+    assert!(err.contains("is `compcache serve` running? try --control PATH"), "{err}");
     assert_eq!(err.trim().lines().count(), 1);
 }
 
@@ -412,22 +316,9 @@ fn serve_alone_uses_the_default_socket() {
     let socket = dir.path("default.sock");
     let mut cmd = Command::new(BIN);
     cmd.arg("serve").env("COMPCACHE_SOCKET", &socket);
-    let srv = ServerGuard::spawn(
-        cmd,
-        socket.clone(),
-        dir.path("default.sock.ctl"),
-        dir.path("server.log"),
-    );
-    assert!(
-        srv.ready_line.contains(socket.to_str().unwrap()),
-        "{}",
-        srv.ready_line
-    );
-    let out = Command::new(BIN)
-        .args(["stat", "--json"])
-        .env("COMPCACHE_SOCKET", &socket)
-        .output()
-        .unwrap();
+    let srv = ServerGuard::spawn(cmd, socket.clone(), dir.path("default.sock.ctl"), dir.path("server.log"));
+    assert!(srv.ready_line.contains(socket.to_str().unwrap()), "{}", srv.ready_line);
+    let out = Command::new(BIN).args(["stat", "--json"]).env("COMPCACHE_SOCKET", &socket).output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
     let ram = compcache_store::physical_ram_bytes();
@@ -437,29 +328,11 @@ fn serve_alone_uses_the_default_socket() {
 #[test]
 fn tcp_on_loopback() {
     let dir = TempDir::new("tcp");
-    let srv = ServerGuard::start(
-        &dir,
-        &[
-            "--size",
-            "16M",
-            "--listen",
-            "127.0.0.1:0",
-            "--name",
-            "swap0",
-        ],
-    );
+    let srv = ServerGuard::start(&dir, &["--size", "16M", "--listen", "127.0.0.1:0", "--name", "swap0"]);
     // The ready line names the port the kernel chose.
-    let addr = srv
-        .ready_line
-        .split("tcp:")
-        .nth(1)
-        .and_then(|s| s.split([';', ' ']).next())
-        .expect("tcp address in the ready line");
+    let addr = srv.ready_line.split("tcp:").nth(1).and_then(|s| s.split([';', ' ']).next()).expect("tcp address in the ready line");
     assert!(addr.starts_with("127.0.0.1:"), "{}", srv.ready_line);
-    assert!(
-        !srv.socket.exists(),
-        "--listen without --socket serves TCP only"
-    );
+    assert!(!srv.socket.exists(), "--listen without --socket serves TCP only");
     let mut c = Client::connect_tcp(addr, "swap0").unwrap();
     c.write(4095, b"over tcp").unwrap();
     assert_eq!(c.read(4095, 8).unwrap(), b"over tcp");
@@ -467,13 +340,7 @@ fn tcp_on_loopback() {
 }
 
 fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
 }
 
 #[test]
@@ -486,21 +353,12 @@ fn nbdinfo_and_nbdcopy_round_trip() {
     let srv = ServerGuard::start(&dir, &["--size", "32M"]);
     let uri = format!("nbd+unix:///compcache?socket={}", srv.socket.display());
 
-    let info = Command::new("nbdinfo")
-        .args(["--json", &uri])
-        .output()
-        .unwrap();
+    let info = Command::new("nbdinfo").args(["--json", &uri]).output().unwrap();
     assert!(info.status.success(), "{}", stderr_of(&info));
     let info: Value = serde_json::from_slice(&info.stdout).unwrap();
     let export = &info["exports"][0];
     assert_eq!(export["export-size"], 32 << 20);
-    for cap in [
-        "can_trim",
-        "can_zero",
-        "can_flush",
-        "can_fua",
-        "can_multi_conn",
-    ] {
+    for cap in ["can_trim", "can_zero", "can_flush", "can_fua", "can_multi_conn"] {
         assert_eq!(export[cap], true, "{cap}");
     }
     assert_eq!(export["block_size_maximum"], 32 << 20);
@@ -508,16 +366,10 @@ fn nbdinfo_and_nbdcopy_round_trip() {
     let input = dir.path("in.bin");
     let data: Vec<u8> = (0..(4u64 << 20) / 4096).flat_map(text_page).collect();
     std::fs::write(&input, &data).unwrap();
-    let up = Command::new("nbdcopy")
-        .args([input.to_str().unwrap(), &uri])
-        .output()
-        .unwrap();
+    let up = Command::new("nbdcopy").args([input.to_str().unwrap(), &uri]).output().unwrap();
     assert!(up.status.success(), "{}", stderr_of(&up));
     let output = dir.path("out.bin");
-    let down = Command::new("nbdcopy")
-        .args([&uri, output.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let down = Command::new("nbdcopy").args([&uri, output.to_str().unwrap()]).output().unwrap();
     assert!(down.status.success(), "{}", stderr_of(&down));
     let back = std::fs::read(&output).unwrap();
     assert_eq!(back.len(), 32 << 20);
@@ -540,17 +392,11 @@ fn mlock_keeps_the_server_locked_without_committing_the_device() {
     let srv = ServerGuard::start(&dir, &["--size", "256M", "--mlock"]);
     let status = std::fs::read_to_string(format!("/proc/{}/status", srv.pid())).unwrap();
     let kib = |key: &str| -> u64 {
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .unwrap_or_else(|| panic!("no {key}"));
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key}"));
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
     assert!(kib("VmLck:") > 0, "memory is locked: {status}");
-    assert!(
-        kib("VmRSS:") < 128 << 10,
-        "MCL_ONFAULT: the 256M device is not committed up front"
-    );
+    assert!(kib("VmRSS:") < 128 << 10, "MCL_ONFAULT: the 256M device is not committed up front");
     let mut c = srv.client();
     c.write(0, &text_page(1)).unwrap();
     assert_eq!(c.read(0, 4096).unwrap(), text_page(1));

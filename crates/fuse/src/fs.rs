@@ -391,3 +391,38 @@ impl DeviceFs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use compcache_store::Config;
+
+    #[test]
+    fn as_many_threads_as_workers_always_find_one() {
+        let store = Arc::new(Store::new(Config::with_disksize(1 << 20)).unwrap());
+        let workers = Arc::new(Workers::new(&store, 3, 8192));
+        assert_eq!(workers.len(), 3);
+        let threads: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (store, workers) = (Arc::clone(&store), Arc::clone(&workers));
+                std::thread::spawn(move || {
+                    for i in 0..500u64 {
+                        let page = [(t * 7 + i) as u8 | 1; PAGE_SIZE];
+                        let off = (t * 64 + i % 64) * PAGE_SIZE as u64;
+                        workers.with(|w| {
+                            assert_eq!(w.buf.len(), 8192);
+                            store.write(&mut w.ctx, off, &page).unwrap();
+                            store
+                                .read(&mut w.ctx, off, &mut w.buf[..PAGE_SIZE])
+                                .unwrap();
+                            assert_eq!(w.buf[..PAGE_SIZE], page[..]);
+                        });
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}

@@ -18,13 +18,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), Failure> {
     let path = args.control.unwrap_or_else(paths::default_control);
     let answer = control::request(&path, &json!({"cmd": "compact"}))?;
-    let freed = answer
-        .get("pages_freed")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    println!(
-        "compacted: {freed} pool pages freed ({})",
-        human(freed * compcache_store::PAGE_SIZE as u64)
-    );
+    let freed = answer.get("pages_freed").and_then(Value::as_u64).unwrap_or(0);
+    println!("compacted: {freed} pool pages freed ({})", human(freed * compcache_store::PAGE_SIZE as u64));
     Ok(())
 }

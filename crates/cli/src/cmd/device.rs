@@ -14,9 +14,7 @@ use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 
 use super::reserve;
-use super::swapdev::{
-    is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals,
-};
+use super::swapdev::{is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals};
 use super::zramconf;
 use crate::backing::{spawn_writeback, BackingArgs};
 use crate::failure::Failure;
@@ -58,31 +56,17 @@ pub fn parse_size_or_expr(text: &str, ram_bytes: u64) -> Result<u64, String> {
 impl StoreArgs {
     pub fn config(&self) -> Result<Config, Failure> {
         let ram = physical_ram_bytes();
-        let size = parse_size_or_expr(&self.size, ram)
-            .map_err(|e| Failure::usage(format!("--size: {e}")))?;
+        let size = parse_size_or_expr(&self.size, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?;
         if size < 10 * PAGE_SIZE as u64 {
-            return Err(Failure::usage(format!(
-                "--size {}: a swap device needs at least 10 pages",
-                self.size
-            )));
+            return Err(Failure::usage(format!("--size {}: a swap device needs at least 10 pages", self.size)));
         }
-        let algorithm: Algorithm = self
-            .algorithm
-            .parse()
-            .map_err(|e: String| Failure::usage(format!("--algorithm: {e}")))?;
+        let algorithm: Algorithm = self.algorithm.parse().map_err(|e: String| Failure::usage(format!("--algorithm: {e}")))?;
         let mem_limit = match self.mem_limit.trim() {
             "0" | "none" | "" => 0,
-            t => parse_size_or_expr(t, ram)
-                .map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
+            t => parse_size_or_expr(t, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
         };
         let backing = self.backing.config(ram, mem_limit)?;
-        let cfg = Config {
-            algorithm,
-            level: self.level,
-            mem_limit_bytes: mem_limit,
-            backing,
-            ..Config::with_disksize(size)
-        };
+        let cfg = Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
         cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
         Ok(cfg)
     }
@@ -157,11 +141,7 @@ struct Session {
 }
 
 impl Session {
-    fn start(
-        store_args: &StoreArgs,
-        server: &ServerArgs,
-        frontend: &'static str,
-    ) -> Result<Session, Failure> {
+    fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: &'static str) -> Result<Session, Failure> {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
         let signals = StopSignals::block()?;
         pin_server_memory(!server.no_mlock)?;
@@ -170,13 +150,9 @@ impl Session {
         let reserve_bytes = match server.reserve.as_deref().unwrap_or("auto") {
             "auto" => reserve::default_high_bytes(physical_ram_bytes()),
             "0" | "none" => 0,
-            t => parse_size(t, physical_ram_bytes())
-                .map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
+            t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
         };
-        let store = Arc::new(
-            Store::new(cfg.clone())
-                .map_err(|e| Failure::new(format!("cannot create the store: {e}")))?,
-        );
+        let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
         lock_future_mappings(!server.no_mlock);
         if reserve_bytes > 0 {
             let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
@@ -189,26 +165,15 @@ impl Session {
         // With the store fault-free, a write that finds no resident pool page overflows to
         // the backing device; this thread keeps the pool under its watermarks meanwhile.
         if store.has_backing() {
-            spawn_writeback(Arc::clone(&store))
-                .map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
+            spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
         }
-        Ok(Session {
-            store,
-            cfg,
-            size_bytes,
-            server: server.clone(),
-            signals,
-            frontend,
-        })
+        Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend })
     }
 
     /// Runs while the device is up: announce it, serve `compcache stat`, wait for a stop
     /// signal, and take the device out of swap use before it goes.
     fn while_up(&self, dev: &Path, detail: &str, alive: &dyn Fn() -> bool) {
-        let name = dev
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
         let _ = std::fs::create_dir_all("/run/compcache");
         let _ = std::fs::remove_file(&ctl);
@@ -225,14 +190,9 @@ impl Session {
                         version: env!("CARGO_PKG_VERSION").to_string(),
                     },
                 });
-                let _ = std::thread::Builder::new()
-                    .name("control".into())
-                    .spawn(move || control::serve(state, listener));
+                let _ = std::thread::Builder::new().name("control".into()).spawn(move || control::serve(state, listener));
             }
-            Err(e) => eprintln!(
-                "compcache: warning: no control socket {}: {e}",
-                ctl.display()
-            ),
+            Err(e) => eprintln!("compcache: warning: no control socket {}: {e}", ctl.display()),
         }
         println!(
             "compcache: {} is up: {}, {} {}{}{}, {detail}; control {}; pid {}",
@@ -240,31 +200,18 @@ impl Session {
             self.frontend,
             human(self.cfg.disksize_bytes),
             self.cfg.algorithm,
-            if self.cfg.mem_limit_bytes > 0 {
-                format!(", mem-limit {}", human(self.cfg.mem_limit_bytes))
-            } else {
-                String::new()
-            },
-            self.cfg
-                .backing
-                .as_ref()
-                .map_or(String::new(), |b| format!(", backing {}", b.path.display())),
+            if self.cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(self.cfg.mem_limit_bytes)) } else { String::new() },
+            self.cfg.backing.as_ref().map_or(String::new(), |b| format!(", backing {}", b.path.display())),
             ctl.display(),
             std::process::id()
         );
         signal_ready(self.server.ready_fd, &format!("READY {}\n", dev.display()));
         match self.signals.wait(alive) {
             Some(sig) => eprintln!("compcache: signal {sig}: removing {}", dev.display()),
-            None => eprintln!(
-                "compcache: {} was stopped by the kernel or another program",
-                dev.display()
-            ),
+            None => eprintln!("compcache: {} was stopped by the kernel or another program", dev.display()),
         }
         if is_active_swap(dev) {
-            eprintln!(
-                "compcache: {} is swap: swapoff first (reads every page back)",
-                dev.display()
-            );
+            eprintln!("compcache: {} is swap: swapoff first (reads every page back)", dev.display());
             if let Err(e) = swapoff(dev) {
                 eprintln!("compcache: {e}");
             }
@@ -278,9 +225,7 @@ impl Session {
         eprintln!("compcache: final statistics of {name}: {stats}");
         if let Some(dir) = &self.server.stats_dir {
             let path = dir.join(format!("{name}.stats.json"));
-            if let Err(e) = std::fs::create_dir_all(dir)
-                .and_then(|_| std::fs::write(&path, format!("{stats:#}\n")))
-            {
+            if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, format!("{stats:#}\n"))) {
                 eprintln!("compcache: {}: {e}", path.display());
             }
         }
@@ -290,10 +235,7 @@ impl Session {
 pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     compcache_ublk::kernel_support()?;
     let session = Arc::new(Session::start(&args.store, &args.server, "ublk")?);
-    let mut opts = compcache_ublk::Options {
-        mlock_io_buffers: !args.server.no_mlock,
-        ..Default::default()
-    };
+    let mut opts = compcache_ublk::Options { mlock_io_buffers: !args.server.no_mlock, ..Default::default() };
     if let Some(q) = args.queues {
         opts.nr_queues = q;
     }
@@ -303,21 +245,12 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     }
     let s = Arc::clone(&session);
     let size = session.size_bytes;
-    compcache_ublk::serve(
-        Arc::clone(&session.store),
-        size,
-        &opts,
-        move |dev, alive| {
-            let detail = format!("{} queues x depth {}", dev.nr_queues, dev.queue_depth);
-            s.while_up(Path::new(&dev.bdev_path), &detail, alive);
-        },
-    )
+    compcache_ublk::serve(Arc::clone(&session.store), size, &opts, move |dev, alive| {
+        let detail = format!("{} queues x depth {}", dev.nr_queues, dev.queue_depth);
+        s.while_up(Path::new(&dev.bdev_path), &detail, alive);
+    })
     .map_err(|e| {
-        let hint = if e.errno() == libc::EPERM || e.errno() == libc::EACCES {
-            " (run as root)"
-        } else {
-            ""
-        };
+        let hint = if e.errno() == libc::EPERM || e.errno() == libc::EACCES { " (run as root)" } else { "" };
         Failure::new(format!("{e}{hint}"))
     })?;
     Ok(())
@@ -330,23 +263,12 @@ const NBD_MAX_REQUEST_BYTES: u32 = 128 << 10;
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     compcache_kernel_nbd::kernel_support()?;
     let session = Session::start(&args.store, &args.server, "nbd")?;
-    let description = format!(
-        "compcache {} {} device",
-        human(session.cfg.disksize_bytes),
-        session.cfg.algorithm
-    );
-    let export = compcache_nbd::Export {
-        name: "compcache".into(),
-        description,
-        store: Arc::clone(&session.store),
-    };
+    let description = format!("compcache {} {} device", human(session.cfg.disksize_bytes), session.cfg.algorithm);
+    let export = compcache_nbd::Export { name: "compcache".into(), description, store: Arc::clone(&session.store) };
     // The kernel's requests are capped and every worker holds a buffer for the largest from
     // the start (made before the device is up, locked by mlockall): serving swap allocates
     // nothing in userspace. (Replies still take socket buffers in the kernel: docs/swap.md.)
-    let server_opts = compcache_nbd::ServerOptions {
-        request_buffer_bytes: NBD_MAX_REQUEST_BYTES as usize,
-        ..Default::default()
-    };
+    let server_opts = compcache_nbd::ServerOptions { request_buffer_bytes: NBD_MAX_REQUEST_BYTES as usize, ..Default::default() };
     let server = Arc::new(compcache_nbd::Server::new(export, server_opts));
     let mut opts = compcache_kernel_nbd::AttachOptions {
         device: args.device.clone(),
@@ -372,10 +294,7 @@ mod tests {
         let gib = 1u64 << 30;
         assert_eq!(parse_size_or_expr("25%", 4 * gib).unwrap(), gib);
         assert_eq!(parse_size_or_expr("1G", 4 * gib).unwrap(), gib);
-        assert_eq!(
-            parse_size_or_expr("min(ram / 2, 4096)", 4 * gib).unwrap(),
-            2 * gib
-        );
+        assert_eq!(parse_size_or_expr("min(ram / 2, 4096)", 4 * gib).unwrap(), 2 * gib);
         assert_eq!(parse_size_or_expr("ram * 2", gib).unwrap(), 2 * gib);
         let e = parse_size_or_expr("lots", gib).unwrap_err();
         assert!(e.contains("zram-size expression"), "{e}");

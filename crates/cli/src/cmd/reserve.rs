@@ -58,11 +58,7 @@ impl Reserve {
     /// the store's memory limit, which `Store::prefault` respects).
     pub fn new(store: Arc<Store>, high_bytes: u64) -> Reserve {
         let high_pages = (high_bytes / PAGE).max(2);
-        Reserve {
-            store,
-            low_pages: high_pages * 3 / 4,
-            high_pages,
-        }
+        Reserve { store, low_pages: high_pages * 3 / 4, high_pages }
     }
 
     /// Makes the slot table resident (a read of an empty slot touches its entry), fills the
@@ -118,11 +114,7 @@ mod tests {
         let mut r = Reserve::new(Arc::clone(&store), high);
         r.prime();
         assert_eq!(r.free_pages(), 64, "reserve of {} pages", r.free_pages());
-        assert_eq!(
-            store.stats().orig_data_size,
-            0,
-            "nothing stored to make the reserve"
-        );
+        assert_eq!(store.stats().orig_data_size, 0, "nothing stored to make the reserve");
 
         // The I/O path can store pages while the reserve lasts, then gets ENOSPC, not a fault.
         let mut ctx = store.context();
@@ -131,9 +123,7 @@ mod tests {
         for i in 0..1024u64 {
             let page: Vec<u8> = (0..PAGE_SIZE)
                 .map(|_| {
-                    seed = seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                     (seed >> 56) as u8
                 })
                 .collect();
@@ -145,16 +135,11 @@ mod tests {
                 }
             }
         }
-        assert_eq!(
-            stored, 64,
-            "incompressible pages take one reserve page each"
-        );
+        assert_eq!(stored, 64, "incompressible pages take one reserve page each");
         // The keeper tops the reserve up again, and writes go through.
         r.top_up();
         assert_eq!(r.free_pages(), 64);
-        store
-            .write(&mut ctx, 1000 * PAGE, &[0x5a; PAGE_SIZE])
-            .unwrap();
+        store.write(&mut ctx, 1000 * PAGE, &[0x5a; PAGE_SIZE]).unwrap();
     }
 
     #[test]

@@ -114,21 +114,17 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let mut guards: Vec<SocketFileGuard> = Vec::new();
     let unix = match &socket {
         Some(path) => {
-            let l =
-                listener::bind_unix(path).map_err(|e| Failure::new(format!("--socket: {e}")))?;
+            let l = listener::bind_unix(path).map_err(|e| Failure::new(format!("--socket: {e}")))?;
             guards.push(SocketFileGuard::new(path));
             Some(l)
         }
         None => None,
     };
     let tcp_listener = match tcp {
-        Some(addr) => {
-            Some(listener::bind_tcp(addr).map_err(|e| Failure::new(format!("--listen: {e}")))?)
-        }
+        Some(addr) => Some(listener::bind_tcp(addr).map_err(|e| Failure::new(format!("--listen: {e}")))?),
         None => None,
     };
-    let control_listener =
-        control::bind(&control_path).map_err(|e| Failure::new(format!("--control: {e}")))?;
+    let control_listener = control::bind(&control_path).map_err(|e| Failure::new(format!("--control: {e}")))?;
     guards.push(SocketFileGuard::new(&control_path));
     let _pid_file = match &args.pid_file {
         Some(p) => Some(PidFile::write(p)?),
@@ -144,65 +140,29 @@ pub fn run(args: Args) -> Result<(), Failure> {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
-    let mut options = ServerOptions {
-        verbose: args.verbose,
-        ..ServerOptions::default()
-    };
+    let mut options = ServerOptions { verbose: args.verbose, ..ServerOptions::default() };
     if let Some(w) = args.workers {
         options.workers_per_connection = w as usize;
     }
-    let description = format!(
-        "compcache {} {} device",
-        human(store.disksize_bytes()),
-        cfg.algorithm
-    );
-    let server = Arc::new(Server::new(
-        Export {
-            name: args.name.clone(),
-            description,
-            store: store.clone(),
-        },
-        options,
-    ));
+    let description = format!("compcache {} {} device", human(store.disksize_bytes()), cfg.algorithm);
+    let server = Arc::new(Server::new(Export { name: args.name.clone(), description, store: store.clone() }, options));
 
     let (tx, events) = mpsc::channel::<Event>();
-    spawn("signals", tx.clone(), move || {
-        Event::Signal(wait_for_signal(&signals))
-    });
+    spawn("signals", tx.clone(), move || Event::Signal(wait_for_signal(&signals)));
     if let Some(l) = unix {
         let s = server.clone();
-        spawn("nbd-unix", tx.clone(), move || {
-            Event::ListenerFailed(format!(
-                "NBD Unix listener failed: {}",
-                listener::serve_unix(s, l)
-            ))
-        });
+        spawn("nbd-unix", tx.clone(), move || Event::ListenerFailed(format!("NBD Unix listener failed: {}", listener::serve_unix(s, l))));
     }
     if let Some(l) = tcp_listener {
         let s = server.clone();
-        spawn("nbd-tcp", tx.clone(), move || {
-            Event::ListenerFailed(format!(
-                "NBD TCP listener failed: {}",
-                listener::serve_tcp(s, l)
-            ))
-        });
+        spawn("nbd-tcp", tx.clone(), move || Event::ListenerFailed(format!("NBD TCP listener failed: {}", listener::serve_tcp(s, l))));
     }
-    crate::maintenance::spawn(store.clone())
-        .map_err(|e| Failure::new(format!("cannot start the maintenance thread: {e}")))?;
+    crate::maintenance::spawn(store.clone()).map_err(|e| Failure::new(format!("cannot start the maintenance thread: {e}")))?;
     if store.has_backing() {
-        spawn_writeback(store.clone())
-            .map_err(|e| Failure::new(format!("cannot start the writeback thread: {e}")))?;
+        spawn_writeback(store.clone()).map_err(|e| Failure::new(format!("cannot start the writeback thread: {e}")))?;
     }
-    let state = Arc::new(ControlState {
-        store: store.clone(),
-        device: device.clone(),
-    });
-    spawn("control", tx, move || {
-        Event::ListenerFailed(format!(
-            "control listener failed: {}",
-            control::serve(state, control_listener)
-        ))
-    });
+    let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
+    spawn("control", tx, move || Event::ListenerFailed(format!("control listener failed: {}", control::serve(state, control_listener))));
 
     let mut places: Vec<String> = Vec::new();
     if let Some(p) = &device.nbd_socket {
@@ -218,11 +178,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         human(store.disksize_bytes()),
         store.disksize_bytes(),
         cfg.algorithm,
-        if cfg.mem_limit_bytes > 0 {
-            format!(", mem-limit {}", human(cfg.mem_limit_bytes))
-        } else {
-            String::new()
-        },
+        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
         args.name,
         places.join(" and "),
         device.control_socket,
@@ -231,16 +187,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
     let result = match events.recv() {
         Ok(Event::Signal(sig)) => {
-            let files: Vec<String> = guards
-                .iter()
-                .map(|g| g.path().display().to_string())
-                .collect();
-            let _ = writeln!(
-                std::io::stderr(),
-                "compcache: {} received: stopping, removing {}",
-                signal_name(sig),
-                files.join(" and ")
-            );
+            let files: Vec<String> = guards.iter().map(|g| g.path().display().to_string()).collect();
+            let _ = writeln!(std::io::stderr(), "compcache: {} received: stopping, removing {}", signal_name(sig), files.join(" and "));
             Ok(())
         }
         Ok(Event::ListenerFailed(msg)) => Err(Failure::new(format!("{msg}; stopping"))),
@@ -261,15 +209,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
 fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
     let size = parse_size(&args.size, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?;
     if size < PAGE_SIZE as u64 {
-        return Err(Failure::usage(format!(
-            "--size {}: the device needs at least one {PAGE_SIZE}-byte page",
-            args.size
-        )));
+        return Err(Failure::usage(format!("--size {}: the device needs at least one {PAGE_SIZE}-byte page", args.size)));
     }
-    let algorithm: Algorithm = args
-        .algorithm
-        .parse()
-        .map_err(|e: String| Failure::usage(format!("--algorithm: {e}")))?;
+    let algorithm: Algorithm = args.algorithm.parse().map_err(|e: String| Failure::usage(format!("--algorithm: {e}")))?;
     let mem_limit = match args.mem_limit.trim() {
         "0" | "none" | "" => 0,
         text => parse_size(text, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
@@ -301,13 +243,7 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
         );
     }
     let backing = args.backing.config(ram, mem_limit)?;
-    let cfg = Config {
-        algorithm,
-        level: args.level,
-        mem_limit_bytes: mem_limit,
-        backing,
-        ..Config::with_disksize(size)
-    };
+    let cfg = Config { algorithm, level: args.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
     cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
     Ok(cfg)
 }
@@ -317,9 +253,7 @@ fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
     let addr = match text.parse::<u16>() {
         Ok(port) => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
         Err(_) => text.parse::<SocketAddr>().map_err(|_| {
-            Failure::usage(format!(
-                "--listen {text}: give a port (10809) or an address and port (127.0.0.1:10809)"
-            ))
+            Failure::usage(format!("--listen {text}: give a port (10809) or an address and port (127.0.0.1:10809)"))
         })?,
     };
     if !addr.ip().is_loopback() {
@@ -331,11 +265,9 @@ fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
 }
 
 fn spawn(name: &str, tx: mpsc::Sender<Event>, f: impl FnOnce() -> Event + Send + 'static) {
-    let spawned = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let _ = tx.send(f());
-        });
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+        let _ = tx.send(f());
+    });
     if let Err(e) = spawned {
         eprintln!("compcache: error: cannot start the {name} thread: {e}");
         std::process::exit(1);
@@ -356,17 +288,13 @@ fn block_shutdown_signals() -> Result<libc::sigset_t, Failure> {
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         let mut old: libc::sigaction = std::mem::zeroed();
-        let hup_ignored = libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_IGN;
+        let hup_ignored = libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN;
         if !hup_ignored {
             libc::sigaddset(&mut set, libc::SIGHUP);
         }
         let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         if rc != 0 {
-            return Err(Failure::new(format!(
-                "cannot block SIGINT/SIGTERM/SIGHUP: {}",
-                std::io::Error::from_raw_os_error(rc)
-            )));
+            return Err(Failure::new(format!("cannot block SIGINT/SIGTERM/SIGHUP: {}", std::io::Error::from_raw_os_error(rc))));
         }
         Ok(set)
     }
@@ -421,10 +349,7 @@ impl PidFile {
 
 impl Drop for PidFile {
     fn drop(&mut self) {
-        if std::fs::read_to_string(&self.0)
-            .map(|s| s.trim() == std::process::id().to_string())
-            .unwrap_or(false)
-        {
+        if std::fs::read_to_string(&self.0).map(|s| s.trim() == std::process::id().to_string()).unwrap_or(false) {
             let _ = std::fs::remove_file(&self.0);
         }
     }
@@ -457,20 +382,7 @@ mod tests {
 
     #[test]
     fn flags_reach_the_config() {
-        let cfg = config_from(
-            &args(&[
-                "--size",
-                "1G",
-                "--algorithm",
-                "zstd",
-                "--level",
-                "-3",
-                "--mem-limit",
-                "10%",
-            ]),
-            8 * GIB,
-        )
-        .unwrap();
+        let cfg = config_from(&args(&["--size", "1G", "--algorithm", "zstd", "--level", "-3", "--mem-limit", "10%"]), 8 * GIB).unwrap();
         assert_eq!(cfg.disksize_bytes, GIB);
         assert_eq!(cfg.algorithm, Algorithm::Zstd);
         assert_eq!(cfg.level, Some(-3));
@@ -479,71 +391,33 @@ mod tests {
 
     #[test]
     fn impossible_sizes_say_what_to_do() {
-        let e = config_from(&args(&["--mem-limit", "16G"]), 8 * GIB)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("above physical RAM") && e.contains("0 for no limit"),
-            "{e}"
-        );
-        let e = config_from(&args(&["--size", "2T"]), 8 * GIB)
-            .unwrap_err()
-            .to_string();
+        let e = config_from(&args(&["--mem-limit", "16G"]), 8 * GIB).unwrap_err().to_string();
+        assert!(e.contains("above physical RAM") && e.contains("0 for no limit"), "{e}");
+        let e = config_from(&args(&["--size", "2T"]), 8 * GIB).unwrap_err().to_string();
         assert!(e.contains("slot table"), "{e}");
-        let e = config_from(&args(&["--size", "12Q"]), 8 * GIB)
-            .unwrap_err()
-            .to_string();
+        let e = config_from(&args(&["--size", "12Q"]), 8 * GIB).unwrap_err().to_string();
         assert!(e.starts_with("--size"), "{e}");
-        let e = config_from(&args(&["--algorithm", "lzo"]), 8 * GIB)
-            .unwrap_err()
-            .to_string();
+        let e = config_from(&args(&["--algorithm", "lzo"]), 8 * GIB).unwrap_err().to_string();
         assert!(e.contains("lz4 or zstd"), "{e}");
-        let e = config_from(&args(&["--algorithm", "zstd", "--level", "99"]), 8 * GIB)
-            .unwrap_err()
-            .to_string();
+        let e = config_from(&args(&["--algorithm", "zstd", "--level", "99"]), 8 * GIB).unwrap_err().to_string();
         assert!(e.contains("level 99"), "{e}");
     }
 
     #[test]
     fn backing_flags_reach_the_config() {
         // The flags themselves are tested in crate::backing; here, that serve takes them.
-        let cfg = config_from(
-            &args(&[
-                "--mem-limit",
-                "1G",
-                "--backing",
-                "/tmp/b",
-                "--writeback-rate",
-                "8M/s",
-            ]),
-            8 * GIB,
-        )
-        .unwrap();
+        let cfg = config_from(&args(&["--mem-limit", "1G", "--backing", "/tmp/b", "--writeback-rate", "8M/s"]), 8 * GIB).unwrap();
         let b = cfg.backing.unwrap();
-        assert_eq!(
-            (b.path.to_str(), b.writeback_rate_bytes),
-            (Some("/tmp/b"), 8 << 20)
-        );
+        assert_eq!((b.path.to_str(), b.writeback_rate_bytes), (Some("/tmp/b"), 8 << 20));
         assert!(config_from(&args(&[]), 8 * GIB).unwrap().backing.is_none());
-        let e = config_from(
-            &args(&["--backing", "/tmp/b", "--writeback-low", "95"]),
-            8 * GIB,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = config_from(&args(&["--backing", "/tmp/b", "--writeback-low", "95"]), 8 * GIB).unwrap_err().to_string();
         assert!(e.contains("watermarks"), "{e}");
     }
 
     #[test]
     fn listen_takes_a_port_or_an_address() {
-        assert_eq!(
-            parse_listen("10809").unwrap(),
-            "127.0.0.1:10809".parse().unwrap()
-        );
+        assert_eq!(parse_listen("10809").unwrap(), "127.0.0.1:10809".parse().unwrap());
         assert_eq!(parse_listen("[::1]:7").unwrap(), "[::1]:7".parse().unwrap());
-        assert!(parse_listen("localhost")
-            .unwrap_err()
-            .to_string()
-            .contains("give a port"));
+        assert!(parse_listen("localhost").unwrap_err().to_string().contains("give a port"));
     }
 }

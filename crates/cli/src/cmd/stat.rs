@@ -30,24 +30,13 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), Failure> {
     let path = args.control.unwrap_or_else(paths::default_control);
     let answer = control::request(&path, &json!({"cmd": "stat"}))?;
-    let text = |key: &str| {
-        answer
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
+    let text = |key: &str| answer.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
     let stats = answer
         .get("stats")
         .and_then(Value::as_object)
-        .ok_or_else(|| {
-            Failure::new("the server's answer has no statistics (a different compcache version?)")
-        })?;
+        .ok_or_else(|| Failure::new("the server's answer has no statistics (a different compcache version?)"))?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&Value::Object(stats.clone())).unwrap_or_default()
-        );
+        println!("{}", serde_json::to_string_pretty(&Value::Object(stats.clone())).unwrap_or_default());
     } else if args.ramzswap {
         print!("{}", text("ramzswap"));
     } else if args.mm_stat {
@@ -55,14 +44,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
     } else {
         // The NBD socket, else the TCP address, else the export name (a ublk or kernel-NBD
         // device puts its /dev path there).
-        let name = [
-            "/device/nbd_socket",
-            "/device/nbd_tcp",
-            "/device/export_name",
-        ]
-        .iter()
-        .find_map(|p| answer.pointer(p).and_then(Value::as_str))
-        .unwrap_or("?");
+        let name = ["/device/nbd_socket", "/device/nbd_tcp", "/device/export_name"]
+            .iter()
+            .find_map(|p| answer.pointer(p).and_then(Value::as_str))
+            .unwrap_or("?");
         print!("{}", table(name, stats));
     }
     Ok(())
@@ -103,15 +88,8 @@ const FIELDS: &[(&str, &str)] = &[
 fn table(name: &str, stats: &Map<String, Value>) -> String {
     let num = |k: &str| stats.get(k).and_then(Value::as_u64).unwrap_or(0);
     let (orig, total) = (num("orig_data_size"), num("mem_used_total"));
-    let ratio = if total > 0 {
-        format!("{:.2}", orig as f64 / total as f64)
-    } else {
-        "-".into()
-    };
-    let algorithm = stats
-        .get("comp_algorithm")
-        .and_then(Value::as_str)
-        .unwrap_or("?");
+    let ratio = if total > 0 { format!("{:.2}", orig as f64 / total as f64) } else { "-".into() };
+    let algorithm = stats.get("comp_algorithm").and_then(Value::as_str).unwrap_or("?");
     let mut out = format!(
         "{:<32} {:<9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8}\n",
         "NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "LIMIT"
@@ -125,30 +103,14 @@ fn table(name: &str, stats: &Map<String, Value>) -> String {
         human(num("compr_data_size")),
         human(total),
         ratio,
-        if num("mem_limit") > 0 {
-            human(num("mem_limit"))
-        } else {
-            "none".into()
-        },
+        if num("mem_limit") > 0 { human(num("mem_limit")) } else { "none".into() },
     );
-    let mut keys: Vec<&str> = FIELDS
-        .iter()
-        .map(|(k, _)| *k)
-        .filter(|k| stats.contains_key(*k))
-        .collect();
-    let mut extra: Vec<&str> = stats
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !FIELDS.iter().any(|(f, _)| f == k))
-        .collect();
+    let mut keys: Vec<&str> = FIELDS.iter().map(|(k, _)| *k).filter(|k| stats.contains_key(*k)).collect();
+    let mut extra: Vec<&str> = stats.keys().map(String::as_str).filter(|k| !FIELDS.iter().any(|(f, _)| f == k)).collect();
     extra.sort_unstable();
     keys.extend(extra);
     for k in keys {
-        let unit = FIELDS
-            .iter()
-            .find(|(f, _)| *f == k)
-            .map(|(_, u)| *u)
-            .unwrap_or("");
+        let unit = FIELDS.iter().find(|(f, _)| *f == k).map(|(_, u)| *u).unwrap_or("");
         let value = match &stats[k] {
             Value::String(s) => s.clone(),
             v => v.to_string(),
@@ -175,17 +137,8 @@ mod tests {
         });
         let t = table("/run/compcache/compcache.sock", stats.as_object().unwrap());
         let lines: Vec<&str> = t.lines().collect();
-        assert!(
-            lines[0].starts_with("NAME")
-                && lines[0].contains("DISKSIZE")
-                && lines[0].contains("TOTAL")
-        );
-        assert!(
-            lines[1].contains("lz4")
-                && lines[1].contains("1G")
-                && lines[1].contains("8M")
-                && lines[1].contains("2.00")
-        );
+        assert!(lines[0].starts_with("NAME") && lines[0].contains("DISKSIZE") && lines[0].contains("TOTAL"));
+        assert!(lines[1].contains("lz4") && lines[1].contains("1G") && lines[1].contains("8M") && lines[1].contains("2.00"));
         assert!(t.contains("orig_data_size") && t.contains("8388608 (8M) bytes"));
         assert!(t.contains("num_writes") && t.contains("2048 pages"));
         let last: Vec<&str> = lines.last().unwrap().split_whitespace().collect();

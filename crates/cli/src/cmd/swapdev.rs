@@ -26,12 +26,9 @@ const SWAP_FLAG_DISCARD: libc::c_int = 0x10000;
 pub fn swap_header(size_bytes: u64, uuid: [u8; 16], label: &str) -> Result<Vec<u8>, String> {
     let pages = size_bytes / PAGE_BYTES;
     if pages < 10 {
-        return Err(format!(
-            "a swap area needs at least 10 pages; the device has {pages}"
-        ));
+        return Err(format!("a swap area needs at least 10 pages; the device has {pages}"));
     }
-    let last_page = u32::try_from(pages - 1)
-        .map_err(|_| format!("{size_bytes} bytes is more than swap can address"))?;
+    let last_page = u32::try_from(pages - 1).map_err(|_| format!("{size_bytes} bytes is more than swap can address"))?;
     let mut page = vec![0u8; PAGE_BYTES as usize];
     page[1024..1028].copy_from_slice(&1u32.to_ne_bytes()); // version
     page[1028..1032].copy_from_slice(&last_page.to_ne_bytes());
@@ -63,27 +60,19 @@ pub fn mkswap(dev: &Path, size_bytes: u64) -> Result<(), Failure> {
         .map_err(|e| Failure::new(format!("mkswap: opening {}: {e}", dev.display())))?;
     f.write_all_at(&header, 0)
         .and_then(|_| f.sync_all())
-        .map_err(|e| {
-            Failure::new(format!(
-                "mkswap: writing the header on {}: {e}",
-                dev.display()
-            ))
-        })
+        .map_err(|e| Failure::new(format!("mkswap: writing the header on {}: {e}", dev.display())))
 }
 
 fn cpath(p: &Path) -> Result<std::ffi::CString, Failure> {
     use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| Failure::usage(format!("{}: path has a NUL byte", p.display())))
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| Failure::usage(format!("{}: path has a NUL byte", p.display())))
 }
 
 /// swapon(2) with a priority (0..=32767) and, with `discard`, freed swap slots discarded so
 /// the device frees their memory (zram gets this from the swap-free notification instead).
 pub fn swapon(dev: &Path, priority: i32, discard: bool) -> Result<(), Failure> {
     if !(0..=SWAP_FLAG_PRIO_MASK).contains(&priority) {
-        return Err(Failure::usage(format!(
-            "priority {priority} is outside 0..=32767"
-        )));
+        return Err(Failure::usage(format!("priority {priority} is outside 0..=32767")));
     }
     let mut flags = SWAP_FLAG_PREFER | (priority & SWAP_FLAG_PRIO_MASK);
     if discard {
@@ -114,10 +103,7 @@ pub fn swapoff(dev: &Path) -> Result<(), Failure> {
 pub fn is_active_swap(dev: &Path) -> bool {
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
     let want = dev.to_string_lossy();
-    swaps
-        .lines()
-        .skip(1)
-        .any(|l| l.split_whitespace().next() == Some(want.as_ref()))
+    swaps.lines().skip(1).any(|l| l.split_whitespace().next() == Some(want.as_ref()))
 }
 
 /// Keeps a swap server's memory resident and out of reclaim's I/O:
@@ -133,22 +119,16 @@ pub fn is_active_swap(dev: &Path) -> bool {
 pub fn pin_server_memory(mlock: bool) -> Result<(), Failure> {
     if mlock {
         // SAFETY: mlockall takes flags only and changes no Rust-visible state.
-        let rc =
-            unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
+        let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
         if rc != 0 {
             let e = io::Error::last_os_error();
-            return Err(Failure::new(format!(
-                "mlockall: {e}: run as root (CAP_IPC_LOCK) or raise `ulimit -l`"
-            )));
+            return Err(Failure::new(format!("mlockall: {e}: run as root (CAP_IPC_LOCK) or raise `ulimit -l`")));
         }
     }
     const PR_SET_IO_FLUSHER: libc::c_int = 57;
     // SAFETY: prctl with integer arguments only; affects this thread's reclaim flags.
     if unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) } != 0 {
-        eprintln!(
-            "compcache: warning: PR_SET_IO_FLUSHER: {} (needs CAP_SYS_RESOURCE)",
-            io::Error::last_os_error()
-        );
+        eprintln!("compcache: warning: PR_SET_IO_FLUSHER: {} (needs CAP_SYS_RESOURCE)", io::Error::last_os_error());
     }
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
         eprintln!("compcache: warning: oom_score_adj: {e} (needs CAP_SYS_RESOURCE)");
@@ -171,10 +151,7 @@ pub fn lock_future_mappings(mlock: bool) {
         // SAFETY: mlockall takes flags only. MCL_FUTURE without MCL_CURRENT leaves the existing
         // mappings (the store's reservations, locked on fault) as they are.
         if unsafe { libc::mlockall(libc::MCL_FUTURE) } != 0 {
-            eprintln!(
-                "compcache: warning: mlockall(MCL_FUTURE): {}",
-                io::Error::last_os_error()
-            );
+            eprintln!("compcache: warning: mlockall(MCL_FUTURE): {}", io::Error::last_os_error());
         }
     }
 }
@@ -204,20 +181,14 @@ impl StopSignals {
             (set, rc)
         };
         if rc != 0 {
-            return Err(Failure::new(format!(
-                "blocking stop signals: {}",
-                io::Error::from_raw_os_error(rc)
-            )));
+            return Err(Failure::new(format!("blocking stop signals: {}", io::Error::from_raw_os_error(rc))));
         }
         Ok(StopSignals { set })
     }
 
     /// Returns the signal that arrived, or `None` once `alive()` turns false.
     pub fn wait(&self, alive: &dyn Fn() -> bool) -> Option<i32> {
-        let tick = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 200_000_000,
-        };
+        let tick = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
         loop {
             // SAFETY: `self.set` is initialised, `tick` is a valid timespec, and a null
             // siginfo pointer is allowed.
@@ -245,10 +216,7 @@ pub struct SwapState {
 
 impl SwapState {
     pub fn path_for(device: &Path) -> PathBuf {
-        let name = device
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "device".into());
+        let name = device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "device".into());
         Path::new(STATE_DIR).join(format!("{name}.json"))
     }
 
@@ -258,25 +226,17 @@ impl SwapState {
             "log": self.log, "stats": self.stats, "control": self.control,
         });
         let path = Self::path_for(&self.device);
-        std::fs::create_dir_all(STATE_DIR)
-            .map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
-        std::fs::write(&path, format!("{v:#}\n"))
-            .map_err(|e| Failure::new(format!("{}: {e}", path.display())))
+        std::fs::create_dir_all(STATE_DIR).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+        std::fs::write(&path, format!("{v:#}\n")).map_err(|e| Failure::new(format!("{}: {e}", path.display())))
     }
 
     pub fn load(path: &Path) -> Result<SwapState, Failure> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
         let s = |k: &str| PathBuf::from(v.get(k).and_then(|x| x.as_str()).unwrap_or_default());
         Ok(SwapState {
             device: s("device"),
-            frontend: v
-                .get("frontend")
-                .and_then(|x| x.as_str())
-                .unwrap_or_default()
-                .to_string(),
+            frontend: v.get("frontend").and_then(|x| x.as_str()).unwrap_or_default().to_string(),
             pid: v.get("pid").and_then(|x| x.as_u64()).unwrap_or(0) as u32,
             log: s("log"),
             stats: s("stats"),
@@ -287,14 +247,7 @@ impl SwapState {
     /// Every recorded device.
     pub fn all() -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = std::fs::read_dir(STATE_DIR)
-            .map(|d| {
-                d.filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| {
-                        p.to_string_lossy().ends_with(".json")
-                            && !p.to_string_lossy().ends_with(".stats.json")
-                    })
-                    .collect()
-            })
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().ends_with(".json") && !p.to_string_lossy().ends_with(".stats.json")).collect())
             .unwrap_or_default();
         v.sort();
         v
@@ -324,10 +277,7 @@ mod tests {
         assert_eq!(h.len(), 4096);
         assert_eq!(&h[4086..], b"SWAPSPACE2");
         assert_eq!(u32::from_ne_bytes(h[1024..1028].try_into().unwrap()), 1);
-        assert_eq!(
-            u32::from_ne_bytes(h[1028..1032].try_into().unwrap()),
-            (64 << 20) / 4096 - 1
-        );
+        assert_eq!(u32::from_ne_bytes(h[1028..1032].try_into().unwrap()), (64 << 20) / 4096 - 1);
         assert_eq!(&h[1036..1052], &uuid);
         assert_eq!(&h[1052..1061], b"compcache");
         assert!(h[..1024].iter().all(|&b| b == 0));
@@ -337,10 +287,7 @@ mod tests {
     #[test]
     fn swap_header_is_what_util_linux_reads() {
         // Where the machine has util-linux's swaplabel, it must find our label and UUID.
-        let Ok(out) = std::process::Command::new("swaplabel")
-            .arg("--version")
-            .output()
-        else {
+        let Ok(out) = std::process::Command::new("swaplabel").arg("--version").output() else {
             eprintln!("skipped: no swaplabel");
             return;
         };
@@ -352,10 +299,7 @@ mod tests {
         let f = dir.join("swapfile");
         std::fs::write(&f, vec![0u8; 1 << 20]).unwrap();
         mkswap(&f, 1 << 20).unwrap();
-        let out = std::process::Command::new("swaplabel")
-            .arg(&f)
-            .output()
-            .unwrap();
+        let out = std::process::Command::new("swaplabel").arg(&f).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(text.contains("LABEL: compcache"), "{text}");

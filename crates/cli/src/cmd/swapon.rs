@@ -38,11 +38,9 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Set up a compressed RAM swap device in one step (mkswap and swapon included).
 #[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Settings come from the flags, else from a zram-generator configuration \
+#[command(after_help = "Settings come from the flags, else from a zram-generator configuration \
 (/etc/systemd/zram-generator.conf and the other places zram-generator reads, or --config), \
-else zram-generator's defaults: size min(ram / 2, 4096) MiB, priority 100. See docs/swap.md."
-)]
+else zram-generator's defaults: size min(ram / 2, 4096) MiB, priority 100. See docs/swap.md.")]
 pub struct SwaponArgs {
     /// Device size: 25%, 2G, or a zram-size expression such as 'min(ram / 2, 4096)' (MiB).
     #[arg(long, value_name = "SIZE")]
@@ -119,22 +117,13 @@ struct Settings {
 }
 
 fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Settings>, Failure> {
-    let (sections, files) = if args.no_config {
-        (Vec::new(), Vec::new())
-    } else {
-        zramconf::load(args.config.as_deref()).map_err(Failure::usage)?
+    let (sections, files) = if args.no_config { (Vec::new(), Vec::new()) } else { zramconf::load(args.config.as_deref()).map_err(Failure::usage)? };
+    let section = match &args.section {
+        Some(name) => Some(sections.iter().find(|s| &s.name == name).ok_or_else(|| Failure::usage(format!("no [{name}] section in the configuration")))?),
+        None => sections.first(),
     };
-    let section =
-        match &args.section {
-            Some(name) => Some(sections.iter().find(|s| &s.name == name).ok_or_else(|| {
-                Failure::usage(format!("no [{name}] section in the configuration"))
-            })?),
-            None => sections.first(),
-        };
     let conf = match section {
-        Some(s) => {
-            Some(zramconf::interpret(s, ram_bytes as f64 / 1048576.0).map_err(Failure::usage)?)
-        }
+        Some(s) => Some(zramconf::interpret(s, ram_bytes as f64 / 1048576.0).map_err(Failure::usage)?),
         None => None,
     };
     if let Some(c) = &conf {
@@ -146,29 +135,18 @@ fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Settings>, Failu
         }
     }
     let source = match (&conf, files.is_empty()) {
-        (Some(_), false) => format!(
-            "{} + flags",
-            files
-                .iter()
-                .map(|f| f.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        (Some(_), false) => format!("{} + flags", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")),
         _ => "flags and zram-generator defaults".to_string(),
     };
     let size_bytes = match &args.size {
-        Some(s) => {
-            parse_size_or_expr(s, ram_bytes).map_err(|e| Failure::usage(format!("--size: {e}")))?
-        }
+        Some(s) => parse_size_or_expr(s, ram_bytes).map_err(|e| Failure::usage(format!("--size: {e}")))?,
         None => match conf.as_ref().and_then(|c| c.size_bytes) {
             Some(b) => b,
-            None => parse_size_or_expr(zramconf::DEFAULT_SIZE_EXPR, ram_bytes)
-                .map_err(Failure::usage)?,
+            None => parse_size_or_expr(zramconf::DEFAULT_SIZE_EXPR, ram_bytes).map_err(Failure::usage)?,
         },
     };
     let mem_limit_bytes = match &args.mem_limit {
-        Some(s) => parse_size_or_expr(s, ram_bytes)
-            .map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
+        Some(s) => parse_size_or_expr(s, ram_bytes).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
         None => conf.as_ref().and_then(|c| c.mem_limit_bytes).unwrap_or(0),
     };
     let mut backing = args.backing.clone();
@@ -179,16 +157,9 @@ fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Settings>, Failu
     backing.config(ram_bytes, mem_limit_bytes)?;
     Ok(Some(Settings {
         size_bytes,
-        algorithm: args
-            .algorithm
-            .clone()
-            .or_else(|| conf.as_ref().and_then(|c| c.algorithm.clone()))
-            .unwrap_or_else(|| "lz4".into()),
+        algorithm: args.algorithm.clone().or_else(|| conf.as_ref().and_then(|c| c.algorithm.clone())).unwrap_or_else(|| "lz4".into()),
         level: args.level.or_else(|| conf.as_ref().and_then(|c| c.level)),
-        priority: args
-            .priority
-            .or_else(|| conf.as_ref().and_then(|c| c.priority))
-            .unwrap_or(zramconf::DEFAULT_PRIORITY),
+        priority: args.priority.or_else(|| conf.as_ref().and_then(|c| c.priority)).unwrap_or(zramconf::DEFAULT_PRIORITY),
         mem_limit_bytes,
         backing,
         source,
@@ -197,12 +168,7 @@ fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Settings>, Failu
 
 /// `modprobe NAME`, quietly; whether it worked is judged by the caller's own check.
 fn modprobe(name: &str) {
-    let _ = Command::new("modprobe")
-        .arg("-q")
-        .arg(name)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    let _ = Command::new("modprobe").arg("-q").arg(name).stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
 
 /// The front end to use: the one asked for, or the best one this kernel has.
@@ -228,9 +194,7 @@ fn choose_frontend(wanted: &str) -> Result<&'static str, Failure> {
             Ok(()) => Ok("ublk"),
             Err(u) => match nbd() {
                 Ok(()) => Ok("nbd"),
-                Err(n) => fuse()
-                    .map(|_| "fuse")
-                    .map_err(|f| Failure::new(format!("no front end: {u}; {n}; {f}"))),
+                Err(n) => fuse().map(|_| "fuse").map_err(|f| Failure::new(format!("no front end: {u}; {n}; {f}"))),
             },
         },
     }
@@ -242,19 +206,13 @@ fn ready_pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(Failure::new(format!(
-            "pipe: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(Failure::new(format!("pipe: {}", std::io::Error::last_os_error())));
     }
     // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
     let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // SAFETY: F_SETFD on a descriptor we own; clears FD_CLOEXEC so the server inherits it.
     if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
-        return Err(Failure::new(format!(
-            "fcntl: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(Failure::new(format!("fcntl: {}", std::io::Error::last_os_error())));
     }
     Ok((r, w))
 }
@@ -262,49 +220,30 @@ fn ready_pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
 pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(Failure::new(
-            "swapon needs root (creating block devices, mlock, swapon(2))",
-        ));
+        return Err(Failure::new("swapon needs root (creating block devices, mlock, swapon(2))"));
     }
     let ram = physical_ram_bytes();
     let Some(s) = settings(&args, ram)? else {
-        println!(
-            "compcache: the configuration asks for no device on this machine (host-memory-limit)"
-        );
+        println!("compcache: the configuration asks for no device on this machine (host-memory-limit)");
         return Ok(());
     };
     let frontend = choose_frontend(&args.frontend)?;
     std::fs::create_dir_all(STATE_DIR).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
 
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let log = PathBuf::from(format!("{STATE_DIR}/{frontend}-{stamp}.log"));
-    let log_file =
-        std::fs::File::create(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
+    let log_file = std::fs::File::create(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
     let (ready_r, ready_w) = ready_pipe()?;
 
-    let exe = std::env::current_exe()
-        .map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))?;
+    let exe = std::env::current_exe().map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))?;
     let mut cmd = Command::new(exe);
-    cmd.args(server_command(
-        frontend,
-        &s,
-        &args.reserve,
-        ready_w.as_raw_fd(),
-    ));
+    cmd.args(server_command(frontend, &s, &args.reserve, ready_w.as_raw_fd()));
     // Its own process group: a Ctrl-C meant for this command does not reach the server.
     cmd.stdin(Stdio::null())
-        .stdout(
-            log_file
-                .try_clone()
-                .map_err(|e| Failure::new(e.to_string()))?,
-        )
+        .stdout(log_file.try_clone().map_err(|e| Failure::new(e.to_string()))?)
         .stderr(log_file)
         .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Failure::new(format!("starting the {frontend} server: {e}")))?;
+    let mut child = cmd.spawn().map_err(|e| Failure::new(format!("starting the {frontend} server: {e}")))?;
     drop(ready_w);
 
     let dev = match wait_ready(ready_r) {
@@ -313,11 +252,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
             let _ = child.kill();
             let _ = child.wait();
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(Failure::new(format!(
-                "the {frontend} server did not bring a device up; its log ({}):\n{}",
-                log.display(),
-                tail.trim_end()
-            )));
+            return Err(Failure::new(format!("the {frontend} server did not bring a device up; its log ({}):\n{}", log.display(), tail.trim_end())));
         }
     };
     let state = SwapState {
@@ -325,18 +260,11 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         frontend: frontend.to_string(),
         pid: child.id(),
         log: log.clone(),
-        stats: Path::new(STATE_DIR).join(format!(
-            "{}.stats.json",
-            dev.file_name().unwrap_or_default().to_string_lossy()
-        )),
-        control: PathBuf::from(format!(
-            "/run/compcache/{}.ctl",
-            dev.file_name().unwrap_or_default().to_string_lossy()
-        )),
+        stats: Path::new(STATE_DIR).join(format!("{}.stats.json", dev.file_name().unwrap_or_default().to_string_lossy())),
+        control: PathBuf::from(format!("/run/compcache/{}.ctl", dev.file_name().unwrap_or_default().to_string_lossy())),
     };
     state.save()?;
-    let enabled =
-        mkswap(&dev, s.size_bytes).and_then(|_| swapon(&dev, s.priority, !args.no_discard));
+    let enabled = mkswap(&dev, s.size_bytes).and_then(|_| swapon(&dev, s.priority, !args.no_discard));
     if let Err(e) = enabled {
         let _ = stop_server(&state);
         let _ = std::fs::remove_file(SwapState::path_for(&dev));
@@ -377,11 +305,7 @@ fn server_command(frontend: &str, s: &Settings, reserve: &str, ready_fd: i32) ->
         ("--stats-dir", STATE_DIR.to_string()),
         ("--ready-fd", ready_fd.to_string()),
     ];
-    v.extend(
-        pairs
-            .into_iter()
-            .flat_map(|(flag, value)| [flag.into(), value.into()]),
-    );
+    v.extend(pairs.into_iter().flat_map(|(flag, value)| [flag.into(), value.into()]));
     if let Some(l) = s.level {
         v.extend(["--level".into(), l.to_string().into()]);
     }
@@ -404,9 +328,7 @@ fn wait_ready(r: OwnedFd) -> Option<PathBuf> {
 /// Whether `pid` is a live (not zombie) process.
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }
@@ -414,10 +336,7 @@ fn alive(pid: u32) -> bool {
 /// Sends SIGTERM to the recorded server (if it is still ours) and waits for it to exit.
 fn stop_server(state: &SwapState) -> Result<(), Failure> {
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", state.pid)).unwrap_or_default();
-    if state.pid == 0
-        || !alive(state.pid)
-        || !String::from_utf8_lossy(&cmdline).contains("compcache")
-    {
+    if state.pid == 0 || !alive(state.pid) || !String::from_utf8_lossy(&cmdline).contains("compcache") {
         return Ok(());
     }
     // SAFETY: kill with a pid and a signal number has no memory-safety preconditions; the pid
@@ -426,11 +345,7 @@ fn stop_server(state: &SwapState) -> Result<(), Failure> {
     let start = Instant::now();
     while alive(state.pid) {
         if start.elapsed() > EXIT_TIMEOUT {
-            return Err(Failure::new(format!(
-                "server {} did not exit within {EXIT_TIMEOUT:?}; see {}",
-                state.pid,
-                state.log.display()
-            )));
+            return Err(Failure::new(format!("server {} did not exit within {EXIT_TIMEOUT:?}; see {}", state.pid, state.log.display())));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -441,10 +356,7 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
     let states: Vec<PathBuf> = if args.devices.is_empty() {
         SwapState::all()
     } else {
-        args.devices
-            .iter()
-            .map(|d| SwapState::path_for(d))
-            .collect()
+        args.devices.iter().map(|d| SwapState::path_for(d)).collect()
     };
     if states.is_empty() {
         println!("compcache: no compcache swap devices");
@@ -463,18 +375,10 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
         match result {
             Ok(()) => {
                 let _ = std::fs::remove_file(&path);
-                println!(
-                    "compcache: swapoff {}: done ({})",
-                    dev.display(),
-                    state.frontend
-                );
+                println!("compcache: swapoff {}: done ({})", dev.display(), state.frontend);
                 match std::fs::read_to_string(&state.stats) {
                     Ok(stats) => print_stats(&dev, &stats),
-                    Err(_) => println!(
-                        "compcache: no final statistics for {} (see {})",
-                        dev.display(),
-                        state.log.display()
-                    ),
+                    Err(_) => println!("compcache: no final statistics for {} (see {})", dev.display(), state.log.display()),
                 }
             }
             Err(e) => {
@@ -486,10 +390,7 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(Failure::new(format!(
-            "could not take down {}",
-            failed.join(", ")
-        )))
+        Err(Failure::new(format!("could not take down {}", failed.join(", "))))
     }
 }
 
@@ -499,11 +400,7 @@ fn print_stats(dev: &Path, json: &str) {
     let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
     let orig = n("orig_data_size");
     let compr = n("compr_data_size");
-    let ratio = if compr > 0 {
-        orig as f64 / compr as f64
-    } else {
-        0.0
-    };
+    let ratio = if compr > 0 { orig as f64 / compr as f64 } else { 0.0 };
     println!(
         "compcache: {} statistics: DATA {} COMPR {} TOTAL {} (mem_used_max {}), ratio {:.2}, same_pages {}, huge_pages {}",
         dev.display(),
@@ -540,8 +437,7 @@ mod tests {
 
     impl ConfigFile {
         fn new(tag: &str, text: &str) -> ConfigFile {
-            let dir =
-                std::env::temp_dir().join(format!("compcache-swapon-{tag}-{}", std::process::id()));
+            let dir = std::env::temp_dir().join(format!("compcache-swapon-{tag}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("zram-generator.conf"), text).unwrap();
             ConfigFile(dir)
@@ -560,88 +456,33 @@ mod tests {
     #[test]
     fn defaults_follow_zram_generator() {
         let s = settings(&args(&["--no-config"]), 4 * GIB).unwrap().unwrap();
-        assert_eq!(
-            (
-                s.size_bytes,
-                s.priority,
-                s.algorithm.as_str(),
-                s.mem_limit_bytes
-            ),
-            (2 * GIB, 100, "lz4", 0)
-        );
-        let s = settings(&args(&["--no-config"]), 32 * GIB)
-            .unwrap()
-            .unwrap();
+        assert_eq!((s.size_bytes, s.priority, s.algorithm.as_str(), s.mem_limit_bytes), (2 * GIB, 100, "lz4", 0));
+        let s = settings(&args(&["--no-config"]), 32 * GIB).unwrap().unwrap();
         assert_eq!(s.size_bytes, 4 * GIB);
     }
 
     #[test]
     fn flags_override_the_config_file() {
-        let f = ConfigFile::new(
-            "override",
-            "[zram0]\nzram-size = ram\ncompression-algorithm = zstd(level=7)\nswap-priority = 5\n",
-        );
+        let f = ConfigFile::new("override", "[zram0]\nzram-size = ram\ncompression-algorithm = zstd(level=7)\nswap-priority = 5\n");
         let c = &f.path();
         let s = settings(&args(&["--config", c]), 2 * GIB).unwrap().unwrap();
-        assert_eq!(
-            (s.size_bytes, s.algorithm.as_str(), s.level, s.priority),
-            (2 * GIB, "zstd", Some(7), 5)
-        );
-        let s = settings(
-            &args(&[
-                "--config",
-                c,
-                "--size",
-                "25%",
-                "--priority",
-                "100",
-                "--algorithm",
-                "lz4",
-            ]),
-            2 * GIB,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(
-            (s.size_bytes, s.algorithm.as_str(), s.priority),
-            (GIB / 2, "lz4", 100)
-        );
+        assert_eq!((s.size_bytes, s.algorithm.as_str(), s.level, s.priority), (2 * GIB, "zstd", Some(7), 5));
+        let s = settings(&args(&["--config", c, "--size", "25%", "--priority", "100", "--algorithm", "lz4"]), 2 * GIB).unwrap().unwrap();
+        assert_eq!((s.size_bytes, s.algorithm.as_str(), s.priority), (GIB / 2, "lz4", 100));
         assert!(settings(&args(&["--config", c, "--section", "zram1"]), GIB).is_err());
     }
 
     #[test]
     fn writeback_device_becomes_the_servers_backing_device() {
-        let f = ConfigFile::new(
-            "wb",
-            "[zram0]\nzram-size = 1024\nzram-resident-limit = 64\nwriteback-device = /dev/vdb\n",
-        );
+        let f = ConfigFile::new("wb", "[zram0]\nzram-size = 1024\nzram-resident-limit = 64\nwriteback-device = /dev/vdb\n");
         let c = &f.path();
-        let s = settings(&args(&["--config", c, "--writeback-rate", "4M/s"]), 2 * GIB)
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (
-                s.backing.backing.as_deref(),
-                s.backing.writeback_rate.as_deref()
-            ),
-            (Some(Path::new("/dev/vdb")), Some("4M/s"))
-        );
+        let s = settings(&args(&["--config", c, "--writeback-rate", "4M/s"]), 2 * GIB).unwrap().unwrap();
+        assert_eq!((s.backing.backing.as_deref(), s.backing.writeback_rate.as_deref()), (Some(Path::new("/dev/vdb")), Some("4M/s")));
         // A flag overrides the file; without either there is no backing device.
-        let s = settings(&args(&["--config", c, "--backing", "/var/b.img"]), 2 * GIB)
-            .unwrap()
-            .unwrap();
+        let s = settings(&args(&["--config", c, "--backing", "/var/b.img"]), 2 * GIB).unwrap().unwrap();
         assert_eq!(s.backing.backing.as_deref(), Some(Path::new("/var/b.img")));
-        assert_eq!(
-            settings(&args(&["--no-config"]), 2 * GIB)
-                .unwrap()
-                .unwrap()
-                .backing
-                .backing,
-            None
-        );
-        let e = settings(&args(&["--no-config", "--writeback-limit", "1G"]), 2 * GIB)
-            .unwrap_err()
-            .to_string();
+        assert_eq!(settings(&args(&["--no-config"]), 2 * GIB).unwrap().unwrap().backing.backing, None);
+        let e = settings(&args(&["--no-config", "--writeback-limit", "1G"]), 2 * GIB).unwrap_err().to_string();
         assert!(e.contains("need --backing"), "{e}");
     }
 
@@ -653,57 +494,15 @@ mod tests {
             Ublk(UblkArgs),
             NbdAttach(NbdAttachArgs),
         }
-        let s = settings(
-            &args(&[
-                "--no-config",
-                "--size",
-                "1G",
-                "--mem-limit",
-                "16M",
-                "--algorithm",
-                "zstd",
-                "--level",
-                "3",
-                "--backing",
-                "/dev/vdb",
-                "--writeback-high",
-                "80",
-                "--backing-incompressible",
-            ]),
-            2 * GIB,
-        )
-        .unwrap()
-        .unwrap();
+        let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd", "--level", "3", "--backing", "/dev/vdb", "--writeback-high", "80", "--backing-incompressible"]), 2 * GIB).unwrap().unwrap();
         let cmd = server_command("ublk", &s, "8M", 5);
-        let Server::Ublk(u) =
-            Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd))
-                .unwrap()
-        else {
-            panic!("not ublk")
-        };
+        let Server::Ublk(u) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else { panic!("not ublk") };
         let cfg = u.store.config().unwrap();
-        assert_eq!(
-            (
-                cfg.disksize_bytes,
-                cfg.mem_limit_bytes,
-                cfg.level,
-                u.server.reserve.as_deref(),
-                u.server.ready_fd
-            ),
-            (GIB, 16 << 20, Some(3), Some("8M"), Some(5))
-        );
+        assert_eq!((cfg.disksize_bytes, cfg.mem_limit_bytes, cfg.level, u.server.reserve.as_deref(), u.server.ready_fd), (GIB, 16 << 20, Some(3), Some("8M"), Some(5)));
         let b = cfg.backing.unwrap();
-        assert_eq!(
-            (b.path.as_path(), b.high_pct, b.incompressible),
-            (Path::new("/dev/vdb"), 80, true)
-        );
+        assert_eq!((b.path.as_path(), b.high_pct, b.incompressible), (Path::new("/dev/vdb"), 80, true));
         let cmd = server_command("nbd", &s, "0", 5);
-        let Server::NbdAttach(n) =
-            Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd))
-                .unwrap()
-        else {
-            panic!("not nbd")
-        };
+        let Server::NbdAttach(n) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else { panic!("not nbd") };
         assert_eq!(n.store.backing, s.backing);
     }
 
@@ -715,35 +514,11 @@ mod tests {
             Fuse(FuseArgs),
         }
         assert_eq!(args(&["--frontend", "fuse"]).frontend, "fuse");
-        let s = settings(
-            &args(&[
-                "--no-config",
-                "--size",
-                "1G",
-                "--mem-limit",
-                "16M",
-                "--algorithm",
-                "zstd",
-            ]),
-            2 * GIB,
-        )
-        .unwrap()
-        .unwrap();
+        let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd"]), 2 * GIB).unwrap().unwrap();
         let cmd = server_command("fuse", &s, "8M", 5);
         assert_eq!(cmd[0], "fuse");
-        let Server::Fuse(f) =
-            Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd))
-                .unwrap();
+        let Server::Fuse(f) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap();
         let cfg = f.store.config().unwrap();
-        assert_eq!(
-            (
-                cfg.disksize_bytes,
-                cfg.mem_limit_bytes,
-                f.server.reserve.as_deref(),
-                f.server.ready_fd,
-                f.no_loop
-            ),
-            (GIB, 16 << 20, Some("8M"), Some(5), false)
-        );
+        assert_eq!((cfg.disksize_bytes, cfg.mem_limit_bytes, f.server.reserve.as_deref(), f.server.ready_fd, f.no_loop), (GIB, 16 << 20, Some("8M"), Some(5), false));
     }
 }

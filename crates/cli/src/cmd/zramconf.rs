@@ -61,10 +61,7 @@ pub fn parse_into(sections: &mut Vec<Section>, text: &str, origin: &str) -> Resu
             current = Some(match sections.iter().position(|s| s.name == name) {
                 Some(i) => i,
                 None => {
-                    sections.push(Section {
-                        name,
-                        keys: BTreeMap::new(),
-                    });
+                    sections.push(Section { name, keys: BTreeMap::new() });
                     sections.len() - 1
                 }
             });
@@ -73,16 +70,8 @@ pub fn parse_into(sections: &mut Vec<Section>, text: &str, origin: &str) -> Resu
         let (key, value) = line
             .split_once('=')
             .ok_or_else(|| format!("{origin}:{}: expected `key = value` or `[section]`", n + 1))?;
-        let i = current.ok_or_else(|| {
-            format!(
-                "{origin}:{}: `{}` outside any [zramN] section",
-                n + 1,
-                key.trim()
-            )
-        })?;
-        sections[i]
-            .keys
-            .insert(key.trim().to_string(), value.trim().to_string());
+        let i = current.ok_or_else(|| format!("{origin}:{}: `{}` outside any [zramN] section", n + 1, key.trim()))?;
+        sections[i].keys.insert(key.trim().to_string(), value.trim().to_string());
     }
     Ok(())
 }
@@ -94,12 +83,7 @@ pub fn load(explicit: Option<&Path>) -> Result<(Vec<Section>, Vec<PathBuf>), Str
     match explicit {
         Some(p) => files.push(p.to_path_buf()),
         None => {
-            files.extend(
-                SYSTEM_FILES
-                    .iter()
-                    .map(PathBuf::from)
-                    .filter(|p| p.exists()),
-            );
+            files.extend(SYSTEM_FILES.iter().map(PathBuf::from).filter(|p| p.exists()));
             if let Ok(dir) = std::fs::read_dir(DROP_IN_DIR) {
                 let mut drop_ins: Vec<PathBuf> = dir
                     .filter_map(|e| e.ok().map(|e| e.path()))
@@ -135,58 +119,29 @@ pub struct Device {
 
 /// Interprets a section on a machine with `ram_mib` MiB of RAM.
 pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
-    let mut dev = Device {
-        size_bytes: None,
-        algorithm: None,
-        level: None,
-        priority: None,
-        mem_limit_bytes: None,
-        writeback_device: None,
-        notes: Vec::new(),
-    };
+    let mut dev = Device { size_bytes: None, algorithm: None, level: None, priority: None, mem_limit_bytes: None, writeback_device: None, notes: Vec::new() };
     let ctx = |key: &str, e: String| format!("[{}] {key}: {e}", section.name);
     for (key, value) in &section.keys {
         match key.as_str() {
-            "zram-size"
-            | "zram-resident-limit"
-            | "host-memory-limit"
-            | "compression-algorithm"
-            | "swap-priority"
-            | "writeback-device" => {}
+            "zram-size" | "zram-resident-limit" | "host-memory-limit" | "compression-algorithm" | "swap-priority" | "writeback-device" => {}
             "fs-type" if value == "swap" => {}
-            "fs-type" => {
-                return Err(ctx(
-                    key,
-                    format!("compcache is only swap; fs-type = {value} is not supported"),
-                ))
-            }
-            _ => dev
-                .notes
-                .push(format!("[{}] {key} is ignored by compcache", section.name)),
+            "fs-type" => return Err(ctx(key, format!("compcache is only swap; fs-type = {value} is not supported"))),
+            _ => dev.notes.push(format!("[{}] {key} is ignored by compcache", section.name)),
         }
     }
     if let Some(limit) = section.keys.get("host-memory-limit") {
         if limit != "none" {
             let l = eval(limit, ram_mib).map_err(|e| ctx("host-memory-limit", e))?;
             if ram_mib > l {
-                dev.notes.push(format!(
-                    "[{}] host-memory-limit {l} MiB is below RAM ({ram_mib:.0} MiB): no device",
-                    section.name
-                ));
+                dev.notes.push(format!("[{}] host-memory-limit {l} MiB is below RAM ({ram_mib:.0} MiB): no device", section.name));
                 return Ok(dev);
             }
         }
     }
-    let size_expr = section
-        .keys
-        .get("zram-size")
-        .map_or(DEFAULT_SIZE_EXPR, String::as_str);
+    let size_expr = section.keys.get("zram-size").map_or(DEFAULT_SIZE_EXPR, String::as_str);
     let mib = eval(size_expr, ram_mib).map_err(|e| ctx("zram-size", e))?;
     if mib <= 0.0 {
-        return Err(ctx(
-            "zram-size",
-            format!("`{size_expr}` is {mib} MiB: no device to make"),
-        ));
+        return Err(ctx("zram-size", format!("`{size_expr}` is {mib} MiB: no device to make")));
     }
     dev.size_bytes = Some(mib_to_pages_bytes(mib));
     if let Some(expr) = section.keys.get("zram-resident-limit") {
@@ -198,24 +153,15 @@ pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
         match name.as_str() {
             "lz4" | "zstd" => dev.algorithm = Some(name),
             other => {
-                dev.notes.push(format!(
-                    "[{}] compression-algorithm {other}: compcache has lz4 and zstd; using lz4",
-                    section.name
-                ));
+                dev.notes.push(format!("[{}] compression-algorithm {other}: compcache has lz4 and zstd; using lz4", section.name));
                 dev.algorithm = Some("lz4".into());
             }
         }
         dev.level = level;
     }
-    dev.writeback_device = section
-        .keys
-        .get("writeback-device")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from);
+    dev.writeback_device = section.keys.get("writeback-device").filter(|p| !p.is_empty()).map(PathBuf::from);
     if let Some(p) = section.keys.get("swap-priority") {
-        let p: i32 = p
-            .parse()
-            .map_err(|_| ctx("swap-priority", format!("`{p}` is not a number")))?;
+        let p: i32 = p.parse().map_err(|_| ctx("swap-priority", format!("`{p}` is not a number")))?;
         dev.priority = Some(p);
     }
     Ok(dev)
@@ -235,13 +181,7 @@ pub fn parse_algorithm(text: &str) -> Result<(String, Option<i32>), String> {
     let mut level = None;
     for p in params.into_iter().flat_map(|p| p.split(',')) {
         match p.trim().split_once('=') {
-            Some(("level", v)) => {
-                level = Some(
-                    v.trim()
-                        .parse()
-                        .map_err(|_| format!("level `{v}` is not a number"))?,
-                )
-            }
+            Some(("level", v)) => level = Some(v.trim().parse().map_err(|_| format!("level `{v}` is not a number"))?),
             Some(_) | None if p.trim().is_empty() => {}
             _ => {} // dict=..., other parameters: zram-only
         }
@@ -251,11 +191,7 @@ pub fn parse_algorithm(text: &str) -> Result<(String, Option<i32>), String> {
 
 /// Evaluates a zram-size expression (result in MiB) with `ram` bound to `ram_mib`.
 pub fn eval(expr: &str, ram_mib: f64) -> Result<f64, String> {
-    let mut p = Parser {
-        s: expr.as_bytes(),
-        i: 0,
-        ram: ram_mib,
-    };
+    let mut p = Parser { s: expr.as_bytes(), i: 0, ram: ram_mib };
     let v = p.sum()?;
     p.skip_ws();
     if p.i != p.s.len() {
@@ -322,25 +258,15 @@ impl Parser<'_> {
         self.skip_ws();
         if self.eat(b'(') {
             let v = self.sum()?;
-            return if self.eat(b')') {
-                Ok(v)
-            } else {
-                Err("missing `)`".into())
-            };
+            return if self.eat(b')') { Ok(v) } else { Err("missing `)`".into()) };
         }
         let start = self.i;
-        while self.i < self.s.len()
-            && (self.s[self.i].is_ascii_alphanumeric()
-                || self.s[self.i] == b'.'
-                || self.s[self.i] == b'_')
-        {
+        while self.i < self.s.len() && (self.s[self.i].is_ascii_alphanumeric() || self.s[self.i] == b'.' || self.s[self.i] == b'_') {
             self.i += 1;
         }
         let word = std::str::from_utf8(&self.s[start..self.i]).unwrap_or("");
         match word {
-            "" => Err(format!(
-                "expected a number, `ram`, min() or max() at offset {start}"
-            )),
+            "" => Err(format!("expected a number, `ram`, min() or max() at offset {start}")),
             "ram" => Ok(self.ram),
             "min" | "max" => {
                 if !self.eat(b'(') {
@@ -356,9 +282,7 @@ impl Parser<'_> {
                 }
                 Ok(if word == "min" { a.min(b) } else { a.max(b) })
             }
-            w => w
-                .parse::<f64>()
-                .map_err(|_| format!("unknown name `{w}` (only `ram`, min and max)")),
+            w => w.parse::<f64>().map_err(|_| format!("unknown name `{w}` (only `ram`, min and max)")),
         }
     }
 }
@@ -385,14 +309,8 @@ mod tests {
     #[test]
     fn algorithms_take_the_first_and_its_level() {
         assert_eq!(parse_algorithm("lz4").unwrap(), ("lz4".into(), None));
-        assert_eq!(
-            parse_algorithm("zstd(level=3)").unwrap(),
-            ("zstd".into(), Some(3))
-        );
-        assert_eq!(
-            parse_algorithm("lzo-rle zstd(level=9) (type=idle)").unwrap(),
-            ("lzo-rle".into(), None)
-        );
+        assert_eq!(parse_algorithm("zstd(level=3)").unwrap(), ("zstd".into(), Some(3)));
+        assert_eq!(parse_algorithm("lzo-rle zstd(level=9) (type=idle)").unwrap(), ("lzo-rle".into(), None));
     }
 
     #[test]
@@ -402,48 +320,26 @@ mod tests {
         parse_into(&mut s, text, "t").unwrap();
         let d = interpret(&s[0], 1024.0).unwrap();
         assert_eq!(d.size_bytes, Some(512 << 20));
-        assert_eq!(
-            (d.algorithm.as_deref(), d.level, d.priority),
-            (Some("zstd"), Some(5), Some(50))
-        );
+        assert_eq!((d.algorithm.as_deref(), d.level, d.priority), (Some("zstd"), Some(5), Some(50)));
         assert_eq!(d.mem_limit_bytes, Some(256 << 20));
-        assert_eq!(
-            d.writeback_device,
-            Some(PathBuf::from("/dev/disk/by-partuuid/2d54ffa0-01"))
-        );
-        assert!(
-            !d.notes.iter().any(|n| n.contains("writeback-device")),
-            "writeback-device is understood: {:?}",
-            d.notes
-        );
+        assert_eq!(d.writeback_device, Some(PathBuf::from("/dev/disk/by-partuuid/2d54ffa0-01")));
+        assert!(!d.notes.iter().any(|n| n.contains("writeback-device")), "writeback-device is understood: {:?}", d.notes);
         assert!(d.notes.iter().any(|n| n.contains("options is ignored")));
 
         // A later file overrides key by key; defaults fill the rest.
         parse_into(&mut s, "[zram0]\nswap-priority = 7\n", "u").unwrap();
         assert_eq!(interpret(&s[0], 1024.0).unwrap().priority, Some(7));
         parse_into(&mut s, "[zram0]\nwriteback-device =\n", "w").unwrap();
-        assert_eq!(
-            interpret(&s[0], 1024.0).unwrap().writeback_device,
-            None,
-            "an empty value is no device"
-        );
+        assert_eq!(interpret(&s[0], 1024.0).unwrap().writeback_device, None, "an empty value is no device");
         let mut e = Vec::new();
         parse_into(&mut e, "[zram0]\n", "v").unwrap();
-        assert_eq!(
-            interpret(&e[0], 1024.0).unwrap().size_bytes,
-            Some(512 << 20)
-        );
+        assert_eq!(interpret(&e[0], 1024.0).unwrap().size_bytes, Some(512 << 20));
     }
 
     #[test]
     fn limits_and_errors() {
         let mut s = Vec::new();
-        parse_into(
-            &mut s,
-            "[zram0]\nhost-memory-limit = 512\ncompression-algorithm = lzo-rle\n",
-            "t",
-        )
-        .unwrap();
+        parse_into(&mut s, "[zram0]\nhost-memory-limit = 512\ncompression-algorithm = lzo-rle\n", "t").unwrap();
         assert_eq!(interpret(&s[0], 1024.0).unwrap().size_bytes, None);
         let d = interpret(&s[0], 256.0).unwrap();
         assert_eq!(d.algorithm.as_deref(), Some("lz4"));
@@ -451,8 +347,6 @@ mod tests {
         let mut f = Vec::new();
         parse_into(&mut f, "[zram1]\nfs-type = ext4\n", "t").unwrap();
         assert!(interpret(&f[0], 1024.0).unwrap_err().contains("only swap"));
-        assert!(parse_into(&mut Vec::new(), "zram-size = 1\n", "x")
-            .unwrap_err()
-            .contains("outside"));
+        assert!(parse_into(&mut Vec::new(), "zram-size = 1\n", "x").unwrap_err().contains("outside"));
     }
 }
