@@ -339,7 +339,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     );
     signal_ready(args.server.ready_fd, &format!("READY {}\n", dev.display()));
 
-    let alive = || mounted.alive() && lo.as_ref().is_none_or(|l| Loop::attached(&l.dev));
+    let alive = || mounted.alive() && lo.as_ref().map_or(true, |l| Loop::attached(&l.dev));
     loop {
         let signalled = match signals.wait(&alive) {
             Some(sig) => {
