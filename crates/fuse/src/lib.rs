@@ -23,6 +23,7 @@
 //!   is one `writev` of a header on the stack and our data slice (`ResponseSlice`), and the
 //!   reply's channel is an `Arc` clone: no heap allocation per request;
 //! - its `debug!`/`warn!` logging formats only if a logger is installed (we install none).
+//!
 //! Ours: each request takes a [`fs::Worker`] (compression context and read buffer), made
 //! when the filesystem is created, from a fixed set ([`fs::Workers`]): nothing per request.
 //!
