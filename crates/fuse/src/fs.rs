@@ -8,9 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use compcache_store::{Context, Store, PAGE_SIZE};
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -43,14 +42,8 @@ impl Workers {
     /// `n` workers with buffers of `buf_bytes`, written once so that they are resident (and,
     /// under `mlockall`, locked) before the first request.
     pub fn new(store: &Store, n: usize, buf_bytes: usize) -> Workers {
-        let slots = (0..n.max(1))
-            .map(|_| {
-                Mutex::new(Worker {
-                    ctx: store.context(),
-                    buf: vec![0x5a; buf_bytes].into_boxed_slice(),
-                })
-            })
-            .collect();
+        let slots =
+            (0..n.max(1)).map(|_| Mutex::new(Worker { ctx: store.context(), buf: vec![0x5a; buf_bytes].into_boxed_slice() })).collect();
         Workers { slots }
     }
 
@@ -92,40 +85,19 @@ pub struct DeviceFs {
 }
 
 impl DeviceFs {
-    pub fn new(
-        store: Arc<Store>,
-        workers: usize,
-        max_request: usize,
-        max_background: u16,
-    ) -> DeviceFs {
+    pub fn new(store: Arc<Store>, workers: usize, max_request: usize, max_background: u16) -> DeviceFs {
         let size = store.disksize_bytes();
         let workers = Workers::new(&store, workers, max_request);
         // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        DeviceFs {
-            store,
-            size,
-            workers,
-            max_request,
-            max_background,
-            uid,
-            gid,
-            started: SystemTime::now(),
-        }
+        DeviceFs { store, size, workers, max_request, max_background, uid, gid, started: SystemTime::now() }
     }
 
     fn attr(&self, ino: INodeNo) -> FileAttr {
-        let (kind, perm, size, nlink) = if ino == FILE_INO {
-            (FileType::RegularFile, 0o600, self.size, 1)
-        } else {
-            (FileType::Directory, 0o700, 0, 2)
-        };
+        let (kind, perm, size, nlink) =
+            if ino == FILE_INO { (FileType::RegularFile, 0o600, self.size, 1) } else { (FileType::Directory, 0o700, 0, 2) };
         // What the device holds in memory, in 512-byte blocks, as a sparse file would show.
-        let blocks = if ino == FILE_INO {
-            self.store.stats().mem_used_total / 512
-        } else {
-            0
-        };
+        let blocks = if ino == FILE_INO { self.store.stats().mem_used_total / 512 } else { 0 };
         FileAttr {
             ino,
             size,
@@ -226,10 +198,7 @@ impl Filesystem for DeviceFs {
         // No page cache: every read and write comes here (the pages are in the store, and the
         // loop device above has its own cache only if it runs buffered), and direct writes may
         // run in parallel (otherwise the kernel serializes them on the inode lock).
-        reply.opened(
-            FileHandle(0),
-            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
-        );
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -253,11 +222,9 @@ impl Filesystem for DeviceFs {
         };
         // The reply is written to /dev/fuse from the worker's buffer, so it is sent while
         // the worker is held.
-        self.workers.with(|w| {
-            match request::execute(&self.store, &mut w.ctx, &req, Io::Out(&mut w.buf)) {
-                Ok(n) => reply.data(&w.buf[..n]),
-                Err(e) => reply.error(Errno::from_i32(e)),
-            }
+        self.workers.with(|w| match request::execute(&self.store, &mut w.ctx, &req, Io::Out(&mut w.buf)) {
+            Ok(n) => reply.data(&w.buf[..n]),
+            Err(e) => reply.error(Errno::from_i32(e)),
         });
     }
 
@@ -281,47 +248,21 @@ impl Filesystem for DeviceFs {
             Ok(r) => r,
             Err(e) => return reply.error(self.refuse(e)),
         };
-        match self
-            .workers
-            .with(|w| request::execute(&self.store, &mut w.ctx, &req, Io::In(data)))
-        {
+        match self.workers.with(|w| request::execute(&self.store, &mut w.ctx, &req, Io::In(data))) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(Errno::from_i32(e)),
         }
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock: LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock: LockOwner, reply: ReplyEmpty) {
         self.sync(reply);
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         self.sync(reply);
     }
 
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         if ino != FILE_INO {
             return reply.error(Errno::EISDIR);
         }
@@ -329,23 +270,13 @@ impl Filesystem for DeviceFs {
             Ok(r) => r,
             Err(e) => return reply.error(self.refuse(e)),
         };
-        match self
-            .workers
-            .with(|w| request::execute(&self.store, &mut w.ctx, &req, Io::None))
-        {
+        match self.workers.with(|w| request::execute(&self.store, &mut w.ctx, &req, Io::None)) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(Errno::from_i32(e)),
         }
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         if ino != INodeNo::ROOT {
             return reply.error(Errno::ENOTDIR);
         }
@@ -367,25 +298,13 @@ impl Filesystem for DeviceFs {
         let page = PAGE_SIZE as u64;
         let blocks = self.size / page;
         let used = self.store.stats().mem_used_total.div_ceil(page).min(blocks);
-        reply.statfs(
-            blocks,
-            blocks - used,
-            blocks - used,
-            2,
-            0,
-            PAGE_SIZE as u32,
-            255,
-            PAGE_SIZE as u32,
-        );
+        reply.statfs(blocks, blocks - used, blocks - used, 2, 0, PAGE_SIZE as u32, 255, PAGE_SIZE as u32);
     }
 }
 
 impl DeviceFs {
     fn sync(&self, reply: ReplyEmpty) {
-        match self
-            .workers
-            .with(|w| request::execute(&self.store, &mut w.ctx, &request::decode_flush(), Io::None))
-        {
+        match self.workers.with(|w| request::execute(&self.store, &mut w.ctx, &request::decode_flush(), Io::None)) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(Errno::from_i32(e)),
         }
@@ -412,9 +331,7 @@ mod tests {
                         workers.with(|w| {
                             assert_eq!(w.buf.len(), 8192);
                             store.write(&mut w.ctx, off, &page).unwrap();
-                            store
-                                .read(&mut w.ctx, off, &mut w.buf[..PAGE_SIZE])
-                                .unwrap();
+                            store.read(&mut w.ctx, off, &mut w.buf[..PAGE_SIZE]).unwrap();
                             assert_eq!(w.buf[..PAGE_SIZE], page[..]);
                         });
                     }

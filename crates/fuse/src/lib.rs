@@ -65,11 +65,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options {
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            max_request_bytes: 128 << 10,
-            max_background: 128,
-        }
+        Options { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), max_request_bytes: 128 << 10, max_background: 128 }
     }
 }
 
@@ -104,8 +100,7 @@ impl Mounted {
     /// with EBUSY while the file is open (for instance while a loop device still holds it).
     pub fn unmount(&self, lazy: bool) -> io::Result<()> {
         use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(self.dir.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let c = std::ffi::CString::new(self.dir.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         let flags = if lazy { libc::MNT_DETACH } else { 0 };
         // SAFETY: `c` is a NUL-terminated path that outlives the call.
         if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
@@ -117,9 +112,7 @@ impl Mounted {
     /// Waits for the serving threads to end (they end when the filesystem is unmounted and
     /// the kernel closes the connection).
     pub fn join(self) -> io::Result<()> {
-        self.thread
-            .join()
-            .map_err(|_| io::Error::other("a FUSE thread panicked"))?
+        self.thread.join().map_err(|_| io::Error::other("a FUSE thread panicked"))?
     }
 }
 
@@ -130,25 +123,11 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
     let threads = opts.threads.max(1);
     let filesystem = DeviceFs::new(store, threads, opts.max_request_bytes, opts.max_background);
     let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        M::FSName("compcache".into()),
-        M::Subtype("compcache".into()),
-        M::NoDev,
-        M::NoSuid,
-        M::NoExec,
-        M::NoAtime,
-    ];
+    config.mount_options = vec![M::FSName("compcache".into()), M::Subtype("compcache".into()), M::NoDev, M::NoSuid, M::NoExec, M::NoAtime];
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let mut session = fuser::Session::new(filesystem, mountpoint, &config)?;
     let unmounter = session.unmount_callable();
-    let thread = std::thread::Builder::new()
-        .name("fuse-session".into())
-        .spawn(move || session.run())?;
-    Ok(Mounted {
-        dir: mountpoint.to_path_buf(),
-        file: mountpoint.join(FILE_NAME),
-        _unmounter: unmounter,
-        thread,
-    })
+    let thread = std::thread::Builder::new().name("fuse-session".into()).spawn(move || session.run())?;
+    Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), _unmounter: unmounter, thread })
 }

@@ -45,21 +45,12 @@ pub struct Request {
 /// A read of `size` bytes at `offset` of a file of `dev_bytes`, into a buffer of `buf_bytes`.
 /// The kernel never sends a read larger than the `max_pages` we declared at INIT, which is
 /// `buf_bytes`: a larger one is a defect, refused with EINVAL rather than cut short.
-pub fn decode_read(
-    offset: u64,
-    size: u32,
-    dev_bytes: u64,
-    buf_bytes: usize,
-) -> Result<Request, i32> {
+pub fn decode_read(offset: u64, size: u32, dev_bytes: u64, buf_bytes: usize) -> Result<Request, i32> {
     if size as usize > buf_bytes {
         return Err(libc::EINVAL);
     }
     let len = u64::from(size).min(dev_bytes.saturating_sub(offset));
-    Ok(Request {
-        op: Op::Read,
-        offset,
-        len,
-    })
+    Ok(Request { op: Op::Read, offset, len })
 }
 
 /// A write of `len` bytes at `offset`.
@@ -68,29 +59,16 @@ pub fn decode_write(offset: u64, len: usize, dev_bytes: u64) -> Result<Request, 
         return Err(libc::ENOSPC);
     }
     let len = (len as u64).min(dev_bytes.saturating_sub(offset));
-    Ok(Request {
-        op: Op::Write,
-        offset,
-        len,
-    })
+    Ok(Request { op: Op::Write, offset, len })
 }
 
 /// fsync, fdatasync and flush (sent on every close).
 pub fn decode_flush() -> Request {
-    Request {
-        op: Op::Flush,
-        offset: 0,
-        len: 0,
-    }
+    Request { op: Op::Flush, offset: 0, len: 0 }
 }
 
 /// fallocate(2) with `mode` over `offset..offset + length`.
-pub fn decode_fallocate(
-    offset: u64,
-    length: u64,
-    mode: i32,
-    dev_bytes: u64,
-) -> Result<Request, i32> {
+pub fn decode_fallocate(offset: u64, length: u64, mode: i32, dev_bytes: u64) -> Result<Request, i32> {
     const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
     const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
     const ZERO_KEEP: i32 = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
@@ -108,16 +86,8 @@ pub fn decode_fallocate(
         return Err(libc::ENOSPC);
     }
     let len = end.min(dev_bytes).saturating_sub(offset);
-    let op = if op == Op::Discard && (offset % PAGE != 0 || len % PAGE != 0) {
-        Op::WriteZeroes
-    } else {
-        op
-    };
-    Ok(Request {
-        op,
-        offset: offset.min(dev_bytes),
-        len,
-    })
+    let op = if op == Op::Discard && (offset % PAGE != 0 || len % PAGE != 0) { Op::WriteZeroes } else { op };
+    Ok(Request { op, offset: offset.min(dev_bytes), len })
 }
 
 /// The data a request carries: where a read's bytes go, where a write's come from.
@@ -133,12 +103,8 @@ pub enum Io<'a> {
 pub fn execute(store: &Store, ctx: &mut Context, req: &Request, io: Io<'_>) -> Result<usize, i32> {
     let len = req.len as usize;
     let done = match (req.op, io) {
-        (Op::Read, Io::Out(buf)) if buf.len() >= len => {
-            store.read(ctx, req.offset, &mut buf[..len])
-        }
-        (Op::Write, Io::In(data)) if data.len() >= len => {
-            store.write(ctx, req.offset, &data[..len])
-        }
+        (Op::Read, Io::Out(buf)) if buf.len() >= len => store.read(ctx, req.offset, &mut buf[..len]),
+        (Op::Write, Io::In(data)) if data.len() >= len => store.write(ctx, req.offset, &data[..len]),
         (Op::Flush, _) => store.flush(),
         (Op::Discard, _) => store.discard(req.offset, req.len),
         (Op::WriteZeroes, _) => store.write_zeroes(ctx, req.offset, req.len),
@@ -164,27 +130,13 @@ mod tests {
 
     #[test]
     fn reads_and_writes_stop_at_the_end_as_on_a_block_device() {
-        assert_eq!(
-            decode_read(4096, 8192, DEV, BUF),
-            Ok(Request {
-                op: Op::Read,
-                offset: 4096,
-                len: 8192
-            })
-        );
+        assert_eq!(decode_read(4096, 8192, DEV, BUF), Ok(Request { op: Op::Read, offset: 4096, len: 8192 }));
         assert_eq!(decode_read(DEV - 100, 4096, DEV, BUF).unwrap().len, 100);
         assert_eq!(decode_read(DEV, 4096, DEV, BUF).unwrap().len, 0);
         assert_eq!(decode_read(u64::MAX, 4096, DEV, BUF).unwrap().len, 0);
         assert_eq!(decode_read(0, BUF as u32 + 1, DEV, BUF), Err(libc::EINVAL));
 
-        assert_eq!(
-            decode_write(10, 5000, DEV),
-            Ok(Request {
-                op: Op::Write,
-                offset: 10,
-                len: 5000
-            })
-        );
+        assert_eq!(decode_write(10, 5000, DEV), Ok(Request { op: Op::Write, offset: 10, len: 5000 }));
         assert_eq!(decode_write(DEV - 4096, 8192, DEV).unwrap().len, 4096);
         assert_eq!(decode_write(DEV, 1, DEV), Err(libc::ENOSPC));
         assert_eq!(decode_write(u64::MAX, 1, DEV), Err(libc::ENOSPC));
@@ -194,54 +146,20 @@ mod tests {
     #[test]
     fn fallocate_modes() {
         let d = decode_fallocate(4096, 8192, PUNCH | KEEP, DEV).unwrap();
-        assert_eq!(
-            d,
-            Request {
-                op: Op::Discard,
-                offset: 4096,
-                len: 8192
-            }
-        );
+        assert_eq!(d, Request { op: Op::Discard, offset: 4096, len: 8192 });
         // Unaligned punch: must read back as zeros, so the partial pages are zeroed.
-        assert_eq!(
-            decode_fallocate(100, 8192, PUNCH | KEEP, DEV).unwrap().op,
-            Op::WriteZeroes
-        );
-        assert_eq!(
-            decode_fallocate(0, 100, PUNCH | KEEP, DEV).unwrap().op,
-            Op::WriteZeroes
-        );
-        assert_eq!(
-            decode_fallocate(0, 4096, ZERO, DEV).unwrap().op,
-            Op::WriteZeroes
-        );
-        assert_eq!(
-            decode_fallocate(0, 4096, ZERO | KEEP, DEV).unwrap().op,
-            Op::WriteZeroes
-        );
+        assert_eq!(decode_fallocate(100, 8192, PUNCH | KEEP, DEV).unwrap().op, Op::WriteZeroes);
+        assert_eq!(decode_fallocate(0, 100, PUNCH | KEEP, DEV).unwrap().op, Op::WriteZeroes);
+        assert_eq!(decode_fallocate(0, 4096, ZERO, DEV).unwrap().op, Op::WriteZeroes);
+        assert_eq!(decode_fallocate(0, 4096, ZERO | KEEP, DEV).unwrap().op, Op::WriteZeroes);
         // Past the end: cut with KEEP_SIZE, refused without (the file would grow).
         assert_eq!(
             decode_fallocate(DEV - 4096, 1 << 30, PUNCH | KEEP, DEV).unwrap(),
-            Request {
-                op: Op::Discard,
-                offset: DEV - 4096,
-                len: 4096
-            }
+            Request { op: Op::Discard, offset: DEV - 4096, len: 4096 }
         );
-        assert_eq!(
-            decode_fallocate(DEV + 4096, 4096, PUNCH | KEEP, DEV)
-                .unwrap()
-                .len,
-            0
-        );
-        assert_eq!(
-            decode_fallocate(DEV - 4096, 8192, ZERO, DEV),
-            Err(libc::ENOSPC)
-        );
-        assert_eq!(
-            decode_fallocate(u64::MAX - 10, 4096, ZERO | KEEP, DEV),
-            Err(libc::EFBIG)
-        );
+        assert_eq!(decode_fallocate(DEV + 4096, 4096, PUNCH | KEEP, DEV).unwrap().len, 0);
+        assert_eq!(decode_fallocate(DEV - 4096, 8192, ZERO, DEV), Err(libc::ENOSPC));
+        assert_eq!(decode_fallocate(u64::MAX - 10, 4096, ZERO | KEEP, DEV), Err(libc::EFBIG));
         assert_eq!(decode_fallocate(0, 0, ZERO, DEV), Err(libc::EINVAL));
     }
 
@@ -257,11 +175,7 @@ mod tests {
             PUNCH | KEEP | ZERO,
             0x80, // FALLOC_FL_WRITE_ZEROES (Linux 6.17)
         ] {
-            assert_eq!(
-                decode_fallocate(0, 4096, mode, DEV),
-                Err(libc::EOPNOTSUPP),
-                "mode {mode:#x}"
-            );
+            assert_eq!(decode_fallocate(0, 4096, mode, DEV), Err(libc::EOPNOTSUPP), "mode {mode:#x}");
         }
     }
 
@@ -275,20 +189,14 @@ mod tests {
         assert_eq!(execute(&store, &mut ctx, &w, Io::In(&data)), Ok(10_000));
         let mut back = vec![0u8; BUF];
         let r = decode_read(1000, 10_000, DEV, BUF).unwrap();
-        assert_eq!(
-            execute(&store, &mut ctx, &r, Io::Out(&mut back)),
-            Ok(10_000)
-        );
+        assert_eq!(execute(&store, &mut ctx, &r, Io::Out(&mut back)), Ok(10_000));
         assert_eq!(back[..10_000], data[..]);
         assert_eq!(execute(&store, &mut ctx, &decode_flush(), Io::None), Ok(0));
 
         // An unaligned punch zeroes exactly its range.
         let p = decode_fallocate(2000, 5000, PUNCH | KEEP, DEV).unwrap();
         assert_eq!(execute(&store, &mut ctx, &p, Io::None), Ok(0));
-        assert_eq!(
-            execute(&store, &mut ctx, &r, Io::Out(&mut back)),
-            Ok(10_000)
-        );
+        assert_eq!(execute(&store, &mut ctx, &r, Io::Out(&mut back)), Ok(10_000));
         let mut want = data.clone();
         want[1000..6000].fill(0);
         assert_eq!(back[..10_000], want[..]);
@@ -300,10 +208,7 @@ mod tests {
         let z = decode_fallocate(8192, 4096, ZERO | KEEP, DEV).unwrap();
         assert_eq!(execute(&store, &mut ctx, &z, Io::None), Ok(0));
         assert_eq!(store.stats().orig_data_size, 0);
-        assert_eq!(
-            execute(&store, &mut ctx, &r, Io::Out(&mut back)),
-            Ok(10_000)
-        );
+        assert_eq!(execute(&store, &mut ctx, &r, Io::Out(&mut back)), Ok(10_000));
         assert!(back[..10_000].iter().all(|&b| b == 0));
     }
 
@@ -314,9 +219,6 @@ mod tests {
         let r = decode_read(0, 4096, DEV, BUF).unwrap();
         assert_eq!(execute(&store, &mut ctx, &r, Io::None), Err(libc::EINVAL));
         let mut small = [0u8; 100];
-        assert_eq!(
-            execute(&store, &mut ctx, &r, Io::Out(&mut small)),
-            Err(libc::EINVAL)
-        );
+        assert_eq!(execute(&store, &mut ctx, &r, Io::Out(&mut small)), Err(libc::EINVAL));
     }
 }

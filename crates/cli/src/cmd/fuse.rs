@@ -26,9 +26,7 @@ use compcache_store::{parse_size, physical_ram_bytes, Config, Store};
 
 use super::device::{ServerArgs, StoreArgs};
 use super::reserve;
-use super::swapdev::{
-    is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals,
-};
+use super::swapdev::{is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals};
 use crate::backing::spawn_writeback;
 use crate::failure::Failure;
 use crate::units::human;
@@ -54,22 +52,15 @@ pub struct FuseArgs {
 }
 
 /// The store with the swap server's guarantees around it, as `device.rs` makes it.
-fn start_store(
-    store_args: &StoreArgs,
-    server: &ServerArgs,
-) -> Result<(Arc<Store>, Config), Failure> {
+fn start_store(store_args: &StoreArgs, server: &ServerArgs) -> Result<(Arc<Store>, Config), Failure> {
     pin_server_memory(!server.no_mlock)?;
     let cfg = store_args.config()?;
     let reserve_bytes = match server.reserve.as_deref().unwrap_or("auto") {
         "auto" => reserve::default_high_bytes(physical_ram_bytes()),
         "0" | "none" => 0,
-        t => parse_size(t, physical_ram_bytes())
-            .map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
+        t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
     };
-    let store = Arc::new(
-        Store::new(cfg.clone())
-            .map_err(|e| Failure::new(format!("cannot create the store: {e}")))?,
-    );
+    let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
     lock_future_mappings(!server.no_mlock);
     if reserve_bytes > 0 {
         let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
@@ -80,8 +71,7 @@ fn start_store(
             .map_err(|e| Failure::new(format!("starting the reserve keeper: {e}")))?;
     }
     if store.has_backing() {
-        spawn_writeback(Arc::clone(&store))
-            .map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
+        spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
     }
     Ok((store, cfg))
 }
@@ -100,9 +90,7 @@ pub fn kernel_support() -> Result<(), String> {
         modprobe("loop");
     }
     if !Path::new("/dev/loop-control").exists() {
-        return Err(
-            "no loop devices: no /dev/loop-control (modprobe loop; CONFIG_BLK_DEV_LOOP)".into(),
-        );
+        return Err("no loop devices: no /dev/loop-control (modprobe loop; CONFIG_BLK_DEV_LOOP)".into());
     }
     match Command::new("losetup").arg("--version").output() {
         Ok(o) if o.status.success() => Ok(()),
@@ -114,12 +102,8 @@ pub fn kernel_support() -> Result<(), String> {
 fn make_mount_dir() -> Result<PathBuf, Failure> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = PathBuf::from(format!("/run/compcache/fuse-{}", std::process::id()));
-    std::fs::create_dir_all("/run/compcache")
-        .map_err(|e| Failure::new(format!("/run/compcache: {e}")))?;
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| Failure::new(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all("/run/compcache").map_err(|e| Failure::new(format!("/run/compcache: {e}")))?;
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| Failure::new(format!("{}: {e}", dir.display())))?;
     Ok(dir)
 }
 
@@ -140,43 +124,28 @@ impl Loop {
             if dio {
                 c.arg("--direct-io=on");
             }
-            let out = c
-                .arg(file)
-                .output()
-                .map_err(|e| format!("running losetup: {e}"))?;
+            let out = c.arg(file).output().map_err(|e| format!("running losetup: {e}"))?;
             if !out.status.success() {
-                return Err(format!(
-                    "losetup: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
+                return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr).trim()));
             }
             Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
         };
         let dev = match run(true) {
             Ok(dev) => dev,
             Err(e) => {
-                eprintln!(
-                    "compcache: direct I/O refused ({e}); attaching the loop device buffered"
-                );
+                eprintln!("compcache: direct I/O refused ({e}); attaching the loop device buffered");
                 run(false).map_err(Failure::new)?
             }
         };
-        let direct_io =
-            std::fs::read_to_string(Self::sys(&dev, "dio")).is_ok_and(|s| s.trim() == "1");
+        let direct_io = std::fs::read_to_string(Self::sys(&dev, "dio")).is_ok_and(|s| s.trim() == "1");
         if !direct_io {
-            eprintln!(
-                "compcache: {} runs without direct I/O (buffered through the page cache)",
-                dev.display()
-            );
+            eprintln!("compcache: {} runs without direct I/O (buffered through the page cache)", dev.display());
         }
         Ok(Loop { dev, direct_io })
     }
 
     fn sys(dev: &Path, attr: &str) -> PathBuf {
-        let name = dev
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         PathBuf::from(format!("/sys/block/{name}/loop/{attr}"))
     }
 
@@ -188,25 +157,14 @@ impl Loop {
     /// `losetup -d`, then waits until the driver has let go of the file (a detach is
     /// deferred while the device is open).
     fn detach(&self) -> Result<(), String> {
-        let out = Command::new("losetup")
-            .arg("-d")
-            .arg(&self.dev)
-            .output()
-            .map_err(|e| format!("running losetup -d: {e}"))?;
+        let out = Command::new("losetup").arg("-d").arg(&self.dev).output().map_err(|e| format!("running losetup -d: {e}"))?;
         if !out.status.success() && Self::attached(&self.dev) {
-            return Err(format!(
-                "losetup -d {}: {}",
-                self.dev.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return Err(format!("losetup -d {}: {}", self.dev.display(), String::from_utf8_lossy(&out.stderr).trim()));
         }
         let start = Instant::now();
         while Self::attached(&self.dev) {
             if start.elapsed() > DETACH_TIMEOUT {
-                return Err(format!(
-                    "{} still holds the file after {DETACH_TIMEOUT:?} (open by someone?)",
-                    self.dev.display()
-                ));
+                return Err(format!("{} still holds the file after {DETACH_TIMEOUT:?} (open by someone?)", self.dev.display()));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -221,18 +179,10 @@ fn unmount(m: &compcache_fuse::Mounted) {
     loop {
         match m.unmount(false) {
             Ok(()) => return,
-            Err(e)
-                if e.raw_os_error() == Some(libc::EBUSY)
-                    && start.elapsed() < Duration::from_secs(10) =>
-            {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < Duration::from_secs(10) => {
                 std::thread::sleep(Duration::from_millis(50))
             }
-            Err(e)
-                if e.raw_os_error() == Some(libc::EINVAL)
-                    || e.raw_os_error() == Some(libc::ENOENT) =>
-            {
-                return
-            } // unmounted already
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOENT) => return, // unmounted already
             Err(e) => {
                 eprintln!("compcache: unmounting {}: {e}; detaching it lazily (users of the file will see errors)", m.dir.display());
                 let _ = m.unmount(true);
@@ -245,9 +195,7 @@ fn unmount(m: &compcache_fuse::Mounted) {
 pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(Failure::new(
-            "compcache fuse needs root (mount, losetup, mlock)",
-        ));
+        return Err(Failure::new("compcache fuse needs root (mount, losetup, mlock)"));
     }
     kernel_support().map_err(Failure::new)?;
     // Before any thread exists: every thread inherits the blocked mask and the flags.
@@ -262,10 +210,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         Ok(m) => m,
         Err(e) => {
             let _ = std::fs::remove_dir(&dir);
-            return Err(Failure::new(format!(
-                "mounting the FUSE filesystem on {}: {e}",
-                dir.display()
-            )));
+            return Err(Failure::new(format!("mounting the FUSE filesystem on {}: {e}", dir.display())));
         }
     };
     let lo = if args.no_loop {
@@ -283,11 +228,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     };
     let dev = lo.as_ref().map_or(mounted.file.clone(), |l| l.dev.clone());
     let name = match &lo {
-        Some(l) => l
-            .dev
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        Some(l) => l.dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         None => format!("fuse-{}", std::process::id()),
     };
     let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
@@ -305,35 +246,20 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
                     version: env!("CARGO_PKG_VERSION").to_string(),
                 },
             });
-            let _ = std::thread::Builder::new()
-                .name("control".into())
-                .spawn(move || control::serve(state, listener));
+            let _ = std::thread::Builder::new().name("control".into()).spawn(move || control::serve(state, listener));
         }
-        Err(e) => eprintln!(
-            "compcache: warning: no control socket {}: {e}",
-            ctl.display()
-        ),
+        Err(e) => eprintln!("compcache: warning: no control socket {}: {e}", ctl.display()),
     }
     println!(
         "compcache: {} is up: fuse, {} {}{}{}, file {}, {} thread(s){}; control {}; pid {}",
         dev.display(),
         human(cfg.disksize_bytes),
         cfg.algorithm,
-        if cfg.mem_limit_bytes > 0 {
-            format!(", mem-limit {}", human(cfg.mem_limit_bytes))
-        } else {
-            String::new()
-        },
-        cfg.backing
-            .as_ref()
-            .map_or(String::new(), |b| format!(", backing {}", b.path.display())),
+        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
+        cfg.backing.as_ref().map_or(String::new(), |b| format!(", backing {}", b.path.display())),
         mounted.file.display(),
         opts.threads,
-        lo.as_ref().map_or(String::new(), |l| if l.direct_io {
-            ", loop with direct I/O".into()
-        } else {
-            ", loop buffered".into()
-        }),
+        lo.as_ref().map_or(String::new(), |l| if l.direct_io { ", loop with direct I/O".into() } else { ", loop buffered".into() }),
         ctl.display(),
         std::process::id()
     );
@@ -347,28 +273,19 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
                 true
             }
             None => {
-                eprintln!(
-                    "compcache: {} was detached or unmounted by another program",
-                    dev.display()
-                );
+                eprintln!("compcache: {} was detached or unmounted by another program", dev.display());
                 false
             }
         };
         if !is_active_swap(&dev) {
             break;
         }
-        eprintln!(
-            "compcache: {} is swap: swapoff first (reads every page back)",
-            dev.display()
-        );
+        eprintln!("compcache: {} is swap: swapoff first (reads every page back)", dev.display());
         match swapoff(&dev) {
             Ok(()) => break,
             // Never tear down a device the kernel still swaps to while it can still be
             // served: its pages would be lost.
-            Err(e) if signalled => eprintln!(
-                "compcache: {e}; {} is still swap, so it stays up: free memory and stop again",
-                dev.display()
-            ),
+            Err(e) if signalled => eprintln!("compcache: {e}; {} is still swap, so it stays up: free memory and stop again", dev.display()),
             Err(e) => {
                 eprintln!("compcache: {e}; the device can no longer be served");
                 break;
@@ -390,9 +307,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     eprintln!("compcache: final statistics of {name}: {stats}");
     if let Some(sd) = &args.server.stats_dir {
         let path = sd.join(format!("{name}.stats.json"));
-        if let Err(e) =
-            std::fs::create_dir_all(sd).and_then(|_| std::fs::write(&path, format!("{stats:#}\n")))
-        {
+        if let Err(e) = std::fs::create_dir_all(sd).and_then(|_| std::fs::write(&path, format!("{stats:#}\n"))) {
             eprintln!("compcache: {}: {e}", path.display());
         }
     }
