@@ -13,6 +13,7 @@ end, so one stuck step does not leave the rest behind.
   zswap         zswap in front of the disk swap file
   nbdkit-zstd   nbdkit memory allocator=zstd, via nbdfuse + loop device
   compcache     compcache serve, via nbdfuse + loop device
+  compcache-fuse  compcache fuse: its own FUSE file + loop device ("compcache (FUSE)")
 """
 
 from __future__ import annotations
@@ -419,7 +420,109 @@ class CompcacheSwap(NbdLoopSwap):
         return out
 
 
-ALL_CONFIGS = ("noswap", "disk", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache")
+class CompcacheFuseSwap(SwapConfig):
+    """`compcache fuse`: the store as a file on compcache's own FUSE mount, attached by the
+    server to a loop device (direct I/O, 4 KiB sectors), swap with --discard=pages. One
+    userspace hop, where the nbdfuse chain has two. The server detaches the loop device and
+    unmounts when it is stopped (after swapoff)."""
+
+    name = "compcache-fuse"
+    label = "compcache (FUSE)"
+    tools = ("mkswap", "swapon", "swapoff", "losetup")
+
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None, algorithm: str = "lz4"):
+        super().__init__(system, ledger, workdir, size_bytes)
+        self.binary = binary
+        self.algorithm = algorithm
+
+    def unavailable(self):
+        if not self.binary:
+            return "compcache binary not found: build with cargo build --release -p compcache"
+        if not self.system.exists("/dev/fuse"):
+            return "no /dev/fuse"
+        try:
+            usage = self.system.run([self.binary, "fuse", "--help"], check=False, timeout=10)
+        except Exception as e:
+            return f"compcache binary {self.binary} does not run: {e}"
+        if "--threads" not in usage:
+            return f"compcache binary {self.binary} has no `fuse` subcommand"
+        return None
+
+    def setup(self) -> None:
+        base = os.path.join(self.workdir, self.name)
+        self.system.mkdir(base)
+        self.log_path = os.path.join(base, "server.log")
+        self.server_log = self.system.open_log(self.log_path)
+        argv = [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm]
+        self.info["server_argv"] = argv
+        self.server = self.system.spawn(argv, stdout=self.server_log, stderr=subprocess.STDOUT)
+        self.ledger.add("pids", self.server.pid)
+        # The server mounts /run/compcache/fuse-<pid>/device and attaches it to a loop device.
+        file = f"/run/compcache/fuse-{self.server.pid}/device"
+        deadline = self.system.monotonic() + 120
+        self.loop = None
+        while self.loop is None:
+            out = self.system.run(["losetup", "-j", file], check=False) if self.system.exists(file) else ""
+            if out.strip():
+                self.loop = out.split(":")[0]
+            else:
+                if self.server.poll() is not None:
+                    raise RuntimeError(f"compcache fuse exited {self.server.returncode}: {self.system.read(self.log_path)[-2000:]}")
+                if self.system.monotonic() > deadline:
+                    raise RuntimeError("timed out waiting for compcache fuse")
+                self.system.sleep(0.05)
+        try:
+            self.info["loop_dio"] = self.system.read(f"/sys/block/{os.path.basename(self.loop)}/loop/dio").strip() == "1"
+        except OSError:
+            self.info["loop_dio"] = None
+        self.info["loop_device"] = self.loop
+        self._swapon(self.loop, discard="pages")
+
+    def _teardown_steps(self):
+        def swapoff():
+            if getattr(self, "loop", None):
+                self._swapoff(self.loop)
+
+        def stop_server():
+            # SIGTERM: the server detaches its loop device, unmounts and exits.
+            proc = getattr(self, "server", None)
+            if proc is None or proc.pid not in self.ledger.pids:
+                return
+            if proc.poll() is None:
+                self.system.kill(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.system.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+                    raise RuntimeError("compcache fuse did not exit on SIGTERM; killed (its loop device and mount may remain)")
+            self.ledger.drop("pids", proc.pid)
+
+        def close_log():
+            if getattr(self, "server_log", None) is not None:
+                self.server_log.close()
+
+        return [swapoff, stop_server, close_log]
+
+    def stats(self) -> dict:
+        loop = getattr(self, "loop", None)
+        if not loop:
+            return {}
+        try:
+            out = json.loads(self.system.run([self.binary, "stat", "--json", "--control",
+                                              f"/run/compcache/{os.path.basename(loop)}.ctl"], timeout=10))
+        except Exception:
+            out = {}
+        try:
+            kib = parse_proc_status_kib(self.system.read(f"/proc/{self.server.pid}/status"))
+            if kib is not None:
+                out["server_rss_bytes"] = kib * 1024
+        except OSError:
+            pass
+        return out
+
+
+ALL_CONFIGS = ("noswap", "disk", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache", "compcache-fuse")
 
 
 def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_bytes: int,
@@ -436,4 +539,6 @@ def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_by
         return NbdkitSwap(system, ledger, workdir, size_bytes)
     if name == "compcache":
         return CompcacheSwap(system, ledger, workdir, size_bytes, compcache_bin)
+    if name == "compcache-fuse":
+        return CompcacheFuseSwap(system, ledger, workdir, size_bytes, compcache_bin)
     raise ValueError(f"unknown configuration {name!r} (known: {', '.join(ALL_CONFIGS)})")

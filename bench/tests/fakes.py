@@ -58,6 +58,7 @@ class FakeSystem:
         self.loops: list = []
         self.mounts: list = []
         self.next_loop = 7
+        self.loop_backing: dict = {}
         self.next_zram = 5
         self.files["/sys/class/zram-control/hot_add"] = ""
         self.files["/sys/module/zswap/parameters/enabled"] = "N\n"
@@ -141,6 +142,9 @@ class FakeSystem:
             return dev + "\n"
         if cmd == "losetup" and argv[1] == "-d":
             self.loops.remove(argv[2])
+        if cmd == "losetup" and "-j" in argv:
+            f = argv[argv.index("-j") + 1]
+            return "".join(f"{d}: [0045]:2 ({b})\n" for d, b in self.loop_backing.items() if b == f and d in self.loops)
         if cmd == "losetup" and "--list" in argv:
             return "\n".join(self.loops)
         if cmd == "swapon":
@@ -170,6 +174,13 @@ class FakeSystem:
                 self.files[argv[argv.index("-U") + 1]] = "socket"
             if "--socket" in argv:  # compcache
                 self.files[argv[argv.index("--socket") + 1]] = "socket"
+            if argv[1:2] == ["fuse"]:  # compcache fuse: its own mount and loop device
+                dev = f"/dev/loop{self.next_loop}"
+                self.next_loop += 1
+                self.loops.append(dev)
+                self.loop_backing[dev] = f"/run/compcache/fuse-{proc.pid}/device"
+                self.files[self.loop_backing[dev]] = "file"
+                self.files[f"/sys/block/{os.path.basename(dev)}/loop/dio"] = "1\n"
             if argv[0] == "nbdfuse":
                 self.files[argv[1]] = "file"
                 self.mounts.append(os.path.dirname(argv[1]))
@@ -185,6 +196,11 @@ class FakeSystem:
         for p in self.procs:
             if p.pid == pid and p.returncode is None:
                 p.returncode = -sig
+                if p.argv[1:2] == ["fuse"] and sig == 15:  # it detaches its loop device and unmounts
+                    for d, b in list(self.loop_backing.items()):
+                        if b == f"/run/compcache/fuse-{pid}/device" and d in self.loops:
+                            self.loops.remove(d)
+                            self.files.pop(b, None)
 
     def sleep(self, seconds):
         pass

@@ -30,6 +30,7 @@ enum Command {
     Swapoff(cmd::swapon::SwapoffArgs),
     Ublk(cmd::device::UblkArgs),
     NbdAttach(cmd::device::NbdAttachArgs),
+    Fuse(cmd::fuse::FuseArgs),
 }
 
 fn main() {
@@ -42,6 +43,7 @@ fn main() {
         Command::Swapoff(a) => cmd::swapon::run_swapoff(a),
         Command::Ublk(a) => cmd::device::run_ublk(a),
         Command::NbdAttach(a) => cmd::device::run_nbd_attach(a),
+        Command::Fuse(a) => cmd::fuse::run_fuse(a),
     };
     if let Err(f) = result {
         eprintln!("compcache: error: {f}");

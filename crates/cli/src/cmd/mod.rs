@@ -9,3 +9,5 @@ pub mod reserve;
 pub mod swapdev;
 pub mod swapon;
 pub mod zramconf;
+// The FUSE front end's server (compcache fuse).
+pub mod fuse;

@@ -2,8 +2,9 @@
 //! systemd's zram-generator.
 //!
 //! swapon: reads the zram-generator configuration if there is one (or `--config`), lets the
-//! flags override it, picks the best front end this kernel has (ublk, else the NBD driver),
-//! starts the server for it (`compcache ublk` or `compcache nbd-attach`, detached, memory
+//! flags override it, picks the best front end this kernel has (ublk, else the NBD driver,
+//! else FUSE through a loop device), starts the server for it (`compcache ublk`,
+//! `compcache nbd-attach` or `compcache fuse`, detached, memory
 //! locked, its log in `/run/compcache/swap/`), waits until the device is up, writes a swap
 //! header (mkswap) and enables it with the priority (swapon). What it started is recorded in
 //! `/run/compcache/swap/<device>.json`.
@@ -61,9 +62,10 @@ pub struct SwaponArgs {
     #[arg(long, value_name = "SIZE")]
     mem_limit: Option<String>,
 
-    /// Front end: ublk (Linux 6.0+, ublk_drv), nbd (the kernel's NBD driver), or auto (the
-    /// first of these the kernel has, loading the module if needed).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "ublk", "nbd"])]
+    /// Front end: ublk (Linux 6.0+, ublk_drv), nbd (the kernel's NBD driver), fuse (a file on
+    /// a FUSE mount through a loop device), or auto (the first of these the kernel has, in
+    /// that order, loading the module if needed).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "ublk", "nbd", "fuse"])]
     frontend: String,
 
     /// Read this zram-generator configuration file instead of the system's.
@@ -186,12 +188,17 @@ fn choose_frontend(wanted: &str) -> Result<&'static str, Failure> {
         }
         compcache_kernel_nbd::kernel_support().map_err(|e| e.to_string())
     };
+    let fuse = super::fuse::kernel_support;
     match wanted {
         "ublk" => ublk().map(|_| "ublk").map_err(Failure::new),
         "nbd" => nbd().map(|_| "nbd").map_err(Failure::new),
+        "fuse" => fuse().map(|_| "fuse").map_err(Failure::new),
         _ => match ublk() {
             Ok(()) => Ok("ublk"),
-            Err(u) => nbd().map(|_| "nbd").map_err(|n| Failure::new(format!("no front end: {u}; {n}"))),
+            Err(u) => match nbd() {
+                Ok(()) => Ok("nbd"),
+                Err(n) => fuse().map(|_| "fuse").map_err(|f| Failure::new(format!("no front end: {u}; {n}; {f}"))),
+            },
         },
     }
 }
@@ -288,7 +295,12 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
 /// The arguments of the server `swapon` starts for `frontend`: the settings, the reserve, where
 /// its final statistics go and the descriptor it reports readiness on.
 fn server_command(frontend: &str, s: &Settings, reserve: &str, ready_fd: i32) -> Vec<OsString> {
-    let mut v: Vec<OsString> = vec![if frontend == "ublk" { "ublk" } else { "nbd-attach" }.into()];
+    let server = match frontend {
+        "ublk" => "ublk",
+        "fuse" => "fuse",
+        _ => "nbd-attach",
+    };
+    let mut v: Vec<OsString> = vec![server.into()];
     let pairs = [
         ("--size", s.size_bytes.to_string()),
         ("--algorithm", s.algorithm.clone()),
@@ -523,5 +535,24 @@ mod tests {
             panic!("not nbd")
         };
         assert_eq!(n.store.backing, s.backing);
+    }
+
+    #[test]
+    fn the_fuse_server_gets_every_setting() {
+        use crate::cmd::fuse::FuseArgs;
+        #[derive(Parser)]
+        enum Server {
+            Fuse(FuseArgs),
+        }
+        assert_eq!(args(&["--frontend", "fuse"]).frontend, "fuse");
+        let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd"]), 2 * GIB).unwrap().unwrap();
+        let cmd = server_command("fuse", &s, "8M", 5);
+        assert_eq!(cmd[0], "fuse");
+        let Server::Fuse(f) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap();
+        let cfg = f.store.config().unwrap();
+        assert_eq!(
+            (cfg.disksize_bytes, cfg.mem_limit_bytes, f.server.reserve.as_deref(), f.server.ready_fd, f.no_loop),
+            (GIB, 16 << 20, Some("8M"), Some(5), false)
+        );
     }
 }

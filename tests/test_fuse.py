@@ -1,0 +1,389 @@
+"""The FUSE front end (`compcache fuse`, `compcache swapon --frontend fuse`).
+
+- the page store's model through the FUSE file: random pread/pwrite/fallocate (punch hole,
+  zero range) at any alignment against a byte array, plus the file's edges (end of file,
+  ENOSPC past it, EOPNOTSUPP for unsupported fallocate modes);
+- fio with verify=crc32c on the loop device `compcache fuse` attaches (direct I/O, 4 KiB
+  sectors), then a clean stop that detaches the loop device and unmounts;
+- kill -9 of the server: reads of the loop device (O_DIRECT) and of the file then fail with
+  an I/O error, never return data;
+- `compcache swapon --frontend fuse`: the kernel swaps the verified workload
+  (swap_workload.py) in a memory cgroup three times smaller than it to compcache through
+  FUSE; `compcache swapoff` takes all of it down. Holds the host-swap lock
+  (/run/lock/compcache-host-swap.lock) while anything of it is swap.
+
+Everything set up is torn down in `finally`, also on failure; servers are killed by PID.
+Needs root, /dev/fuse, losetup (and fio, a memory cgroup for the last ones): skipped with the
+reason otherwise.
+"""
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import need, need_root, run, run_fio
+from test_swap import kill_pid, memory_cgroup_parent, swap_used_kib, write
+
+MiB = 1 << 20
+PAGE = 4096
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOST_SWAP_LOCK = "/run/lock/compcache-host-swap.lock"
+
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+
+
+def fallocate(fd, mode, offset, length):
+    """fallocate(2) with a mode (Python's os.posix_fallocate has none); raises OSError."""
+    if _libc.fallocate(fd, mode, offset, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def need_fuse():
+    need_root("FUSE mounts, loop devices and mlock need root")
+    need("losetup")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse (modprobe fuse)")
+
+
+class FuseServer:
+    """One `compcache fuse` process; `ready` is the device (or file) it announced."""
+
+    def __init__(self, binary, tmp_path, size, *extra):
+        self.log_path = tmp_path / "fuse-server.log"
+        r, w = os.pipe()
+        self._log = open(self.log_path, "wb")
+        self.argv = [binary, "fuse", "--size", str(size), "--ready-fd", str(w), *map(str, extra)]
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, pass_fds=(w,),
+                                     start_new_session=True)
+        os.close(w)
+        self.mount_dir = f"/run/compcache/fuse-{self.proc.pid}"
+        self.file = os.path.join(self.mount_dir, "device")
+        line = b""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not line.endswith(b"\n"):
+            ready, _, _ = select.select([r], [], [], 0.5)
+            if ready:
+                chunk = os.read(r, 256)
+                if not chunk:
+                    break
+                line += chunk
+        os.close(r)
+        if not line.startswith(b"READY "):
+            self.stop()
+            raise AssertionError(f"compcache fuse did not come up: {self.argv}\n{self.log()}")
+        self.ready = line.decode().split()[1]
+        self.loop = self.ready if self.ready.startswith("/dev/loop") else None
+        name = os.path.basename(self.loop) if self.loop else f"fuse-{self.proc.pid}"
+        self.control = f"/run/compcache/{name}.ctl"
+
+    def log(self):
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def stat(self):
+        p = run([self.argv[0], "stat", "--json", "--control", self.control], timeout=30)
+        return json.loads(p.stdout)
+
+    def stop(self, timeout=60):
+        """SIGTERM and wait; returns the exit code (None if it had to be killed)."""
+        rc = None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_pid(self.proc)
+        else:
+            rc = self.proc.returncode
+        self.cleanup()
+        return rc
+
+    def cleanup(self):
+        """What a dead server leaves behind: its loop device, its mount, its directory."""
+        if self.loop and os.path.exists(f"/sys/block/{os.path.basename(self.loop)}/loop/backing_file"):
+            with open(f"/sys/block/{os.path.basename(self.loop)}/loop/backing_file") as f:
+                backing = f.read().strip()
+            if backing.startswith(self.mount_dir):
+                run(["losetup", "-d", self.loop], check=False)
+        if os.path.ismount(self.mount_dir) or mounted(self.mount_dir):
+            run(["umount", "-l", self.mount_dir], check=False)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.mount_dir)
+        self._log.close()
+
+
+def mounted(path):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+@pytest.fixture
+def fuse_server(compcache_bin, tmp_path):
+    servers = []
+
+    def start(size, *extra):
+        s = FuseServer(compcache_bin, tmp_path, size, *extra)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        if s.proc.poll() is None:
+            s.stop()
+        else:
+            s.cleanup()
+
+
+def test_the_file_follows_the_store_model(fuse_server):
+    need_fuse()
+    size = 16 * MiB
+    srv = fuse_server(size, "--no-loop", "--reserve", "0", "--threads", "2")
+    assert srv.ready == srv.file
+    st = os.stat(srv.file)
+    assert st.st_size == size and (st.st_mode & 0o777) == 0o600
+    assert (os.stat(srv.mount_dir).st_mode & 0o777) == 0o700
+    model = bytearray(size)
+    rng = random.Random(1234)
+    fd = os.open(srv.file, os.O_RDWR)
+    try:
+        for step in range(3000):
+            op = rng.random()
+            off = rng.randrange(size)
+            length = rng.choice([1, 100, PAGE, 3 * PAGE + 17, 64 * 1024, 200 * 1024])
+            end = min(size, off + length)
+            if rng.random() < 0.5:  # whole pages, as swap writes them
+                off -= off % PAGE
+                end = min(size, off + max(PAGE, (end - off) // PAGE * PAGE))
+            if op < 0.45:
+                kind = rng.randrange(3)
+                data = (bytes([rng.randrange(1, 256)]) * (end - off) if kind == 0 else
+                        rng.randbytes(end - off) if kind == 1 else
+                        (b"compcache %d " % step) * ((end - off) // 12 + 1))[: end - off]
+                assert os.pwrite(fd, data, off) == end - off
+                model[off:end] = data
+            elif op < 0.8:
+                got = os.pread(fd, end - off, off)
+                assert got == bytes(model[off:end]), f"step {step}: read {off}..{end} differs"
+            elif op < 0.9:
+                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, end - off)
+                model[off:end] = bytes(end - off)
+            else:
+                fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, off, end - off)
+                model[off:end] = bytes(end - off)
+        # The whole file, in 1 MiB reads.
+        for off in range(0, size, MiB):
+            assert os.pread(fd, MiB, off) == bytes(model[off:off + MiB]), f"final read at {off}"
+        os.fsync(fd)
+        # The edges: end of file, a write past it, a write across it, unsupported modes.
+        assert os.pread(fd, PAGE, size) == b""
+        assert os.pread(fd, 2 * PAGE, size - PAGE) == bytes(model[size - PAGE:])
+        with pytest.raises(OSError) as e:
+            os.pwrite(fd, b"x", size)
+        assert e.value.errno == errno.ENOSPC
+        assert os.pwrite(fd, b"y" * 2 * PAGE, size - PAGE) == PAGE
+        for mode in (0, FALLOC_FL_KEEP_SIZE):
+            with pytest.raises(OSError) as e:
+                fallocate(fd, mode, 0, PAGE)
+            assert e.value.errno == errno.EOPNOTSUPP, mode
+        with pytest.raises(OSError) as e:
+            os.ftruncate(fd, size // 2)
+        assert e.value.errno == errno.EPERM
+    finally:
+        os.close(fd)
+    stats = srv.stat()
+    print("statistics:", {k: stats.get(k) for k in ("num_reads", "num_writes", "orig_data_size", "compr_data_size", "invalid_io")})
+    assert stats["num_writes"] > 0 and stats["num_reads"] > 0
+    assert stats["failed_reads"] == 0 and stats["failed_writes"] == 0
+    assert srv.stop() == 0, srv.log()
+    assert not mounted(srv.mount_dir) and not os.path.exists(srv.mount_dir)
+
+
+def test_fio_verifies_on_the_loop_device(fuse_server, tmp_path):
+    need_fuse()
+    need("fio")
+    # No reserve: with one the store runs fault-free, and fio's incompressible writes at full
+    # speed outrun the keeper and get ENOSPC (docs/swap.md), which fio counts as errors.
+    srv = fuse_server(256 * MiB, "--reserve", "0")
+    assert srv.loop, srv.ready
+    name = os.path.basename(srv.loop)
+    with open(f"/sys/block/{name}/queue/logical_block_size") as f:
+        assert f.read().strip() == "4096"
+    with open(f"/sys/block/{name}/loop/dio") as f:
+        dio = f.read().strip()
+    print(f"{srv.loop}: direct I/O {dio}; server log:\n{srv.log()}")
+    # Every page written is read back and checked (crc32c), at queue depth 32, with
+    # request sizes from one page to 64 KiB; then a discard of everything reads back zeros.
+    jobs, _, _ = run_fio(tmp_path, "fuse-loop", f"""[global]
+filename={srv.loop}
+ioengine=libaio
+direct=1
+size=192m
+verify_fatal=1
+randrepeat=0
+[write-verify]
+rw=randwrite
+bsrange=4k-64k
+bs_unaligned=0
+blockalign=4k
+iodepth=32
+verify=crc32c
+do_verify=1
+[trim]
+stonewall
+rw=trim
+bs=1m
+[zeroes]
+stonewall
+rw=read
+bs=64k
+iodepth=8
+verify=pattern
+verify_pattern=0x00
+verify_only=1
+""")
+    for j in jobs.values():
+        assert j["error"] == 0, j
+    stats = srv.stat()
+    assert stats["failed_reads"] == 0 and stats["failed_writes"] == 0, stats
+    assert stats["num_writes"] > 0
+    assert stats["orig_data_size"] == 0, "the trim should have freed every page"
+    assert srv.stop() == 0, srv.log()
+    assert not os.path.exists(f"/sys/block/{name}/loop/backing_file"), "loop device still attached"
+    assert not mounted(srv.mount_dir)
+
+
+def test_killed_server_means_io_errors_not_data(fuse_server):
+    need_fuse()
+    need("dd")
+    srv = fuse_server(64 * MiB, "--reserve", "0")
+    assert srv.loop
+    run(["dd", "if=/dev/urandom", f"of={srv.loop}", "bs=64k", "count=64", "oflag=direct"])
+    p = run(["dd", f"if={srv.loop}", "of=/dev/null", "bs=64k", "count=64", "iflag=direct"])
+    os.kill(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait(timeout=30)
+    try:
+        p = run(["dd", f"if={srv.loop}", "of=/dev/null", "bs=64k", "count=64", "iflag=direct"], check=False)
+        assert p.returncode != 0 and "Input/output error" in p.stderr, p.stderr
+        with pytest.raises(OSError) as e:
+            with open(srv.file, "rb") as f:
+                f.read(PAGE)
+        assert e.value.errno in (errno.ENOTCONN, errno.EIO), e.value
+    finally:
+        srv.cleanup()
+
+
+@contextlib.contextmanager
+def host_swap_lock():
+    """The host-wide lock every test that swaps on the host holds (flock(1)'s lock)."""
+    os.makedirs(os.path.dirname(HOST_SWAP_LOCK), exist_ok=True)
+    with open(HOST_SWAP_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def compcache_devices():
+    """Devices `compcache swapon` recorded (/run/compcache/swap/<dev>.json)."""
+    d = "/run/compcache/swap"
+    out = {}
+    for name in os.listdir(d) if os.path.isdir(d) else []:
+        if name.endswith(".json") and not name.endswith(".stats.json"):
+            with open(os.path.join(d, name)) as f:
+                v = json.load(f)
+            out[v["device"]] = v
+    return out
+
+
+def test_swapon_frontend_fuse(compcache_bin):
+    need_fuse()
+    need("mkswap")
+    cg_parent, cg_version = memory_cgroup_parent()
+    if cg_parent is None:
+        pytest.skip(cg_version)
+    workload_mib, cgroup_limit = 192, 64 * MiB
+    cgroup = os.path.join(cg_parent, f"compcache-fuse-test-{uuid.uuid4().hex[:8]}")
+    cgroup_made = False
+    workload = dev = None
+    with host_swap_lock():
+        before = set(compcache_devices())
+        try:
+            p = run([compcache_bin, "swapon", "--frontend", "fuse", "--no-config", "--size", "512M",
+                     "--priority", "32767", "--reserve", "16M"], timeout=180)
+            print(p.stdout, p.stderr)
+            new = set(compcache_devices()) - before
+            assert len(new) == 1, (p.stdout, compcache_devices())
+            dev = new.pop()
+            state = compcache_devices()[dev]
+            assert dev.startswith("/dev/loop") and state["frontend"] == "fuse", state
+            assert swap_used_kib(dev) == 0 and dev in open("/proc/swaps").read()
+            with open(f"/proc/{state['pid']}/status") as f:
+                vmlck = [int(l.split()[1]) for l in f if l.startswith("VmLck:")]
+            assert vmlck and vmlck[0] > 0, "the FUSE swap server must lock its memory"
+
+            os.mkdir(cgroup)
+            cgroup_made = True
+            if cg_version == 1:
+                write(os.path.join(cgroup, "memory.limit_in_bytes"), cgroup_limit)
+                with contextlib.suppress(OSError):
+                    write(os.path.join(cgroup, "memory.swappiness"), 100)
+            else:
+                write(os.path.join(cgroup, "memory.max"), cgroup_limit)
+            procs = os.path.join(cgroup, "cgroup.procs")
+            workload = subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "swap_workload.py"), str(workload_mib)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                preexec_fn=lambda: write(procs, os.getpid()))
+            lines, swapped_kib = [], 0
+            for line in workload.stdout:
+                lines.append(line.rstrip())
+                if line.startswith("FILLED"):
+                    swapped_kib = swap_used_kib(dev)
+            rc = workload.wait(timeout=600)
+            out = "\n".join(lines)
+            assert rc == 0, f"workload exited {rc} (-9: the OOM killer):\n{out}"
+            assert f"VERIFIED {workload_mib * MiB // PAGE}" in out, out
+            st = json.loads(run([compcache_bin, "stat", "--json", "--control", state["control"]]).stdout)
+            print(f"swap used at fill: {swapped_kib} KiB; statistics: num_writes {st['num_writes']} "
+                  f"num_reads {st['num_reads']} orig {st['orig_data_size']} compr {st['compr_data_size']}")
+            assert swapped_kib > 0, "nothing was swapped to the FUSE device"
+            assert st["num_writes"] > 0 and st["num_reads"] > 0
+            assert st["failed_reads"] == 0 and st["failed_writes"] == 0
+        finally:
+            kill_pid(workload)
+            if cgroup_made:
+                for _ in range(50):
+                    try:
+                        os.rmdir(cgroup)
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+            if dev:
+                p = run([compcache_bin, "swapoff", dev], check=False, timeout=600)
+                print(p.stdout, p.stderr)
+        assert p.returncode == 0, p.stderr
+        assert dev not in open("/proc/swaps").read()
+        name = os.path.basename(dev)
+        assert not os.path.exists(f"/sys/block/{name}/loop/backing_file"), "loop device left attached"
+        assert not os.path.exists(f"/proc/{state['pid']}") or "compcache" not in open(f"/proc/{state['pid']}/cmdline").read()
+        assert not mounted(f"/run/compcache/fuse-{state['pid']}")
