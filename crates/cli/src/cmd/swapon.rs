@@ -546,13 +546,16 @@ mod tests {
         }
         assert_eq!(args(&["--frontend", "fuse"]).frontend, "fuse");
         let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd"]), 2 * GIB).unwrap().unwrap();
-        let cmd = server_command("fuse", &s, "8M", 5);
+        // The descriptor must be a pipe, as the one swapon makes (the server checks).
+        let (_r, w) = ready_pipe().unwrap();
+        let fd = w.as_raw_fd();
+        let cmd = server_command("fuse", &s, "8M", fd);
         assert_eq!(cmd[0], "fuse");
         let Server::Fuse(f) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap();
         let cfg = f.store.config().unwrap();
         assert_eq!(
             (cfg.disksize_bytes, cfg.mem_limit_bytes, f.server.reserve.as_deref(), f.server.ready_fd, f.no_loop),
-            (GIB, 16 << 20, Some("8M"), Some(5), false)
+            (GIB, 16 << 20, Some("8M"), Some(fd), false)
         );
     }
 }
