@@ -4,7 +4,7 @@
 //! Unix sockets are created mode 0600: whoever can connect can read and write the device (for
 //! a swap device, that is the contents of swapped-out memory).
 
-use crate::{log, Server};
+use crate::{log, Server, Transport};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -166,15 +166,23 @@ pub fn serve_unix(server: Arc<Server>, listener: UnixListener) -> io::Error {
     }
 }
 
-/// Accepts clients on a TCP listener forever, one thread per client.
+/// Accepts clients on a TCP listener forever, one thread per client. Refuses to serve at all
+/// when TCP clients would get in without TLS and the server does not allow that (see the
+/// crate docs, "Who may connect").
 pub fn serve_tcp(server: Arc<Server>, listener: TcpListener) -> io::Error {
+    if server.tls_mode(Transport::Tcp).is_none() {
+        return io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "TCP without TLS: give TLS credentials, or allow plain TCP explicitly (anyone who can reach the port could read and write the device)",
+        );
+    }
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
                 // Replies are written whole; Nagle would only delay them.
                 let _ = stream.set_nodelay(true);
                 let server = server.clone();
-                spawn_connection(move || server.serve_connection(stream, &peer.to_string()));
+                spawn_connection(move || server.serve_connection_over(stream, &peer.to_string(), Transport::Tcp));
             }
             Err(e) => {
                 if let Some(fatal) = accept_failed(e) {
