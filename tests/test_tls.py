@@ -176,11 +176,21 @@ def test_tls_require_on_the_unix_socket(start_server, creds):
 
 
 def serve_once(compcache_bin, tmp_path, *args):
-    """Runs `compcache serve` expecting it to refuse to start; returns (code, stderr)."""
+    """Runs `compcache serve` expecting it to refuse to start; returns (code, stderr). A server
+    that starts prints its ready line: it is killed and the test fails."""
     sock = tmp_path / "refused.sock"
-    p = run([compcache_bin, "serve", "--size", "16M", "--socket", sock, *args], check=False, timeout=30)
+    p = subprocess.Popen([compcache_bin, "serve", "--size", "16M", "--socket", sock,
+                          "--control", tmp_path / "refused.ctl", *map(str, args)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    ready = p.stdout.readline()
+    if ready:
+        p.kill()
+        p.communicate()
+        pytest.fail(f"compcache serve {' '.join(map(str, args))} started: {ready}")
+    _, err = p.communicate(timeout=30)
     assert not sock.exists(), "a refused start left its socket behind"
-    return p.returncode, p.stderr
+    return p.returncode, err
 
 
 def test_listen_needs_credentials_or_the_explicit_opt_out(compcache_bin, start_server, tmp_path):

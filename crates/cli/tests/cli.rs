@@ -346,7 +346,23 @@ fn tcp_on_loopback() {
 fn tcp_without_tls_refuses_to_start() {
     let dir = TempDir::new("tcp-no-tls");
     let socket = dir.path("nbd.sock");
-    let out = Command::new(BIN).args(["serve", "--size", "16M", "--listen", "127.0.0.1:0", "--socket"]).arg(&socket).output().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--size", "16M", "--listen", "127.0.0.1:0", "--socket"])
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that starts prints its ready line; one that refuses closes stdout with nothing.
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    if !ready.is_empty() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("serve --listen without TLS started: {ready}");
+    }
+    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     let err = stderr_of(&out);
     assert!(err.contains("TCP needs TLS") && err.contains("--tls-certificates") && err.contains("--insecure-plain-tcp"), "{err}");

@@ -378,9 +378,14 @@ impl<S: Stream + AsFd> Write for TlsStream<S> {
                     session.write_tls(buf)?;
                 }
             }
-            if !buf.is_empty() {
-                socket.write_all(buf)?;
+            if buf.is_empty() {
+                if data.is_empty() {
+                    return Ok(());
+                }
+                // The session takes no more (it is closing): do not spin.
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "the TLS session accepts no more data"));
             }
+            socket.write_all(buf)?;
             if data.is_empty() {
                 return Ok(());
             }
