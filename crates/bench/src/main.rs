@@ -72,7 +72,10 @@ fn main() {
                 data.extend_from_slice(&d);
             }
             Err(e) => {
-                eprintln!("compcache-storebench: cannot read page file {}: {e} (make one with tools/pagedump/pagedump.py --all)", f.display());
+                eprintln!(
+                    "compcache-storebench: cannot read page file {}: {e} (make one with tools/pagedump/pagedump.py --all)",
+                    f.display()
+                );
                 std::process::exit(2);
             }
         }

@@ -61,13 +61,16 @@ impl BackingArgs {
             }
         };
         let Some(path) = &self.backing else {
-            if self.backing_size.is_some() || self.writeback_limit.is_some() || self.writeback_rate.is_some() || self.backing_incompressible {
+            if self.backing_size.is_some() || self.writeback_limit.is_some() || self.writeback_rate.is_some() || self.backing_incompressible
+            {
                 return Err(Failure::usage("--backing-size, --writeback-* and --backing-incompressible need --backing PATH"));
             }
             return Ok(None);
         };
         if mem_limit == 0 && !self.backing_incompressible {
-            eprintln!("compcache: warning: --backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it");
+            eprintln!(
+                "compcache: warning: --backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it"
+            );
         }
         let cfg = BackingConfig {
             size_bytes: size("--backing-size", &self.backing_size)?,
@@ -88,7 +91,11 @@ impl BackingArgs {
         let mut v: Vec<OsString> = vec!["--backing".into(), path.into()];
         v.extend(["--writeback-high".into(), self.writeback_high.to_string().into()]);
         v.extend(["--writeback-low".into(), self.writeback_low.to_string().into()]);
-        for (flag, value) in [("--backing-size", &self.backing_size), ("--writeback-limit", &self.writeback_limit), ("--writeback-rate", &self.writeback_rate)] {
+        for (flag, value) in [
+            ("--backing-size", &self.backing_size),
+            ("--writeback-limit", &self.writeback_limit),
+            ("--writeback-rate", &self.writeback_rate),
+        ] {
             if let Some(text) = value {
                 v.extend([flag.into(), text.into()]);
             }
@@ -147,12 +154,32 @@ mod tests {
 
     #[test]
     fn flags_become_the_store_config() {
-        let a = args(&["--backing", "/dev/vdb", "--backing-size", "4G", "--writeback-rate", "8M/s", "--writeback-limit", "1G", "--writeback-high", "80", "--writeback-low", "60", "--backing-incompressible"]);
+        let a = args(&[
+            "--backing",
+            "/dev/vdb",
+            "--backing-size",
+            "4G",
+            "--writeback-rate",
+            "8M/s",
+            "--writeback-limit",
+            "1G",
+            "--writeback-high",
+            "80",
+            "--writeback-low",
+            "60",
+            "--backing-incompressible",
+        ]);
         let b = a.config(8 * GIB, GIB).unwrap().unwrap();
         assert_eq!(b.path, PathBuf::from("/dev/vdb"));
-        assert_eq!((b.size_bytes, b.writeback_rate_bytes, b.writeback_limit_bytes, b.high_pct, b.low_pct, b.incompressible), (4 * GIB, 8 << 20, GIB, 80, 60, true));
+        assert_eq!(
+            (b.size_bytes, b.writeback_rate_bytes, b.writeback_limit_bytes, b.high_pct, b.low_pct, b.incompressible),
+            (4 * GIB, 8 << 20, GIB, 80, 60, true)
+        );
         let d = args(&["--backing", "f"]).config(8 * GIB, GIB).unwrap().unwrap();
-        assert_eq!((d.size_bytes, d.high_pct, d.low_pct, d.writeback_rate_bytes), (0, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT, 0));
+        assert_eq!(
+            (d.size_bytes, d.high_pct, d.low_pct, d.writeback_rate_bytes),
+            (0, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT, 0)
+        );
         assert!(args(&[]).config(8 * GIB, 0).unwrap().is_none());
         let e = args(&["--writeback-rate", "1M"]).config(8 * GIB, GIB).unwrap_err().to_string();
         assert!(e.contains("need --backing"), "{e}");
@@ -165,7 +192,21 @@ mod tests {
         assert!(args(&[]).to_args().is_empty());
         for v in [
             &["--backing", "/dev/vdb"][..],
-            &["--backing", "/var/lib/b.img", "--backing-size", "2G", "--writeback-high", "70", "--writeback-low", "50", "--writeback-limit", "1G", "--writeback-rate", "4M/s", "--backing-incompressible"][..],
+            &[
+                "--backing",
+                "/var/lib/b.img",
+                "--backing-size",
+                "2G",
+                "--writeback-high",
+                "70",
+                "--writeback-low",
+                "50",
+                "--writeback-limit",
+                "1G",
+                "--writeback-rate",
+                "4M/s",
+                "--backing-incompressible",
+            ][..],
         ] {
             let a = args(v);
             let again = T::try_parse_from(std::iter::once(OsString::from("t")).chain(a.to_args())).unwrap().backing;

@@ -250,7 +250,15 @@ fn a_live_socket_is_refused_and_a_stale_one_replaced() {
     c.write(0, b"first server").unwrap();
 
     // Second server on the same socket: refused, one clear line, non-zero exit.
-    let out = compcache(&["serve", "--size", "16M", "--socket", srv.socket.to_str().unwrap(), "--control", dir.path("other.ctl").to_str().unwrap()]);
+    let out = compcache(&[
+        "serve",
+        "--size",
+        "16M",
+        "--socket",
+        srv.socket.to_str().unwrap(),
+        "--control",
+        dir.path("other.ctl").to_str().unwrap(),
+    ]);
     assert!(!out.status.success());
     let err = stderr_of(&out);
     assert!(err.contains("in use by a running server"), "{err}");

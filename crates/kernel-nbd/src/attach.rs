@@ -235,13 +235,7 @@ where
             .map_err(io_err("spawning the NBD_DO_IT thread"))?
     };
 
-    let attached = Attached {
-        dev_path: dev_path.clone(),
-        index,
-        size_bytes: info.size,
-        connections: conns.ours.len(),
-        flags: info.flags,
-    };
+    let attached = Attached { dev_path: dev_path.clone(), index, size_bytes: info.size, connections: conns.ours.len(), flags: info.flags };
     let up = wait_for_size(index, &done);
     if let (true, Some(max)) = (up, opts.max_request_bytes) {
         // Before `while_up` (which puts the device to use): no request larger than this comes.
@@ -288,7 +282,6 @@ fn wait_for_size(index: u32, done: &AtomicBool) -> bool {
     }
     false
 }
-
 
 #[cfg(test)]
 mod tests {

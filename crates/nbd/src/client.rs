@@ -20,7 +20,10 @@ pub enum ClientError {
     /// The server broke the protocol (or this client does not understand it).
     Protocol(String),
     /// The server answered an option with an error reply.
-    OptionRefused { reply: u32, message: String },
+    OptionRefused {
+        reply: u32,
+        message: String,
+    },
     /// The server answered a request with this NBD error value.
     Nbd(u32),
 }
@@ -161,18 +164,14 @@ pub fn info_or_go(s: &mut (impl Read + Write), opt: u32, name: &str) -> Result<E
                     info.flags = be16(&data[10..12]);
                     have_export = true;
                 }
-                INFO_BLOCK_SIZE if data.len() == 14 => {
-                    info.block_size = Some((be32(&data[2..6]), be32(&data[6..10]), be32(&data[10..14])))
-                }
+                INFO_BLOCK_SIZE if data.len() == 14 => info.block_size = Some((be32(&data[2..6]), be32(&data[6..10]), be32(&data[10..14]))),
                 INFO_NAME => info.name = Some(String::from_utf8_lossy(&data[2..]).into()),
                 INFO_DESCRIPTION => info.description = Some(String::from_utf8_lossy(&data[2..]).into()),
                 _ => {}
             },
             REP_ACK if have_export => return Ok(info),
             REP_ACK => return Err(ClientError::Protocol("ACK without NBD_INFO_EXPORT".into())),
-            r if r & (1 << 31) != 0 => {
-                return Err(ClientError::OptionRefused { reply: r, message: String::from_utf8_lossy(&data).into() })
-            }
+            r if r & (1 << 31) != 0 => return Err(ClientError::OptionRefused { reply: r, message: String::from_utf8_lossy(&data).into() }),
             r => return Err(ClientError::Protocol(format!("unexpected option reply {r:#x}"))),
         }
     }

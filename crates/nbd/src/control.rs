@@ -146,11 +146,9 @@ impl fmt::Display for ControlError {
                 "cannot reach control socket {}: {source}: it belongs to another user (a server run as root needs `sudo compcache ...`)",
                 path.display()
             ),
-            ControlError::Unreachable { path, source } => write!(
-                f,
-                "cannot reach control socket {}: {source}: is `compcache serve` running? try --control PATH",
-                path.display()
-            ),
+            ControlError::Unreachable { path, source } => {
+                write!(f, "cannot reach control socket {}: {source}: is `compcache serve` running? try --control PATH", path.display())
+            }
             ControlError::Protocol(m) => write!(f, "unexpected answer on the control socket: {m}"),
             ControlError::Refused(m) => write!(f, "the server refused the request: {m}"),
         }
@@ -169,9 +167,7 @@ pub fn request(path: &Path, req: &Value) -> Result<Value, ControlError> {
     line.push('\n');
     writer.write_all(line.as_bytes()).map_err(unreachable)?;
     let mut answer = String::new();
-    BufReader::new(stream)
-        .read_line(&mut answer)
-        .map_err(|e| ControlError::Protocol(format!("reading the answer: {e}")))?;
+    BufReader::new(stream).read_line(&mut answer).map_err(|e| ControlError::Protocol(format!("reading the answer: {e}")))?;
     if answer.is_empty() {
         return Err(ControlError::Protocol("the server closed the connection without answering".into()));
     }

@@ -1,16 +1,19 @@
 //! The handshake: fixed newstyle negotiation and option haggling, up to the transmission phase.
 //!
-//! Supported options: `EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`, and `STARTTLS` (when the
+//! Supported options: `EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`,
+//! `LIST_META_CONTEXT` and `SET_META_CONTEXT` (in [`crate::meta`]), and `STARTTLS` (when the
 //! server has TLS credentials: [`crate::tls`] says which modes there are). Everything else
-//! (`STRUCTURED_REPLY`, meta contexts, extended headers, unknown options) is
-//! answered with `NBD_REP_ERR_UNSUP` and a message, and haggling goes on: the client can fall
-//! back. The connection is closed only where the protocol says so or where going on is
-//! impossible: bad magic, unknown client flags, an `EXPORT_NAME` for an export that does not
-//! exist (it cannot carry an error), an option too large to skip, or too many options.
+//! (extended headers, unknown options) is answered with `NBD_REP_ERR_UNSUP` and a message,
+//! and haggling goes on: the client can fall back. What a client negotiates for the
+//! transmission phase is returned in [`Negotiated`]; `STARTTLS` resets it (the client
+//! negotiates again inside TLS). The connection is closed only where the protocol says so or
+//! where going on is impossible: bad magic, unknown client flags, an `EXPORT_NAME` for an
+//! export that does not exist (it cannot carry an error), an option too large to skip, or too
+//! many options.
 
 use crate::tls::TlsMode;
 use crate::wire::*;
-use crate::{Export, MAX_PAYLOAD_BYTES, MINIMUM_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, TRANSMISSION_FLAGS};
+use crate::{meta, Export, MAX_PAYLOAD_BYTES, MINIMUM_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, TRANSMISSION_FLAGS};
 use std::fmt;
 use std::io::{self, Read, Write};
 
@@ -24,11 +27,37 @@ const MAX_SKIPPABLE_OPTION_BYTES: u32 = 1 << 20;
 /// a client that haggles forever).
 const MAX_OPTIONS: usize = 128;
 
+/// What a client negotiated in the handshake that changes the transmission phase. A client
+/// that negotiates nothing gets simple replies and the commands of [`TRANSMISSION_FLAGS`].
+/// (Whatever would reset the handshake's state, such as `NBD_OPT_STARTTLS`, must reset this:
+/// the spec says a client renegotiates these after it.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Negotiated {
+    /// `NBD_OPT_STRUCTURED_REPLY` was acknowledged: READ replies and every error are
+    /// structured ([`crate::reply`]), and READ accepts `NBD_CMD_FLAG_DF`.
+    pub structured_replies: bool,
+    /// The last `NBD_OPT_SET_META_CONTEXT` selected `base:allocation`: `NBD_CMD_BLOCK_STATUS`
+    /// is served.
+    pub base_allocation: bool,
+}
+
+impl Negotiated {
+    /// The transmission flags for this connection: [`TRANSMISSION_FLAGS`], plus `SEND_DF` with
+    /// structured replies (which the spec forbids without them).
+    pub fn transmission_flags(&self) -> u16 {
+        if self.structured_replies {
+            TRANSMISSION_FLAGS | FLAG_SEND_DF
+        } else {
+            TRANSMISSION_FLAGS
+        }
+    }
+}
+
 /// How the handshake ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Go on to the transmission phase.
-    Transmission,
+    /// Go on to the transmission phase, with what was negotiated.
+    Transmission(Negotiated),
     /// The client aborted (`NBD_OPT_ABORT`) or closed the connection between options.
     Closed,
     /// The client sent `NBD_OPT_STARTTLS` and got `NBD_REP_ACK`: the caller runs the TLS
@@ -124,6 +153,8 @@ pub fn resume_in_tls(r: &mut impl Read, w: &mut impl Write, export: &Export, res
 /// Option haggling, from option number `resume.options` on.
 fn haggle(r: &mut impl Read, w: &mut impl Write, export: &Export, tls: Tls, resume: Resume) -> Result<Outcome, HandshakeError> {
     let no_zeroes = resume.no_zeroes;
+    // Negotiated afresh in each phase: what was agreed before STARTTLS is void inside TLS.
+    let mut neg = Negotiated::default();
     // FORCEDTLS: before STARTTLS, nothing but STARTTLS and ABORT is served.
     let tls_required = tls == Tls::Before(TlsMode::Required);
     for options in resume.options..MAX_OPTIONS {
@@ -176,12 +207,12 @@ fn haggle(r: &mut impl Read, w: &mut impl Write, export: &Export, tls: Tls, resu
                 }
                 let mut b = Vec::with_capacity(10 + 124);
                 b.extend_from_slice(&export.store.disksize_bytes().to_be_bytes());
-                b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                b.extend_from_slice(&neg.transmission_flags().to_be_bytes());
                 if !no_zeroes {
                     b.extend_from_slice(&[0u8; 124]);
                 }
                 w.write_all(&b)?;
-                return Ok(Outcome::Transmission);
+                return Ok(Outcome::Transmission(neg));
             }
             OPT_STARTTLS => match tls {
                 Tls::Before(TlsMode::Off) => {
@@ -224,13 +255,19 @@ fn haggle(r: &mut impl Read, w: &mut impl Write, export: &Export, tls: Tls, resu
                     write_option_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes())?
                 }
                 Ok((_, requests)) => {
-                    send_info(w, opt, export, &requests)?;
+                    send_info(w, opt, export, neg.transmission_flags(), &requests)?;
                     write_option_reply(w, opt, REP_ACK, &[])?;
                     if opt == OPT_GO {
-                        return Ok(Outcome::Transmission);
+                        return Ok(Outcome::Transmission(neg));
                     }
                 }
             },
+            OPT_STRUCTURED_REPLY if !data.is_empty() => write_option_reply(w, opt, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data")?,
+            OPT_STRUCTURED_REPLY => {
+                neg.structured_replies = true;
+                write_option_reply(w, opt, REP_ACK, &[])?
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => meta::answer(w, opt, &data, export, &mut neg)?,
             _ => {
                 let msg = format!("option {} ({opt}) is not supported by compcache", option_name(opt));
                 write_option_reply(w, opt, REP_ERR_UNSUP, msg.as_bytes())?;
@@ -261,11 +298,11 @@ fn parse_info_request(data: &[u8]) -> Result<(&[u8], Vec<u16>), String> {
 
 /// Sends the `NBD_REP_INFO` replies: always EXPORT and BLOCK_SIZE (the latter is harmless
 /// unrequested: our constraints are the protocol's defaults), NAME and DESCRIPTION on request.
-fn send_info(w: &mut impl Write, opt: u32, export: &Export, requests: &[u16]) -> io::Result<()> {
+fn send_info(w: &mut impl Write, opt: u32, export: &Export, flags: u16, requests: &[u16]) -> io::Result<()> {
     let mut info = Vec::with_capacity(12);
     info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
     info.extend_from_slice(&export.store.disksize_bytes().to_be_bytes());
-    info.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+    info.extend_from_slice(&flags.to_be_bytes());
     write_option_reply(w, opt, REP_INFO, &info)?;
 
     let mut bs = Vec::with_capacity(14);

@@ -9,6 +9,8 @@
 //! - [`wire`]: magic numbers, flags, codes, fixed-size messages (encode/decode only);
 //! - [`handshake`]: fixed newstyle negotiation and option haggling;
 //! - [`transmission`]: request validation and dispatch to the store, replies;
+//! - [`reply`]: structured reply chunks (READ data, block status, errors);
+//! - [`meta`]: metadata contexts (`base:allocation`) and block status descriptors;
 //! - [`listener`]: binding sockets (with stale-socket detection) and accepting clients;
 //! - [`tls`]: TLS (`NBD_OPT_STARTTLS`): credentials, the TLS handshake, a TLS stream;
 //! - [`control`]: the control channel (`compcache stat`, `compcache compact`), line-based JSON;
@@ -27,8 +29,15 @@
 //! The rules (which lock protects what, in which order) are at the top of [`transmission`].
 //!
 //! ## Capabilities
-//! Declared in [`TRANSMISSION_FLAGS`]: FLUSH, FUA, TRIM, WRITE_ZEROES and MULTI_CONN. Every
-//! connection to one server reaches the same `Store`, which has no per-connection cache: a
+//! Declared in [`TRANSMISSION_FLAGS`]: FLUSH, FUA, TRIM, WRITE_ZEROES and MULTI_CONN, plus DF
+//! on a connection that negotiated structured replies
+//! ([`handshake::Negotiated::transmission_flags`]). Options: structured replies, and the
+//! `base:allocation` metadata context for `NBD_CMD_BLOCK_STATUS`, which reports unwritten,
+//! discarded and zero-filled pages as holes that read as zeroes (see [`meta`]), so that
+//! `nbdcopy`, `qemu-img convert` and `qemu-img map` skip them. Not offered: extended
+//! headers, CACHE, FAST_ZERO, resize.
+//!
+//! Every connection to one server reaches the same `Store`, which has no per-connection cache: a
 //! write is in the store (visible to every connection) before it is replied to, so FLUSH and
 //! FUA have nothing left to do and multi-conn is valid.
 //!
@@ -44,6 +53,8 @@ pub mod client;
 pub mod control;
 pub mod handshake;
 pub mod listener;
+pub mod meta;
+pub mod reply;
 pub mod tls;
 pub mod transmission;
 pub mod wire;

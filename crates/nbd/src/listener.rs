@@ -76,16 +76,10 @@ pub enum BindError {
 impl fmt::Display for BindError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BindError::InUse { path } => write!(
-                f,
-                "socket {} is in use by a running server: stop it first, or choose another path",
-                path.display()
-            ),
-            BindError::NotASocket { path } => write!(
-                f,
-                "{} exists and is not a socket: remove it or choose another path",
-                path.display()
-            ),
+            BindError::InUse { path } => {
+                write!(f, "socket {} is in use by a running server: stop it first, or choose another path", path.display())
+            }
+            BindError::NotASocket { path } => write!(f, "{} exists and is not a socket: remove it or choose another path", path.display()),
             BindError::Io { what, source } => write!(f, "{what}: {source}"),
         }
     }
@@ -100,24 +94,18 @@ impl std::error::Error for BindError {}
 pub fn bind_unix(path: &Path) -> Result<UnixListener, BindError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(|source| BindError::Io {
-                what: format!("cannot create directory {} for the socket", dir.display()),
-                source,
-            })?;
+            std::fs::create_dir_all(dir)
+                .map_err(|source| BindError::Io { what: format!("cannot create directory {} for the socket", dir.display()), source })?;
         }
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => match UnixStream::connect(path) {
             Ok(_) => return Err(BindError::InUse { path: path.to_path_buf() }),
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                std::fs::remove_file(path).map_err(|source| BindError::Io {
-                    what: format!("cannot remove stale socket {}", path.display()),
-                    source,
-                })?;
+                std::fs::remove_file(path)
+                    .map_err(|source| BindError::Io { what: format!("cannot remove stale socket {}", path.display()), source })?;
             }
-            Err(source) => {
-                return Err(BindError::Io { what: format!("cannot probe existing socket {}", path.display()), source })
-            }
+            Err(source) => return Err(BindError::Io { what: format!("cannot probe existing socket {}", path.display()), source }),
         },
         Ok(_) => return Err(BindError::NotASocket { path: path.to_path_buf() }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -127,10 +115,8 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, BindError> {
         io::ErrorKind::AddrInUse => BindError::InUse { path: path.to_path_buf() },
         _ => BindError::Io { what: format!("cannot bind socket {}", path.display()), source },
     })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| BindError::Io {
-        what: format!("cannot restrict permissions of socket {}", path.display()),
-        source,
-    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|source| BindError::Io { what: format!("cannot restrict permissions of socket {}", path.display()), source })?;
     Ok(listener)
 }
 

@@ -691,6 +691,27 @@ mod tests {
     }
 
     #[test]
+    fn what_was_negotiated_before_starttls_is_void_inside_tls() {
+        let c = creds("reset");
+        let srv = tls_server(&c, true);
+        let (mut s, t) = raw(&srv, Transport::Unix);
+        client::greet(&mut s).unwrap();
+        client::send_option(&mut s, OPT_STRUCTURED_REPLY, &[]).unwrap();
+        assert_eq!(client::recv_option_reply(&mut s).unwrap().1, REP_ACK);
+        client::send_option(&mut s, OPT_STARTTLS, &[]).unwrap();
+        assert_eq!(client::recv_option_reply(&mut s).unwrap().1, REP_ACK);
+        let conn = ClientConnection::new(client_config(&c, true), ServerName::try_from("localhost").unwrap()).unwrap();
+        let mut tls = StreamOwned::new(conn, s);
+        let info = client::info_or_go(&mut tls, OPT_GO, NAME).unwrap();
+        assert_eq!(info.flags & FLAG_SEND_DF, 0, "structured replies agreed in plaintext carried over into TLS");
+        let mut cl = Client::in_transmission(tls, info);
+        cl.write(0, b"x").unwrap();
+        assert_eq!(cl.read(0, 1).unwrap(), b"x", "simple replies");
+        cl.disconnect().unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
     fn plaintext_sent_after_starttls_before_the_ack_is_never_used() {
         let c = creds("inject");
         let srv = tls_server(&c, true);

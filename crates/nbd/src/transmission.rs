@@ -50,10 +50,12 @@
 //!    and requests fit its budget (an idle connection always admits one).
 //! 3. A write is applied only once its whole payload has arrived: a client that disconnects
 //!    mid-request loses that request and nothing else.
-//! 4. One reply is one `write_all` under the writer lock (a READ's header and data from one
-//!    buffer), so replies never interleave, and a typical reply is one syscall.
+//! 4. One reply is one `write_all` under the writer lock (a READ's or BLOCK_STATUS's header
+//!    and data from one buffer), so replies never interleave, and a typical reply is one
+//!    syscall.
 //! 5. No allocation on the I/O path once warm, for requests up to [`KEEP_BUFFER_BYTES`]: each
-//!    worker reads WRITE payloads into, and assembles READ replies in, its own reused buffer.
+//!    worker reads WRITE payloads into, and assembles READ and BLOCK_STATUS replies (simple or
+//!    structured, [`crate::reply`]) in, its own reused buffer.
 //!    A swap device is written to when memory is short; a server that must allocate to accept
 //!    a swap-out could wait on the very reclaim it is serving.
 //! 6. A connection logs at most a handful of lines: the first rejected requests, the first
@@ -72,11 +74,12 @@
 //! store already), but a client that pipelines writes and a flush gets what it meant, and its
 //! flush reply comes after those writes' replies.
 
-use crate::handshake::{self, Outcome};
+use crate::handshake::{self, Negotiated, Outcome};
 use crate::listener::Stream;
+use crate::reply::{self, ErrorChunk, HEADROOM};
 use crate::tls::TlsMode;
 use crate::wire::*;
-use crate::{log, Server, MAX_PAYLOAD_BYTES};
+use crate::{log, meta, Server, MAX_PAYLOAD_BYTES};
 use compcache_store::{Context, Store, StoreError};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::{self, BufReader, Read};
@@ -113,6 +116,8 @@ pub enum Command {
     Flush,
     Trim,
     WriteZeroes,
+    /// `base:allocation` of a range (only once negotiated).
+    BlockStatus,
     Disconnect,
 }
 
@@ -127,19 +132,27 @@ fn reject<T>(error: u32, reason: String) -> Result<T, Reject> {
     Err(Reject { error, reason })
 }
 
-/// Checks everything about a request before anything is done with it.
-pub fn validate(req: &Request, disksize_bytes: u64) -> Result<Command, Reject> {
+/// Checks everything about a request before anything is done with it, for a connection that
+/// negotiated `neg`.
+pub fn validate(req: &Request, disksize_bytes: u64, neg: &Negotiated) -> Result<Command, Reject> {
     let name = command_name(req.cmd);
     let (cmd, allowed_flags) = match req.cmd {
+        // DF is valid once advertised, with structured replies; a READ is one chunk anyway.
+        CMD_READ if neg.structured_replies => (Command::Read, CMD_FLAG_FUA | CMD_FLAG_DF),
         CMD_READ => (Command::Read, CMD_FLAG_FUA),
         CMD_WRITE => (Command::Write, CMD_FLAG_FUA),
         CMD_DISC => return Ok(Command::Disconnect),
         CMD_FLUSH => (Command::Flush, CMD_FLAG_FUA),
         CMD_TRIM => (Command::Trim, CMD_FLAG_FUA),
         CMD_WRITE_ZEROES => (Command::WriteZeroes, CMD_FLAG_FUA | CMD_FLAG_NO_HOLE),
-        CMD_CACHE | CMD_BLOCK_STATUS => {
-            return reject(EINVAL, format!("{name} is not supported (this server does not advertise it)"))
+        CMD_BLOCK_STATUS if neg.base_allocation => (Command::BlockStatus, CMD_FLAG_FUA | CMD_FLAG_REQ_ONE),
+        CMD_BLOCK_STATUS => {
+            return reject(
+                EINVAL,
+                format!("{name} without a metadata context: select {:?} with NBD_OPT_SET_META_CONTEXT first", meta::BASE_ALLOCATION),
+            )
         }
+        CMD_CACHE => return reject(EINVAL, format!("{name} is not supported (this server does not advertise it)")),
         other => return reject(EINVAL, format!("unknown command {other}")),
     };
     // FUA is valid on every command once SEND_FUA is advertised (the spec: accept, even by
@@ -184,8 +197,14 @@ impl Job {
     fn cost(&self) -> usize {
         match self.cmd {
             Command::Read | Command::Write => self.req.len as usize,
+            Command::BlockStatus => self.descriptor_room(),
             _ => 0,
         }
+    }
+
+    /// Buffer bytes a BLOCK_STATUS reply's descriptors may take.
+    fn descriptor_room(&self) -> usize {
+        meta::descriptor_room(self.req.offset, self.req.len, self.req.flags & CMD_FLAG_REQ_ONE != 0)
     }
 
     /// Whether the request changes the device (what a later FLUSH must wait for).
@@ -267,14 +286,15 @@ impl Inflight {
     }
 }
 
-/// A worker's buffer for its current request: room for a simple reply header, then the data
-/// (a WRITE's payload coming in, a READ's data going out), so a READ reply leaves in one
-/// write (rule 4). Reused from request to request (rule 5): it grows to the largest request
-/// served and is freed after one above [`KEEP_BUFFER_BYTES`], down to what it was made with.
+/// A worker's buffer for its current request: [`HEADROOM`] for a reply header, then the data
+/// (a WRITE's payload coming in, a READ's data or BLOCK_STATUS's descriptors going out), so a
+/// reply with data leaves in one write (rule 4). Reused from request to request (rule 5): it
+/// grows to the largest request served and is freed after one above [`KEEP_BUFFER_BYTES`],
+/// down to what it was made with.
 #[derive(Default)]
 struct RequestBuffer {
     bytes: Vec<u8>,
-    /// Bytes it was made with and keeps (`ServerOptions::request_buffer_bytes` plus the header).
+    /// Bytes it was made with and keeps (`ServerOptions::request_buffer_bytes` plus the headroom).
     kept: usize,
 }
 
@@ -282,31 +302,33 @@ impl RequestBuffer {
     /// A buffer with room for `data_bytes` of data, every page written once so that it is
     /// resident (fresh allocations can be untouched zero pages that fault on first use).
     fn with_room(data_bytes: usize) -> RequestBuffer {
-        let kept = if data_bytes == 0 { 0 } else { SIMPLE_REPLY_BYTES + data_bytes };
+        let kept = if data_bytes == 0 { 0 } else { HEADROOM + data_bytes };
         RequestBuffer { bytes: vec![0x5a; kept], kept }
     }
 
     /// The data area for a request of `len` bytes. Its previous contents are left as they are
     /// (no zeroing on the hot path): a WRITE payload overwrites all of it before it is used,
-    /// and READ data is sent only after the store filled all of it.
+    /// and only what the store filled of it is sent.
     fn data(&mut self, len: usize) -> &mut [u8] {
-        let end = SIMPLE_REPLY_BYTES + len;
+        let end = HEADROOM + len;
         if self.bytes.len() < end {
             self.bytes.resize(end, 0);
         }
-        &mut self.bytes[SIMPLE_REPLY_BYTES..end]
+        &mut self.bytes[HEADROOM..end]
     }
 
-    /// The successful reply to a READ of `len` bytes whose data is in [`RequestBuffer::data`].
-    fn read_reply(&mut self, handle: u64, len: usize) -> &[u8] {
-        self.bytes[..SIMPLE_REPLY_BYTES].copy_from_slice(&simple_reply(0, handle));
-        &self.bytes[..SIMPLE_REPLY_BYTES + len]
+    /// A reply: `header` (at most [`HEADROOM`] bytes) written just in front of the first `len`
+    /// bytes of [`RequestBuffer::data`], and both as one slice.
+    fn reply(&mut self, header: &[u8], len: usize) -> &[u8] {
+        let start = HEADROOM - header.len();
+        self.bytes[start..HEADROOM].copy_from_slice(header);
+        &self.bytes[start..HEADROOM + len]
     }
 
     /// Frees the buffer if the last request made it large (back to what it was made with).
     fn trim(&mut self) {
-        if self.bytes.len() > (SIMPLE_REPLY_BYTES + KEEP_BUFFER_BYTES).max(self.kept) {
-            *self = RequestBuffer::with_room(self.kept.saturating_sub(SIMPLE_REPLY_BYTES));
+        if self.bytes.len() > (HEADROOM + KEEP_BUFFER_BYTES).max(self.kept) {
+            *self = RequestBuffer::with_room(self.kept.saturating_sub(HEADROOM));
         }
     }
 }
@@ -395,6 +417,8 @@ struct Conn<S: Stream> {
     store_error_logged: AtomicBool,
     /// `ServerOptions::request_buffer_bytes`.
     request_buffer_bytes: usize,
+    /// What the handshake negotiated: structured replies, metadata contexts.
+    negotiated: Negotiated,
 }
 
 impl<S: Stream> Conn<S> {
@@ -413,6 +437,16 @@ impl<S: Stream> Conn<S> {
                 self.fail();
                 false
             }
+        }
+    }
+
+    /// Sends an error reply: an `ERROR` chunk with `message` once structured replies are
+    /// negotiated (the spec: never a simple reply to a READ then), else a simple reply.
+    fn send_error(&self, handle: u64, error: u32, message: impl std::fmt::Display) -> bool {
+        if self.negotiated.structured_replies {
+            self.send(ErrorChunk::new(handle, error, message).as_bytes())
+        } else {
+            self.send(&simple_reply(error, handle))
         }
     }
 
@@ -513,8 +547,8 @@ fn serve_after_handshake<S: Stream>(
     shutdown: S,
     label: &str,
 ) {
-    match outcome {
-        Ok(Outcome::Transmission) => {}
+    let negotiated = match outcome {
+        Ok(Outcome::Transmission(negotiated)) => negotiated,
         Ok(Outcome::StartTls(_)) => {
             // Only a plain connection starts TLS (see `run_connection`).
             log(label, "STARTTLS inside TLS; closing the connection");
@@ -533,7 +567,7 @@ fn serve_after_handshake<S: Stream>(
             shutdown.shutdown_both();
             return;
         }
-    }
+    };
 
     let workers = server.options.workers_per_connection.max(1);
     let conn = Conn {
@@ -547,6 +581,7 @@ fn serve_after_handshake<S: Stream>(
         rejects_logged: AtomicU32::new(0),
         store_error_logged: AtomicBool::new(false),
         request_buffer_bytes: server.options.request_buffer_bytes,
+        negotiated,
     };
     let store = &*server.export.store;
     std::thread::scope(|scope| {
@@ -613,7 +648,7 @@ fn worker<S: Stream>(store: &Store, conn: &Conn<S>, id: usize) {
             }
             Next::Reject(req, r) => {
                 conn.log_reject(&req, &r);
-                conn.send(&simple_reply(r.error, req.handle));
+                conn.send_error(req.handle, r.error, &r.reason);
             }
             Next::Stop => return,
         }
@@ -688,7 +723,7 @@ fn read_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn: &Conn<S>, 
         ))
     })?;
 
-    let cmd = match validate(&req, store.disksize_bytes()) {
+    let cmd = match validate(&req, store.disksize_bytes(), &conn.negotiated) {
         Ok(Command::Disconnect) => return Err(End::Disconnect),
         Ok(cmd) => cmd,
         Err(r) => {
@@ -748,36 +783,49 @@ fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job,
     if job.cmd == Command::Flush {
         conn.inflight.wait_for_earlier_writes(job.seq, &conn.failed);
     }
-    let len = job.req.len as usize;
-    let data: &mut [u8] = if matches!(job.cmd, Command::Read | Command::Write) { buf.data(len) } else { &mut [] };
-    match execute(store, ctx, job, data) {
-        Ok(()) if job.cmd == Command::Read => conn.send(buf.read_reply(job.req.handle, len)),
-        Ok(()) => conn.send(&simple_reply(0, job.req.handle)),
+    let (handle, offset) = (job.req.handle, job.req.offset);
+    let room = match job.cmd {
+        Command::Read | Command::Write => job.req.len as usize,
+        Command::BlockStatus => job.descriptor_room(),
+        _ => 0,
+    };
+    let structured = conn.negotiated.structured_replies;
+    match execute(store, ctx, job, buf.data(room)) {
+        Ok(n) => match job.cmd {
+            Command::Read if structured => conn.send(buf.reply(&reply::offset_data_header(handle, offset, n as u32), n)),
+            Command::Read => conn.send(buf.reply(&simple_reply(0, handle), n)),
+            Command::BlockStatus => conn.send(buf.reply(&reply::block_status_header(handle, meta::BASE_ALLOCATION_ID, n as u32), n)),
+            _ => conn.send(&simple_reply(0, handle)),
+        },
         Err(e) => {
             conn.log_store_error(&job.req, &e);
             // A failed READ is answered with the error and no data.
-            conn.send(&simple_reply(nbd_error(e.errno()), job.req.handle))
+            conn.send_error(handle, nbd_error(e.errno()), &e)
         }
     };
 }
 
 /// The one place requests reach the store: one call per command. `data` is the READ
-/// destination or the WRITE payload.
-fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Result<(), StoreError> {
+/// destination, the WRITE payload, or room for BLOCK_STATUS's descriptors; returns how many
+/// bytes of it the reply carries.
+fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Result<usize, StoreError> {
     let (offset, len) = (job.req.offset, job.req.len as u64);
     let modifies = matches!(job.cmd, Command::Write | Command::Trim | Command::WriteZeroes);
-    match job.cmd {
-        Command::Read => store.read(ctx, offset, data),
-        Command::Write => store.write(ctx, offset, data),
-        Command::Flush => store.flush(),
-        Command::Trim => store.discard(offset, len),
-        Command::WriteZeroes => store.write_zeroes(ctx, offset, len),
+    let reply_bytes = match job.cmd {
+        Command::Read => store.read(ctx, offset, data).map(|()| data.len()),
+        Command::Write => store.write(ctx, offset, data).map(|()| 0),
+        Command::Flush => store.flush().map(|()| 0),
+        Command::Trim => store.discard(offset, len).map(|()| 0),
+        Command::WriteZeroes => store.write_zeroes(ctx, offset, len).map(|()| 0),
+        // As many extents as `data` has room for (one with REQ_ONE): the spec lets a reply
+        // cover less than the range. None reaches past the range (the spec would allow it).
+        Command::BlockStatus => store.block_status(offset, len).map(|extents| meta::encode_extents(data, extents)),
         Command::Disconnect => unreachable!("NBD_CMD_DISC ends the reading; it is never served"),
     }?;
     if modifies && job.req.flags & CMD_FLAG_FUA != 0 && store.has_backing() {
         store.flush()?;
     }
-    Ok(())
+    Ok(reply_bytes)
 }
 
 #[cfg(test)]
@@ -839,6 +887,35 @@ mod tests {
     }
 
     const SIZE: u64 = 1 << 20;
+    /// A connection that negotiated nothing.
+    const NONE: Negotiated = Negotiated { structured_replies: false, base_allocation: false };
+    const STRUCTURED: Negotiated = Negotiated { structured_replies: true, base_allocation: false };
+    const BLOCK_STATUS: Negotiated = Negotiated { structured_replies: true, base_allocation: true };
+
+    #[test]
+    fn negotiation_decides_df_and_block_status() {
+        let df = req(CMD_READ, CMD_FLAG_DF, 0, 4096);
+        assert!(validate(&df, SIZE, &NONE).unwrap_err().reason.contains("flags 0x4"), "DF needs structured replies");
+        assert_eq!(validate(&df, SIZE, &STRUCTURED), Ok(Command::Read));
+
+        let bs = req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 4096, u32::MAX);
+        let e = validate(&bs, 1 << 33, &STRUCTURED).unwrap_err();
+        assert_eq!(e.error, EINVAL, "no context selected");
+        assert!(e.reason.contains("NBD_OPT_SET_META_CONTEXT"), "{}", e.reason);
+        assert_eq!(validate(&bs, 1 << 33, &BLOCK_STATUS), Ok(Command::BlockStatus), "no payload limit: a range of 4 GiB");
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, SIZE - 1, 2), SIZE, &BLOCK_STATUS).unwrap_err().error, EINVAL, "past the end");
+        assert_eq!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 0), SIZE, &BLOCK_STATUS).unwrap_err().error, EINVAL, "length 0");
+        assert!(validate(&req(CMD_BLOCK_STATUS, CMD_FLAG_DF, 0, 1), SIZE, &BLOCK_STATUS).is_err(), "DF is for READ");
+        assert!(validate(&req(CMD_WRITE, CMD_FLAG_REQ_ONE, 0, 1), SIZE, &BLOCK_STATUS).is_err(), "REQ_ONE is for BLOCK_STATUS");
+        assert_eq!(
+            (
+                job(Command::BlockStatus, 1, 1 << 20).cost(),
+                Job { req: req(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 1 << 20), cmd: Command::BlockStatus, seq: 1 }.cost()
+            ),
+            (256 * meta::DESCRIPTOR_BYTES, meta::DESCRIPTOR_BYTES),
+            "a BLOCK_STATUS holds room for its descriptors in the budget"
+        );
+    }
 
     #[test]
     fn request_buffers_are_reused_and_bounded() {
@@ -849,13 +926,17 @@ mod tests {
         assert_eq!(b.data(100).as_ptr(), ptr, "a warm worker reuses its buffer");
         assert_eq!(b.data(100).len(), 100);
         assert_eq!(b.data(4096).as_ptr(), ptr, "a smaller request does not shrink it");
-        let reply = b.read_reply(0x55, 3);
+        let reply = b.reply(&simple_reply(0, 0x55), 3);
         assert_eq!(reply.len(), SIMPLE_REPLY_BYTES + 3);
         assert_eq!(reply[..SIMPLE_REPLY_BYTES], simple_reply(0, 0x55));
         assert_eq!(reply[SIMPLE_REPLY_BYTES..], [7, 7, 7], "header and data leave from one buffer");
+        let header = reply::offset_data_header(0x55, 4096, 3);
+        let reply = b.reply(&header, 3);
+        assert_eq!((&reply[..header.len()], &reply[header.len()..]), (&header[..], &[7u8, 7, 7][..]), "a structured header too");
+        assert_eq!(b.data(4096).as_ptr(), ptr, "writing headers moves no data");
         b.data(KEEP_BUFFER_BYTES);
         b.trim();
-        assert_eq!(b.bytes.len(), SIMPLE_REPLY_BYTES + KEEP_BUFFER_BYTES, "up to the limit it is kept");
+        assert_eq!(b.bytes.len(), HEADROOM + KEEP_BUFFER_BYTES, "up to the limit it is kept");
         b.data(KEEP_BUFFER_BYTES + 1);
         b.trim();
         assert_eq!(b.bytes.capacity(), 0, "above the limit it is freed");
@@ -870,10 +951,10 @@ mod tests {
             assert_eq!(b.data(len).as_ptr(), ptr, "a request within the room uses the buffer it was made with");
             b.trim();
         }
-        assert_eq!(b.bytes.len(), SIMPLE_REPLY_BYTES + room, "trim keeps the room, even above KEEP_BUFFER_BYTES");
+        assert_eq!(b.bytes.len(), HEADROOM + room, "trim keeps the room, even above KEEP_BUFFER_BYTES");
         b.data(room + 1);
         b.trim();
-        assert_eq!(b.bytes.len(), SIMPLE_REPLY_BYTES + room, "after a larger request it is back to its room");
+        assert_eq!(b.bytes.len(), HEADROOM + room, "after a larger request it is back to its room");
     }
 
     fn job(cmd: Command, seq: u64, len: u32) -> Job {
@@ -937,40 +1018,38 @@ mod tests {
 
     #[test]
     fn valid_requests_pass() {
-        assert_eq!(validate(&req(CMD_READ, 0, 0, 4096), SIZE), Ok(Command::Read));
-        assert_eq!(validate(&req(CMD_WRITE, CMD_FLAG_FUA, SIZE - 1, 1), SIZE), Ok(Command::Write));
-        assert_eq!(validate(&req(CMD_READ, 0, 3, 5), SIZE), Ok(Command::Read), "unaligned is served");
-        assert_eq!(validate(&req(CMD_FLUSH, 0, 0, 0), SIZE), Ok(Command::Flush));
-        assert_eq!(validate(&req(CMD_TRIM, 0, 0, SIZE as u32), SIZE), Ok(Command::Trim));
-        assert_eq!(
-            validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, 4096, 8192), SIZE),
-            Ok(Command::WriteZeroes)
-        );
-        assert_eq!(validate(&req(CMD_DISC, 0, 0, 0), SIZE), Ok(Command::Disconnect));
+        assert_eq!(validate(&req(CMD_READ, 0, 0, 4096), SIZE, &NONE), Ok(Command::Read));
+        assert_eq!(validate(&req(CMD_WRITE, CMD_FLAG_FUA, SIZE - 1, 1), SIZE, &NONE), Ok(Command::Write));
+        assert_eq!(validate(&req(CMD_READ, 0, 3, 5), SIZE, &NONE), Ok(Command::Read), "unaligned is served");
+        assert_eq!(validate(&req(CMD_FLUSH, 0, 0, 0), SIZE, &NONE), Ok(Command::Flush));
+        assert_eq!(validate(&req(CMD_TRIM, 0, 0, SIZE as u32), SIZE, &NONE), Ok(Command::Trim));
+        assert_eq!(validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, 4096, 8192), SIZE, &NONE), Ok(Command::WriteZeroes));
+        assert_eq!(validate(&req(CMD_DISC, 0, 0, 0), SIZE, &NONE), Ok(Command::Disconnect));
     }
 
     #[test]
     fn out_of_range_gets_the_spec_errors() {
-        let e = validate(&req(CMD_READ, 0, SIZE - 4095, 4096), SIZE).unwrap_err();
+        let e = validate(&req(CMD_READ, 0, SIZE - 4095, 4096), SIZE, &NONE).unwrap_err();
         assert_eq!(e.error, EINVAL);
         assert!(e.reason.contains("past the end"), "{}", e.reason);
-        assert_eq!(validate(&req(CMD_WRITE, 0, SIZE, 1), SIZE).unwrap_err().error, ENOSPC);
-        assert_eq!(validate(&req(CMD_WRITE_ZEROES, 0, u64::MAX, 1), SIZE).unwrap_err().error, ENOSPC, "no overflow");
-        assert_eq!(validate(&req(CMD_TRIM, 0, SIZE + 1, 0x10), SIZE).unwrap_err().error, EINVAL);
+        assert_eq!(validate(&req(CMD_WRITE, 0, SIZE, 1), SIZE, &NONE).unwrap_err().error, ENOSPC);
+        assert_eq!(validate(&req(CMD_WRITE_ZEROES, 0, u64::MAX, 1), SIZE, &NONE).unwrap_err().error, ENOSPC, "no overflow");
+        assert_eq!(validate(&req(CMD_TRIM, 0, SIZE + 1, 0x10), SIZE, &NONE).unwrap_err().error, EINVAL);
     }
 
     #[test]
     fn bad_commands_flags_and_lengths_are_einval() {
-        assert!(validate(&req(99, 0, 0, 1), SIZE).unwrap_err().reason.contains("unknown command 99"));
-        assert!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 1), SIZE).unwrap_err().reason.contains("not supported"));
-        assert!(validate(&req(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1), SIZE).unwrap_err().reason.contains("flags 0x2"));
-        assert!(validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1), SIZE).is_err());
-        assert!(validate(&req(CMD_FLUSH, 0, 0, 1), SIZE).is_err());
-        assert!(validate(&req(CMD_READ, 0, 0, 0), SIZE).unwrap_err().reason.contains("length 0"));
-        let big = validate(&req(CMD_READ, 0, 0, MAX_PAYLOAD_BYTES + 1), 1 << 30).unwrap_err();
+        assert!(validate(&req(99, 0, 0, 1), SIZE, &NONE).unwrap_err().reason.contains("unknown command 99"));
+        assert!(validate(&req(CMD_BLOCK_STATUS, 0, 0, 1), SIZE, &NONE).unwrap_err().reason.contains("without a metadata context"));
+        assert!(validate(&req(CMD_CACHE, 0, 0, 1), SIZE, &NONE).unwrap_err().reason.contains("not supported"));
+        assert!(validate(&req(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1), SIZE, &NONE).unwrap_err().reason.contains("flags 0x2"));
+        assert!(validate(&req(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1), SIZE, &NONE).is_err());
+        assert!(validate(&req(CMD_FLUSH, 0, 0, 1), SIZE, &NONE).is_err());
+        assert!(validate(&req(CMD_READ, 0, 0, 0), SIZE, &NONE).unwrap_err().reason.contains("length 0"));
+        let big = validate(&req(CMD_READ, 0, 0, MAX_PAYLOAD_BYTES + 1), 1 << 30, &NONE).unwrap_err();
         assert_eq!(big.error, EINVAL);
         assert!(big.reason.contains("maximum payload"));
         // Commands without payload may exceed the payload limit.
-        assert_eq!(validate(&req(CMD_TRIM, 0, 0, u32::MAX), 1 << 33), Ok(Command::Trim));
+        assert_eq!(validate(&req(CMD_TRIM, 0, 0, u32::MAX), 1 << 33, &NONE), Ok(Command::Trim));
     }
 }

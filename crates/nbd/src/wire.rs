@@ -18,6 +18,8 @@ pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 /// Prefix of every simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+/// Prefix of every structured reply chunk (once `NBD_OPT_STRUCTURED_REPLY` is negotiated).
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 
 // --- handshake flags (server, 16 bits)
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -56,6 +58,7 @@ pub const OPT_EXTENDED_HEADERS: u32 = 11;
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR + 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR + 2;
@@ -90,6 +93,21 @@ pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
+// --- structured reply chunks: flags and types
+pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+pub const REPLY_TYPE_NONE: u16 = 0;
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
+pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
+
+// --- block status flags of the `base:allocation` context
+/// The extent is not allocated: writing to it may allocate (and fail with ENOSPC).
+pub const STATE_HOLE: u32 = 1 << 0;
+/// The extent reads as zeroes.
+pub const STATE_ZERO: u32 = 1 << 1;
+
 // --- error values of the reply (the protocol's, which happen to be Linux errno values)
 pub const EPERM: u32 = 1;
 pub const EIO: u32 = 5;
@@ -121,6 +139,8 @@ pub fn nbd_error(errno: i32) -> u32 {
 pub const REQUEST_HEADER_BYTES: usize = 28;
 /// The size of a simple reply header on the wire.
 pub const SIMPLE_REPLY_BYTES: usize = 16;
+/// The size of a structured reply chunk header on the wire (its payload follows).
+pub const CHUNK_HEADER_BYTES: usize = 20;
 
 /// The names of commands, for log lines and error messages.
 pub fn command_name(cmd: u16) -> &'static str {
@@ -171,13 +191,7 @@ impl Request {
         if magic != REQUEST_MAGIC {
             return Err(magic);
         }
-        Ok(Request {
-            flags: be16(&b[4..6]),
-            cmd: be16(&b[6..8]),
-            handle: be64(&b[8..16]),
-            offset: be64(&b[16..24]),
-            len: be32(&b[24..28]),
-        })
+        Ok(Request { flags: be16(&b[4..6]), cmd: be16(&b[6..8]), handle: be64(&b[8..16]), offset: be64(&b[16..24]), len: be32(&b[24..28]) })
     }
 
     /// Encodes a header (used by the client half in tests and tools).
@@ -199,6 +213,17 @@ pub fn simple_reply(error: u32, handle: u64) -> [u8; SIMPLE_REPLY_BYTES] {
     b[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
     b[4..8].copy_from_slice(&error.to_be_bytes());
     b[8..16].copy_from_slice(&handle.to_be_bytes());
+    b
+}
+
+/// Encodes a structured reply chunk header for a payload of `payload_bytes`.
+pub fn chunk_header(flags: u16, kind: u16, handle: u64, payload_bytes: u32) -> [u8; CHUNK_HEADER_BYTES] {
+    let mut b = [0u8; CHUNK_HEADER_BYTES];
+    b[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&flags.to_be_bytes());
+    b[6..8].copy_from_slice(&kind.to_be_bytes());
+    b[8..16].copy_from_slice(&handle.to_be_bytes());
+    b[16..20].copy_from_slice(&payload_bytes.to_be_bytes());
     b
 }
 

@@ -89,10 +89,7 @@ impl BackingConfig {
     fn validate(&self) -> Result<(), StoreError> {
         let bad = |m: String| Err(StoreError::Config(format!("backing device {}: {m}", self.path.display())));
         if !(1..=100).contains(&self.high_pct) || self.low_pct >= self.high_pct {
-            return bad(format!(
-                "writeback watermarks high {}% low {}%: need 0 <= low < high <= 100",
-                self.high_pct, self.low_pct
-            ));
+            return bad(format!("writeback watermarks high {}% low {}%: need 0 <= low < high <= 100", self.high_pct, self.low_pct));
         }
         if self.segment_bytes < PAGE_SIZE as u64 * 4 || self.segment_bytes % PAGE_SIZE as u64 != 0 {
             return bad(format!("segment size {} is not a multiple of {PAGE_SIZE} of at least 4 pages", self.segment_bytes));
@@ -117,10 +114,7 @@ impl Config {
     /// Checks that the configuration can work, with a message that says what to change.
     pub fn validate(&self) -> Result<(), StoreError> {
         if self.disksize_bytes < PAGE_SIZE as u64 {
-            return Err(StoreError::Config(format!(
-                "device size {} bytes is smaller than one {PAGE_SIZE}-byte page",
-                self.disksize_bytes
-            )));
+            return Err(StoreError::Config(format!("device size {} bytes is smaller than one {PAGE_SIZE}-byte page", self.disksize_bytes)));
         }
         if self.disksize_bytes / PAGE_SIZE as u64 > crate::slot::MAX_SLOTS {
             return Err(StoreError::Config(format!(
@@ -130,10 +124,7 @@ impl Config {
             )));
         }
         if self.huge_threshold_bytes < 64 || self.huge_threshold_bytes > PAGE_SIZE {
-            return Err(StoreError::Config(format!(
-                "huge threshold {} is outside 64..={PAGE_SIZE} bytes",
-                self.huge_threshold_bytes
-            )));
+            return Err(StoreError::Config(format!("huge threshold {} is outside 64..={PAGE_SIZE} bytes", self.huge_threshold_bytes)));
         }
         if let Some(b) = &self.backing {
             b.validate()?;

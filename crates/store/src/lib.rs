@@ -29,15 +29,15 @@ pub mod error;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;
-pub mod zspool;
 mod zeroed;
+pub mod zspool;
 
-pub use compress::Algorithm;
 pub use backing::{BackingDevice, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
+pub use compress::Algorithm;
 pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config};
 pub use error::StoreError;
 pub use stats::Stats;
-pub use store::{Context, Store};
+pub use store::{Allocation, Context, Extent, Extents, Store};
 
 /// The page size the device is addressed in. Everything is in units of it.
 pub const PAGE_SIZE: usize = 4096;

@@ -27,7 +27,10 @@
 //!    writes never do I/O under a slot lock.
 //! 5. The meta word may be loaded without the lock, as a hint only ([`Slot::peek`]: kind,
 //!    access time, size). The backing tier's scans (writeback, GC) use it to skip slots that
-//!    cannot interest them; every decision is taken again under the lock.
+//!    cannot interest them; every decision is taken again under the lock. Block status
+//!    (`Store::block_status`) reports the hinted kind as it is (a snapshot, which the NBD
+//!    protocol allows to be stale under concurrent writes) and locks only SAME slots, for
+//!    their fill word.
 //! 6. The backing tier's locks (defined and described in `backing/mod.rs`) fit into this
 //!    order as follows: the maintenance mutex (one writeback or GC at a time) is taken before
 //!    any slot lock; the overflow log head and the free-segment list are leaves, taken after

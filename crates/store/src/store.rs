@@ -24,7 +24,7 @@ use crate::backing::{resident_bytes, Backing, BackingDevice, ReadBuf};
 use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
 use crate::config::Config;
 use crate::error::StoreError;
-use crate::slot::{Entry, Slot, SlotGuard};
+use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{Counters, Stats};
 use crate::zeroed::ZeroedSlice;
 use crate::zspool::{Handle, PoolFull, ZsPool};
@@ -78,7 +78,11 @@ enum Fetched<'a> {
     /// `ctx.cbuf[..len]` holds compressed bytes to decompress into the output.
     Compressed(usize),
     /// The page is the record at `loc` on the backing device, whose segment `_pin` keeps.
-    Backing { loc: u64, len: u16, _pin: Pin<'a> },
+    Backing {
+        loc: u64,
+        len: u16,
+        _pin: Pin<'a>,
+    },
 }
 
 impl Store {
@@ -239,6 +243,42 @@ impl Store {
         match &self.backing {
             Some(b) => b.sync(),
             None => Ok(()),
+        }
+    }
+
+    /// What `offset..offset + len` holds, as consecutive [`Extent`]s from `offset` on: adjacent
+    /// pages in the same state are merged, the first and last extent are cut at the range's
+    /// ends (so they never reach outside it, and either may be part of a page). For
+    /// block status (NBD's `base:allocation`): a client skips reading and copying holes.
+    ///
+    /// Lazy and allocation-free: the iterator looks at a slot only when it gets there, so a
+    /// caller that wants one extent (or a bounded number) takes that many and the rest of the
+    /// range is never scanned.
+    ///
+    /// A snapshot, not a lock: a page written or discarded concurrently may be reported in
+    /// either state, as the protocol allows (block status is only meaningful without concurrent
+    /// writers). Every write or discard completed before the call is seen. Slots are looked at
+    /// with `Slot::peek` (slot.rs rule 5), and only a same-filled slot is locked, to read its
+    /// fill word. Not locking the others matters beyond contention: the slot table is committed
+    /// only where it is touched, and a lock would dirty (commit) the table of a sparse device
+    /// that a client merely maps; a peek of an untouched part reads the shared zero page.
+    pub fn block_status(&self, offset: u64, len: u64) -> Result<Extents<'_>, StoreError> {
+        self.check_range(offset, len)?;
+        Ok(Extents { store: self, pos: offset, end: offset + len })
+    }
+
+    /// What page `index` holds, for [`Store::block_status`].
+    fn allocation(&self, index: u64) -> Allocation {
+        let slot = &self.slots[index as usize];
+        match slot.peek().kind {
+            Kind::Empty => Allocation::Hole,
+            // The fill word is `data`, read only under the lock (rule 1); the kind may have
+            // changed since the peek, so the locked entry decides.
+            Kind::Same => match slot.lock().entry() {
+                Entry::Empty | Entry::Same(0) => Allocation::Hole,
+                _ => Allocation::Data,
+            },
+            Kind::Compressed | Kind::Huge | Kind::Backing => Allocation::Data,
         }
     }
 
@@ -538,9 +578,7 @@ impl Store {
     fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
         match fetched {
             Fetched::Done => Ok(()),
-            Fetched::Compressed(len) => {
-                ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason })
-            }
+            Fetched::Compressed(len) => ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason }),
             Fetched::Backing { loc, len, _pin } => {
                 let b = self.backing.as_ref().expect("BACKING entries exist only with a backing device");
                 let len = len as usize;
@@ -603,9 +641,7 @@ impl Store {
             // one free of a live object and nobody can reach it any more.
             Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(Handle(handle)) },
             Entry::Empty | Entry::Same(_) => {}
-            Entry::Backing { loc, len } => {
-                self.backing.as_ref().expect("BACKING entries exist only with a backing device").free(loc, len)
-            }
+            Entry::Backing { loc, len } => self.backing.as_ref().expect("BACKING entries exist only with a backing device").free(loc, len),
         }
     }
 
@@ -762,6 +798,53 @@ impl Store {
             slot_table_bytes: self.slots.bytes() as u64,
             mem_reserve_free: self.pool.resident_free_pages() * PAGE,
         }
+    }
+}
+
+/// What a range of the device holds, as [`Store::block_status`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// Reads as zeroes and holds no memory: never written, discarded (TRIM, swap-free-notify,
+    /// a whole page of WRITE_ZEROES), or written with zeroes (a same-filled page whose fill
+    /// word is 0, which, as in zram, is only its slot entry). Writing to it allocates.
+    Hole,
+    /// Anything else: a compressed or raw page, a page same-filled with a non-zero word, a page
+    /// on the backing device.
+    Data,
+}
+
+/// Consecutive bytes of the device in one [`Allocation`] state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len_bytes: u64,
+    pub allocation: Allocation,
+}
+
+/// The extents of a range, from [`Store::block_status`]: consecutive, each one maximal (the
+/// next one is in the other state), none empty, together exactly the range.
+pub struct Extents<'a> {
+    store: &'a Store,
+    /// Where the next extent starts.
+    pos: u64,
+    /// The end of the range.
+    end: u64,
+}
+
+impl Iterator for Extents<'_> {
+    type Item = Extent;
+
+    fn next(&mut self) -> Option<Extent> {
+        if self.pos >= self.end {
+            return None;
+        }
+        let start = self.pos;
+        let allocation = self.store.allocation(start / PAGE);
+        let mut next = start / PAGE + 1;
+        while next * PAGE < self.end && self.store.allocation(next) == allocation {
+            next += 1;
+        }
+        self.pos = (next * PAGE).min(self.end);
+        Some(Extent { len_bytes: self.pos - start, allocation })
     }
 }
 

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{kind_strategy as kind, kind_of, page, plausible, write_until_error, xorshift, Kind, PAGE};
+use common::{kind_of, kind_strategy as kind, page, plausible, write_until_error, xorshift, Kind, PAGE};
 use compcache_store::{BackingConfig, BackingDevice, Config, FileDevice, Store, StoreError, WritebackBudget};
 use proptest::prelude::*;
 use std::io;
@@ -737,5 +737,8 @@ fn every_backing_statistic_is_updated() {
     for (name, v) in fields {
         assert!(v > 0, "{name} never moved: {s:?}");
     }
-    assert_eq!(s.bd_stat_line().split_whitespace().map(|v| v.parse().unwrap()).collect::<Vec<u64>>(), [s.bd_count, s.bd_reads, s.bd_writes]);
+    assert_eq!(
+        s.bd_stat_line().split_whitespace().map(|v| v.parse().unwrap()).collect::<Vec<u64>>(),
+        [s.bd_count, s.bd_reads, s.bd_writes]
+    );
 }

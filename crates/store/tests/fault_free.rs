@@ -218,7 +218,10 @@ fn the_backing_path_takes_no_page_fault_either() {
          {} device reads, {} promoted; faults: writes {write_faults}, writeback {writeback_faults}, reads {read_faults}",
         wb.pages, wb.writes, st.bd_reads, st.bd_promoted_pages
     );
-    assert!(overflowed > 1000 && wb.pages > 200 && wb.writes >= 2, "the test should overflow and write back: {overflowed} overflowed, {wb:?}");
+    assert!(
+        overflowed > 1000 && wb.pages > 200 && wb.writes >= 2,
+        "the test should overflow and write back: {overflowed} overflowed, {wb:?}"
+    );
     assert!(good == 3 * warm && st.bd_reads > 3 * (warm - 1000), "pages read: {good}, device reads {}", st.bd_reads);
     assert_eq!(
         (write_faults, writeback_faults, read_faults),

@@ -29,13 +29,7 @@ pub struct Request {
 /// Decodes one descriptor. `op_flags` is `ublksrv_io_desc.op_flags` (operation in the low 8
 /// bits, `UBLK_IO_F_*` above), sectors are 512-byte units whatever the block size.
 /// Errors are negative errno values, ready to complete the request with.
-pub fn decode(
-    op_flags: u32,
-    start_sector: u64,
-    nr_sectors: u32,
-    dev_bytes: u64,
-    io_buf_bytes: usize,
-) -> Result<Request, i32> {
+pub fn decode(op_flags: u32, start_sector: u64, nr_sectors: u32, dev_bytes: u64, io_buf_bytes: usize) -> Result<Request, i32> {
     let op = match op_flags & 0xff {
         sys::UBLK_IO_OP_READ => Op::Read,
         sys::UBLK_IO_OP_WRITE => Op::Write,

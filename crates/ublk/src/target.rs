@@ -54,13 +54,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Options {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Options {
-            nr_queues: cpus.clamp(1, 64) as u16,
-            queue_depth: 64,
-            io_buf_bytes: 64 << 10,
-            mlock_io_buffers: true,
-            dev_id: -1,
-        }
+        Options { nr_queues: cpus.clamp(1, 64) as u16, queue_depth: 64, io_buf_bytes: 64 << 10, mlock_io_buffers: true, dev_id: -1 }
     }
 }
 
@@ -73,10 +67,7 @@ impl Options {
             return Err(Error::Options(format!("queue depth {} is over ublk's 4096", self.queue_depth)));
         }
         if self.io_buf_bytes < PAGE_SIZE as u32 || self.io_buf_bytes % PAGE_SIZE as u32 != 0 {
-            return Err(Error::Options(format!(
-                "I/O buffer of {} bytes is not a whole number of pages",
-                self.io_buf_bytes
-            )));
+            return Err(Error::Options(format!("I/O buffer of {} bytes is not a whole number of pages", self.io_buf_bytes)));
         }
         Ok(())
     }
@@ -100,9 +91,7 @@ pub fn kernel_support() -> Result<(), Error> {
     if std::path::Path::new(CONTROL_PATH).exists() {
         return Ok(());
     }
-    let loaded = std::fs::read_to_string("/proc/modules")
-        .map(|m| m.lines().any(|l| l.starts_with("ublk_drv ")))
-        .unwrap_or(false);
+    let loaded = std::fs::read_to_string("/proc/modules").map(|m| m.lines().any(|l| l.starts_with("ublk_drv "))).unwrap_or(false);
     Err(Error::Unsupported(if loaded {
         format!("ublk_drv is loaded but {CONTROL_PATH} is missing (no devtmpfs/udev?)")
     } else {
@@ -186,9 +175,7 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store) {
     let dev_bytes = dev.tgt.dev_size;
     let io_buf_bytes = dev.dev_info.max_io_buf_bytes as usize;
 
-    let queue = match UblkQueue::new(qid, dev)
-        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
-    {
+    let queue = match UblkQueue::new(qid, dev).and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs)))) {
         Ok(q) => q,
         Err(e) => {
             eprintln!("compcache-ublk: queue {qid} failed to start: {e}");

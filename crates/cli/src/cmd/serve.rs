@@ -123,7 +123,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
         lock_memory()?;
     }
     let store = Store::new(cfg.clone()).map_err(|e| {
-        let hint = if args.mlock { " (with --mlock, locked memory counts against RLIMIT_MEMLOCK: run as root or raise `ulimit -l`)" } else { "" };
+        let hint =
+            if args.mlock { " (with --mlock, locked memory counts against RLIMIT_MEMLOCK: run as root or raise `ulimit -l`)" } else { "" };
         Failure::new(format!("cannot create the device: {e}{hint}"))
     })?;
     let store = Arc::new(store);
@@ -298,9 +299,9 @@ fn tls_options(args: &Args, tcp: Option<SocketAddr>) -> Result<Option<TlsOptions
 fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
     let addr = match text.parse::<u16>() {
         Ok(port) => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
-        Err(_) => text.parse::<SocketAddr>().map_err(|_| {
-            Failure::usage(format!("--listen {text}: give a port (10809) or an address and port (127.0.0.1:10809)"))
-        })?,
+        Err(_) => text
+            .parse::<SocketAddr>()
+            .map_err(|_| Failure::usage(format!("--listen {text}: give a port (10809) or an address and port (127.0.0.1:10809)")))?,
     };
     Ok(addr)
 }

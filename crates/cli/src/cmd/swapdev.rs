@@ -54,10 +54,7 @@ fn random_uuid() -> [u8; 16] {
 /// mkswap: writes a swap header on `dev` of `size_bytes` and syncs it to the device.
 pub fn mkswap(dev: &Path, size_bytes: u64) -> Result<(), Failure> {
     let header = swap_header(size_bytes, random_uuid(), "compcache").map_err(Failure::new)?;
-    let f = OpenOptions::new()
-        .write(true)
-        .open(dev)
-        .map_err(|e| Failure::new(format!("mkswap: opening {}: {e}", dev.display())))?;
+    let f = OpenOptions::new().write(true).open(dev).map_err(|e| Failure::new(format!("mkswap: opening {}: {e}", dev.display())))?;
     f.write_all_at(&header, 0)
         .and_then(|_| f.sync_all())
         .map_err(|e| Failure::new(format!("mkswap: writing the header on {}: {e}", dev.display())))
@@ -247,7 +244,11 @@ impl SwapState {
     /// Every recorded device.
     pub fn all() -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = std::fs::read_dir(STATE_DIR)
-            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().ends_with(".json") && !p.to_string_lossy().ends_with(".stats.json")).collect())
+            .map(|d| {
+                d.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.to_string_lossy().ends_with(".json") && !p.to_string_lossy().ends_with(".stats.json"))
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         v

@@ -115,9 +115,12 @@ struct Settings {
 }
 
 fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Settings>, Failure> {
-    let (sections, files) = if args.no_config { (Vec::new(), Vec::new()) } else { zramconf::load(args.config.as_deref()).map_err(Failure::usage)? };
+    let (sections, files) =
+        if args.no_config { (Vec::new(), Vec::new()) } else { zramconf::load(args.config.as_deref()).map_err(Failure::usage)? };
     let section = match &args.section {
-        Some(name) => Some(sections.iter().find(|s| &s.name == name).ok_or_else(|| Failure::usage(format!("no [{name}] section in the configuration")))?),
+        Some(name) => Some(
+            sections.iter().find(|s| &s.name == name).ok_or_else(|| Failure::usage(format!("no [{name}] section in the configuration")))?,
+        ),
         None => sections.first(),
     };
     let conf = match section {
@@ -232,10 +235,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     let mut cmd = Command::new(exe);
     cmd.args(server_command(frontend, &s, &args.reserve, ready_w.as_raw_fd()));
     // Its own process group: a Ctrl-C meant for this command does not reach the server.
-    cmd.stdin(Stdio::null())
-        .stdout(log_file.try_clone().map_err(|e| Failure::new(e.to_string()))?)
-        .stderr(log_file)
-        .process_group(0);
+    cmd.stdin(Stdio::null()).stdout(log_file.try_clone().map_err(|e| Failure::new(e.to_string()))?).stderr(log_file).process_group(0);
     let mut child = cmd.spawn().map_err(|e| Failure::new(format!("starting the {frontend} server: {e}")))?;
     drop(ready_w);
 
@@ -245,7 +245,11 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
             let _ = child.kill();
             let _ = child.wait();
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(Failure::new(format!("the {frontend} server did not bring a device up; its log ({}):\n{}", log.display(), tail.trim_end())));
+            return Err(Failure::new(format!(
+                "the {frontend} server did not bring a device up; its log ({}):\n{}",
+                log.display(),
+                tail.trim_end()
+            )));
         }
     };
     let state = SwapState {
@@ -341,11 +345,8 @@ fn stop_server(state: &SwapState) -> Result<(), Failure> {
 }
 
 pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
-    let states: Vec<PathBuf> = if args.devices.is_empty() {
-        SwapState::all()
-    } else {
-        args.devices.iter().map(|d| SwapState::path_for(d)).collect()
-    };
+    let states: Vec<PathBuf> =
+        if args.devices.is_empty() { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(d)).collect() };
     if states.is_empty() {
         println!("compcache: no compcache swap devices");
         return Ok(());
@@ -482,15 +483,42 @@ mod tests {
             Ublk(UblkArgs),
             NbdAttach(NbdAttachArgs),
         }
-        let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd", "--level", "3", "--backing", "/dev/vdb", "--writeback-high", "80", "--backing-incompressible"]), 2 * GIB).unwrap().unwrap();
+        let s = settings(
+            &args(&[
+                "--no-config",
+                "--size",
+                "1G",
+                "--mem-limit",
+                "16M",
+                "--algorithm",
+                "zstd",
+                "--level",
+                "3",
+                "--backing",
+                "/dev/vdb",
+                "--writeback-high",
+                "80",
+                "--backing-incompressible",
+            ]),
+            2 * GIB,
+        )
+        .unwrap()
+        .unwrap();
         let cmd = server_command("ublk", &s, "8M", 5);
-        let Server::Ublk(u) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else { panic!("not ublk") };
+        let Server::Ublk(u) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else {
+            panic!("not ublk")
+        };
         let cfg = u.store.config().unwrap();
-        assert_eq!((cfg.disksize_bytes, cfg.mem_limit_bytes, cfg.level, u.server.reserve.as_deref(), u.server.ready_fd), (GIB, 16 << 20, Some(3), Some("8M"), Some(5)));
+        assert_eq!(
+            (cfg.disksize_bytes, cfg.mem_limit_bytes, cfg.level, u.server.reserve.as_deref(), u.server.ready_fd),
+            (GIB, 16 << 20, Some(3), Some("8M"), Some(5))
+        );
         let b = cfg.backing.unwrap();
         assert_eq!((b.path.as_path(), b.high_pct, b.incompressible), (Path::new("/dev/vdb"), 80, true));
         let cmd = server_command("nbd", &s, "0", 5);
-        let Server::NbdAttach(n) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else { panic!("not nbd") };
+        let Server::NbdAttach(n) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else {
+            panic!("not nbd")
+        };
         assert_eq!(n.store.backing, s.backing);
     }
 }

@@ -86,7 +86,13 @@ impl FileDevice {
             }
             (false, if size_bytes == 0 { dev_bytes } else { size_bytes })
         } else if ft.is_file() {
-            let want = if size_bytes != 0 { size_bytes } else if meta.len() == 0 { default_bytes } else { meta.len() };
+            let want = if size_bytes != 0 {
+                size_bytes
+            } else if meta.len() == 0 {
+                default_bytes
+            } else {
+                meta.len()
+            };
             if meta.len() < want {
                 file.set_len(want)?; // sparse: no blocks are allocated until written
             }

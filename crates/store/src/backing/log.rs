@@ -167,7 +167,13 @@ impl Batch {
     /// not get a place are dropped from the batch (their pages stay where they are). Returns
     /// whether the device was full and the number of `pwrite`s. On an I/O error every record's space is freed
     /// and the caller must install none of them.
-    pub fn write(&mut self, head: &mut LogHead, space: &SpaceMap, dev: &dyn BackingDevice, use_reserve: bool) -> Result<(bool, u64), BatchError> {
+    pub fn write(
+        &mut self,
+        head: &mut LogHead,
+        space: &SpaceMap,
+        dev: &dyn BackingDevice,
+        use_reserve: bool,
+    ) -> Result<(bool, u64), BatchError> {
         let mut full = false;
         let mut placed = 0;
         for it in self.items.iter_mut() {
@@ -249,7 +255,11 @@ mod tests {
                     k += 1;
                 }
                 assert!(k > 1, "a batch takes more than one record");
-                assert_eq!((b.buf.as_ptr(), b.buf.capacity(), b.items.as_ptr(), b.items.capacity()), room, "sizes {sizes:?}: the batch grew");
+                assert_eq!(
+                    (b.buf.as_ptr(), b.buf.capacity(), b.items.as_ptr(), b.items.capacity()),
+                    room,
+                    "sizes {sizes:?}: the batch grew"
+                );
                 b.clear();
             }
         }

@@ -48,9 +48,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use crate::config::BackingConfig;
 use crate::error::StoreError;
 pub use device::{BackingDevice, FileDevice, ReadBuf};
+pub use gc::GcReport;
 use log::{Batch, LogHead, HEADER};
 pub use policy::{MaintenanceReport, WritebackBudget, WritebackReport};
-pub use gc::GcReport;
 use space::SpaceMap;
 
 /// Errors logged in full before the log thins out to one in `LOG_EVERY`.
@@ -132,9 +132,11 @@ impl Backing {
     /// Writes one record (the overflow path of a request). `rec` is the record buffer with
     /// the payload at `rec[HEADER..]`. Returns its location once it is in the file.
     pub fn write_record(&self, index: u64, rec: &mut [u8]) -> Result<u64, StoreError> {
-        let (loc, gen) = self.overflow.lock().reserve(&self.space, rec.len() as u64, false).map_err(|_| {
-            self.error(index, format!("the backing device {} is full", self.dev.describe()))
-        })?;
+        let (loc, gen) = self
+            .overflow
+            .lock()
+            .reserve(&self.space, rec.len() as u64, false)
+            .map_err(|_| self.error(index, format!("the backing device {} is full", self.dev.describe())))?;
         let crc = log::record_crc(gen, loc, index, &rec[HEADER..]);
         rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
         let r = self.dev.write_at(rec, loc);
@@ -156,9 +158,7 @@ impl Backing {
     /// Reads `len` bytes at `loc` (one record or a run of them; `index` names the first page
     /// for the error) into the worker's read buffer; returns them.
     pub fn read_raw<'a>(&self, index: u64, loc: u64, len: usize, scratch: &'a mut ReadBuf) -> Result<&'a [u8], StoreError> {
-        self.dev
-            .read_into(scratch, loc, len)
-            .map_err(|e| self.error(index, format!("read of {len} bytes at byte {loc} failed: {e}")))
+        self.dev.read_into(scratch, loc, len).map_err(|e| self.error(index, format!("read of {len} bytes at byte {loc} failed: {e}")))
     }
 
     /// Verifies the record of slot `index` read from `loc` (its segment pinned).

@@ -88,12 +88,7 @@ impl SpaceMap {
                 dirty: AtomicBool::new(false),
             })
             .collect();
-        SpaceMap {
-            seg_bytes,
-            segs,
-            free: Mutex::new((0..n).rev().collect()),
-            in_use: AtomicU64::new(0),
-        }
+        SpaceMap { seg_bytes, segs, free: Mutex::new((0..n).rev().collect()), in_use: AtomicU64::new(0) }
     }
 
     pub fn num_segments(&self) -> u64 {

@@ -38,9 +38,7 @@ impl Algorithm {
             (_, None) => Ok(()),
             (Algorithm::Lz4, Some(_)) => Ok(()), // accepted and ignored, as zram does
             (Algorithm::Zstd, Some(l)) if (1..=22).contains(&l) || (-7..=-1).contains(&l) => Ok(()),
-            (Algorithm::Zstd, Some(l)) => {
-                Err(StoreError::Config(format!("zstd level {l} is outside -7..=-1 and 1..=22")))
-            }
+            (Algorithm::Zstd, Some(l)) => Err(StoreError::Config(format!("zstd level {l} is outside -7..=-1 and 1..=22"))),
         }
     }
 

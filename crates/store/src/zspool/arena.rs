@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use crate::zeroed::{ZeroedSlice, Zeroable};
+use crate::zeroed::{Zeroable, ZeroedSlice};
 use crate::PAGE_SIZE;
 
 /// Per-page descriptor. All fields are written under the lock of the size class that owns the

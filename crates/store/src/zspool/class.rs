@@ -56,13 +56,9 @@ pub(super) fn shape(i: usize) -> ClassShape {
     }
     let size = class_size(i);
     let waste = |k: usize| (k * PAGE_SIZE) % size;
-    let k = (1..=MAX_CHAIN)
-        .find(|&k| waste(k) * 64 <= k * PAGE_SIZE)
-        .unwrap_or_else(|| {
-            (1..=MAX_CHAIN)
-                .min_by(|&a, &b| (waste(a) * b * PAGE_SIZE).cmp(&(waste(b) * a * PAGE_SIZE)))
-                .expect("MAX_CHAIN >= 1")
-        });
+    let k = (1..=MAX_CHAIN).find(|&k| waste(k) * 64 <= k * PAGE_SIZE).unwrap_or_else(|| {
+        (1..=MAX_CHAIN).min_by(|&a, &b| (waste(a) * b * PAGE_SIZE).cmp(&(waste(b) * a * PAGE_SIZE))).expect("MAX_CHAIN >= 1")
+    });
     ClassShape { size, pages_per_zspage: k, objs_per_zspage: k * PAGE_SIZE / size }
 }
 

@@ -233,10 +233,9 @@ impl ZsPool {
     fn new_zspage(&self, ci: usize, st: &mut ClassState) -> Result<u32, PoolFull> {
         let shape = self.classes[ci].shape;
         let mut pfns = [0u32; MAX_CHAIN];
-        self.arena.alloc(shape.pages_per_zspage, &mut pfns).map_err(|(used, limit)| PoolFull {
-            used_bytes: used * PAGE_SIZE as u64,
-            limit_bytes: limit * PAGE_SIZE as u64,
-        })?;
+        self.arena
+            .alloc(shape.pages_per_zspage, &mut pfns)
+            .map_err(|(used, limit)| PoolFull { used_bytes: used * PAGE_SIZE as u64, limit_bytes: limit * PAGE_SIZE as u64 })?;
         let pfns = &pfns[..shape.pages_per_zspage];
         for w in pfns.windows(2) {
             self.arena.desc(w[0]).next.store(w[1], Relaxed);
