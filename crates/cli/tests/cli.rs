@@ -336,7 +336,10 @@ fn serve_alone_uses_the_default_socket() {
 #[test]
 fn tcp_on_loopback() {
     let dir = TempDir::new("tcp");
-    let srv = ServerGuard::start(&dir, &["--size", "16M", "--listen", "127.0.0.1:0", "--name", "swap0"]);
+    // Plain TCP only with the explicit opt-out, which warns (TLS: tests/test_tls.py).
+    let srv = ServerGuard::start(&dir, &["--size", "16M", "--listen", "127.0.0.1:0", "--name", "swap0", "--insecure-plain-tcp"]);
+    let log = std::fs::read_to_string(&srv.log).unwrap();
+    assert!(log.contains("WARNING: --insecure-plain-tcp") && log.contains("every local user"), "{log}");
     // The ready line names the port the kernel chose.
     let addr = srv.ready_line.split("tcp:").nth(1).and_then(|s| s.split([';', ' ']).next()).expect("tcp address in the ready line");
     assert!(addr.starts_with("127.0.0.1:"), "{}", srv.ready_line);
@@ -345,6 +348,33 @@ fn tcp_on_loopback() {
     c.write(4095, b"over tcp").unwrap();
     assert_eq!(c.read(4095, 8).unwrap(), b"over tcp");
     c.disconnect().unwrap();
+}
+
+#[test]
+fn tcp_without_tls_refuses_to_start() {
+    let dir = TempDir::new("tcp-no-tls");
+    let socket = dir.path("nbd.sock");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--size", "16M", "--listen", "127.0.0.1:0", "--socket"])
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that starts prints its ready line; one that refuses closes stdout with nothing.
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    if !ready.is_empty() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("serve --listen without TLS started: {ready}");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("TCP needs TLS") && err.contains("--tls-certificates") && err.contains("--insecure-plain-tcp"), "{err}");
+    assert!(!socket.exists(), "a refused start leaves no socket behind");
 }
 
 fn have(tool: &str) -> bool {

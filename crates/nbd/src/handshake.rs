@@ -1,14 +1,17 @@
 //! The handshake: fixed newstyle negotiation and option haggling, up to the transmission phase.
 //!
 //! Supported options: `EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`,
-//! `LIST_META_CONTEXT` and `SET_META_CONTEXT` (in [`crate::meta`]). Everything else
-//! (`STARTTLS`, extended headers, unknown options) is answered with `NBD_REP_ERR_UNSUP` and a
-//! message, and haggling goes on: the client can fall back. What a client negotiates for the
-//! transmission phase is returned in [`Negotiated`]. The connection is closed only where the
-//! protocol says so or where going on is impossible: bad magic, unknown client flags, an
-//! `EXPORT_NAME` for an export that does not exist (it cannot carry an error), an option too
-//! large to skip, or too many options.
+//! `LIST_META_CONTEXT` and `SET_META_CONTEXT` (in [`crate::meta`]), and `STARTTLS` (when the
+//! server has TLS credentials: [`crate::tls`] says which modes there are). Everything else
+//! (extended headers, unknown options) is answered with `NBD_REP_ERR_UNSUP` and a message,
+//! and haggling goes on: the client can fall back. What a client negotiates for the
+//! transmission phase is returned in [`Negotiated`]; `STARTTLS` resets it (the client
+//! negotiates again inside TLS). The connection is closed only where the protocol says so or
+//! where going on is impossible: bad magic, unknown client flags, an `EXPORT_NAME` for an
+//! export that does not exist (it cannot carry an error), an option too large to skip, or too
+//! many options.
 
+use crate::tls::TlsMode;
 use crate::wire::*;
 use crate::{meta, Export, MAX_PAYLOAD_BYTES, MINIMUM_BLOCK_BYTES, PREFERRED_BLOCK_BYTES, TRANSMISSION_FLAGS};
 use std::fmt;
@@ -57,6 +60,24 @@ pub enum Outcome {
     Transmission(Negotiated),
     /// The client aborted (`NBD_OPT_ABORT`) or closed the connection between options.
     Closed,
+    /// The client sent `NBD_OPT_STARTTLS` and got `NBD_REP_ACK`: the caller runs the TLS
+    /// handshake on the socket, then [`resume_in_tls`] with this over the TLS session.
+    StartTls(Resume),
+}
+
+/// Where haggling stands when TLS starts, for [`resume_in_tls`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    no_zeroes: bool,
+    /// Options received so far (the [`MAX_OPTIONS`] limit counts both sides of STARTTLS).
+    options: usize,
+}
+
+/// Where TLS stands on this connection: the mode it started in, or active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tls {
+    Before(TlsMode),
+    Active,
 }
 
 /// Why the handshake failed; the connection is closed after it.
@@ -93,8 +114,9 @@ fn protocol<T>(msg: String) -> Result<T, HandshakeError> {
     Err(HandshakeError::Protocol(msg))
 }
 
-/// Runs the server side of the handshake on `r` (reads) and `w` (writes).
-pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Result<Outcome, HandshakeError> {
+/// Runs the server side of the handshake on `r` (reads) and `w` (writes), with TLS as `tls`
+/// says (the connection's mode: by transport and the server's options).
+pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export, tls: TlsMode) -> Result<Outcome, HandshakeError> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -120,9 +142,22 @@ pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Resu
         return protocol(format!("unknown client flags {client_flags:#x} (known: {known:#x}), which the protocol says to refuse"));
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
-    let mut neg = Negotiated::default();
+    haggle(r, w, export, Tls::Before(tls), Resume { no_zeroes, options: 0 })
+}
 
-    for _ in 0..MAX_OPTIONS {
+/// Goes on haggling inside the TLS session, after [`Outcome::StartTls`].
+pub fn resume_in_tls(r: &mut impl Read, w: &mut impl Write, export: &Export, resume: Resume) -> Result<Outcome, HandshakeError> {
+    haggle(r, w, export, Tls::Active, resume)
+}
+
+/// Option haggling, from option number `resume.options` on.
+fn haggle(r: &mut impl Read, w: &mut impl Write, export: &Export, tls: Tls, resume: Resume) -> Result<Outcome, HandshakeError> {
+    let no_zeroes = resume.no_zeroes;
+    // Negotiated afresh in each phase: what was agreed before STARTTLS is void inside TLS.
+    let mut neg = Negotiated::default();
+    // FORCEDTLS: before STARTTLS, nothing but STARTTLS and ABORT is served.
+    let tls_required = tls == Tls::Before(TlsMode::Required);
+    for options in resume.options..MAX_OPTIONS {
         let magic = match read_u64(r) {
             Ok(m) => m,
             // A client may simply go away between options (nbd-client -l, probes).
@@ -143,11 +178,22 @@ pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Resu
             }
             io::copy(&mut r.take(len as u64), &mut io::sink())?;
             let msg = format!("option data of {len} bytes is above the {MAX_OPTION_BYTES}-byte limit");
-            write_option_reply(w, opt, REP_ERR_TOO_BIG, msg.as_bytes())?;
+            let reply = if tls_required { REP_ERR_TLS_REQD } else { REP_ERR_TOO_BIG };
+            write_option_reply(w, opt, reply, msg.as_bytes())?;
             continue;
         }
         let mut data = vec![0u8; len as usize];
         r.read_exact(&mut data)?;
+
+        if tls_required && !matches!(opt, OPT_STARTTLS | OPT_ABORT) {
+            if opt == OPT_EXPORT_NAME {
+                // EXPORT_NAME cannot carry an error: the protocol says to terminate.
+                return protocol("EXPORT_NAME before STARTTLS, and this listener requires TLS".into());
+            }
+            let msg = format!("option {} ({opt}): this server requires TLS: send NBD_OPT_STARTTLS first", option_name(opt));
+            write_option_reply(w, opt, REP_ERR_TLS_REQD, msg.as_bytes())?;
+            continue;
+        }
 
         match opt {
             OPT_EXPORT_NAME => {
@@ -168,6 +214,18 @@ pub fn negotiate(r: &mut impl Read, w: &mut impl Write, export: &Export) -> Resu
                 w.write_all(&b)?;
                 return Ok(Outcome::Transmission(neg));
             }
+            OPT_STARTTLS => match tls {
+                Tls::Before(TlsMode::Off) => {
+                    let msg = "TLS is not configured on this server (it needs --tls-certificates)";
+                    write_option_reply(w, opt, REP_ERR_POLICY, msg.as_bytes())?;
+                }
+                Tls::Active => write_option_reply(w, opt, REP_ERR_INVALID, b"TLS is already active")?,
+                Tls::Before(_) if !data.is_empty() => write_option_reply(w, opt, REP_ERR_INVALID, b"STARTTLS takes no data")?,
+                Tls::Before(_) => {
+                    write_option_reply(w, opt, REP_ACK, &[])?;
+                    return Ok(Outcome::StartTls(Resume { no_zeroes, options: options + 1 }));
+                }
+            },
             OPT_ABORT => {
                 // The client may already have closed; a failed ACK is no error.
                 let _ = write_option_reply(w, opt, REP_ACK, &[]);

@@ -13,6 +13,7 @@
 //! - [`meta`]: metadata contexts (`base:allocation`) and block status descriptors;
 //! - [`listener`]: binding sockets (with stale-socket detection) and accepting clients;
 //! - [`budget`]: the server-wide in-flight byte budget shared by every connection;
+//! - [`tls`]: TLS (`NBD_OPT_STARTTLS`): credentials, the TLS handshake, a TLS stream;
 //! - [`control`]: the control channel (`compcache stat`, `compcache compact`), line-based JSON;
 //! - [`client`]: a minimal blocking NBD client, for tests and tools.
 //!
@@ -53,6 +54,14 @@
 //! Every connection to one server reaches the same `Store`, which has no per-connection cache: a
 //! write is in the store (visible to every connection) before it is replied to, so FLUSH and
 //! FUA have nothing left to do and multi-conn is valid.
+//!
+//! ## Who may connect
+//! Whoever can connect can read and write the device. Unix sockets are owner-only (mode
+//! 0600). TCP has no such check, so a TCP connection must use TLS (FORCEDTLS: nothing but
+//! `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` before it) unless
+//! [`ServerOptions::allow_plain_tcp`] says otherwise; without [`ServerOptions::tls`] and
+//! without that, TCP connections are refused. On Unix sockets TLS is offered, and required
+//! with [`tls::TlsOptions::require_on_unix`].
 
 pub mod budget;
 pub mod client;
@@ -61,6 +70,7 @@ pub mod handshake;
 pub mod listener;
 pub mod meta;
 pub mod reply;
+pub mod tls;
 pub mod transmission;
 pub mod wire;
 
@@ -70,6 +80,7 @@ mod limits_tests;
 mod tests;
 
 use compcache_store::Store;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -143,6 +154,12 @@ pub struct ServerOptions {
     /// capped at this size (`compcache nbd-attach` caps the kernel's): its workers then never
     /// allocate while serving, when an allocation could wait on the memory it is freeing.
     pub request_buffer_bytes: usize,
+    /// TLS credentials and policy (`NBD_OPT_STARTTLS`); `None`: no TLS (STARTTLS gets
+    /// `NBD_REP_ERR_POLICY`).
+    pub tls: Option<tls::TlsOptions>,
+    /// Serve TCP clients that do not use TLS (TLS stays offered if `tls` is set). Off by
+    /// default: anyone who can reach a TCP port could read and write the device.
+    pub allow_plain_tcp: bool,
 }
 
 impl Default for ServerOptions {
@@ -158,6 +175,8 @@ impl Default for ServerOptions {
             handshake_deadline: Duration::from_secs(60),
             verbose: false,
             request_buffer_bytes: 0,
+            tls: None,
+            allow_plain_tcp: false,
         }
     }
 }
@@ -178,39 +197,67 @@ impl Server {
         Server { export, options, budget, next_client_id: AtomicU64::new(1), connections: AtomicU64::new(0) }
     }
 
-    /// Serves one local client (a Unix socket or a socket pair) on a connected stream until it
-    /// disconnects; blocks. Errors are logged (one line) and end only this connection.
-    pub fn serve_connection<S: listener::Stream>(&self, stream: S, peer: &str) {
-        self.serve_connection_from(stream, peer, listener::Transport::Local)
+    /// The TLS mode of a connection over `transport` (see the crate docs, "Who may connect");
+    /// `None`: such connections must not be served (TCP without TLS and without
+    /// `allow_plain_tcp`).
+    pub fn tls_mode(&self, transport: Transport) -> Option<tls::TlsMode> {
+        use tls::TlsMode::*;
+        let o = &self.options;
+        match (transport, &o.tls) {
+            (Transport::Unix, None) => Some(Off),
+            (Transport::Unix, Some(t)) => Some(if t.require_on_unix { Required } else { Offered }),
+            (Transport::Tcp, Some(_)) => Some(if o.allow_plain_tcp { Offered } else { Required }),
+            (Transport::Tcp, None) => o.allow_plain_tcp.then_some(Off),
+        }
     }
 
-    /// The same for a client that came over `transport` (the connection cap keeps room for
-    /// local clients that TCP clients cannot take).
-    pub fn serve_connection_from<S: listener::Stream>(&self, stream: S, peer: &str, transport: listener::Transport) {
+    /// Serves one client of a Unix socket (or socketpair) until it disconnects; blocks.
+    /// Errors are logged (one line) and end only this connection.
+    pub fn serve_connection<S: listener::Stream + AsFd>(&self, stream: S, peer: &str) {
+        self.serve_connection_over(stream, peer, Transport::Unix)
+    }
+
+    /// Serves one client that came in over `transport`, with the TLS rules for it and the
+    /// connection cap (which keeps room for local clients that TCP clients cannot take).
+    pub fn serve_connection_over<S: listener::Stream + AsFd>(&self, stream: S, peer: &str, transport: Transport) {
         let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
         let label = format!("client {id} ({peer})");
         let open = self.connections.fetch_add(1, Ordering::AcqRel) + 1;
         let _count = ConnectionCount(&self.connections);
         let limit = match transport {
-            listener::Transport::Local => self.options.max_connections,
-            listener::Transport::Tcp => self.options.max_connections.saturating_sub(self.options.reserved_local_connections),
+            Transport::Unix => self.options.max_connections,
+            Transport::Tcp => self.options.max_connections.saturating_sub(self.options.reserved_local_connections),
         };
         if open as usize > limit {
-            let kind = if transport == listener::Transport::Tcp { " for TCP clients (the rest are kept for local ones)" } else { "" };
+            let kind = if transport == Transport::Tcp { " for TCP clients (the rest are kept for local ones)" } else { "" };
             log(&label, &format!("refused: {} connections already open (the limit{kind})", open - 1));
             stream.shutdown_both();
             return;
         }
+        let Some(tls) = self.tls_mode(transport) else {
+            log(&label, "refused: TCP without TLS is not allowed (no TLS credentials, no allow_plain_tcp)");
+            stream.shutdown_both();
+            return;
+        };
         if self.options.verbose {
             log(&label, "connected");
         }
-        transmission::run_connection(self, stream, &label);
+        transmission::run_connection(self, stream, &label, tls);
     }
 
     /// Connections open right now.
     pub fn open_connections(&self) -> u64 {
         self.connections.load(Ordering::Acquire)
     }
+}
+
+/// The kind of socket a client came in on; it decides whether TLS is required.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A Unix socket (owner-only) or a socketpair.
+    Unix,
+    /// TCP: reachable by every local user, or more.
+    Tcp,
 }
 
 struct ConnectionCount<'a>(&'a AtomicU64);

@@ -5,8 +5,8 @@
 use crate::budget::GUARANTEED_REQUEST_BYTES;
 use crate::client::{self, Client};
 use crate::control::{self, ControlError, ControlState, DeviceInfo, MAX_CLIENTS};
-use crate::listener::Transport;
 use crate::wire::*;
+use crate::Transport;
 use crate::{Export, Server, ServerOptions};
 use compcache_store::{Config, Store};
 use serde_json::json;
@@ -29,13 +29,13 @@ fn server(options: ServerOptions) -> Arc<Server> {
 fn raw(srv: &Arc<Server>, transport: Transport) -> (UnixStream, JoinHandle<()>) {
     let (a, b) = UnixStream::pair().unwrap();
     let s = srv.clone();
-    (a, std::thread::spawn(move || s.serve_connection_from(b, "test", transport)))
+    (a, std::thread::spawn(move || s.serve_connection_over(b, "test", transport)))
 }
 
 #[test]
 fn a_stuck_client_cannot_take_the_whole_server_budget() {
     let srv = server(ServerOptions { max_server_inflight_bytes: 1 << 20, ..ServerOptions::default() });
-    let (a, t_stuck) = raw(&srv, Transport::Local);
+    let (a, t_stuck) = raw(&srv, Transport::Unix);
     let mut stuck = Client::handshake(a, NAME).unwrap();
     // Reads of 1 MiB whose replies are never read: the first takes the whole server budget,
     // the rest wait for it.
@@ -46,7 +46,7 @@ fn a_stuck_client_cannot_take_the_whole_server_budget() {
         std::thread::yield_now();
     }
     // Another connection still gets requests of up to the guaranteed size through.
-    let (b, t_good) = raw(&srv, Transport::Local);
+    let (b, t_good) = raw(&srv, Transport::Unix);
     let mut good = Client::handshake(b, NAME).unwrap();
     let page = vec![0x5au8; GUARANTEED_REQUEST_BYTES];
     good.write(0, &page).unwrap();
@@ -64,7 +64,7 @@ fn a_stuck_client_cannot_take_the_whole_server_budget() {
 #[test]
 fn the_handshake_has_an_absolute_deadline() {
     let srv = server(ServerOptions { handshake_deadline: Duration::from_millis(300), ..ServerOptions::default() });
-    let (mut s, t) = raw(&srv, Transport::Local);
+    let (mut s, t) = raw(&srv, Transport::Unix);
     client::greet(&mut s).unwrap();
     // An INFO option with a long name, sent one byte at a time: every byte resets an idle
     // timer, so only a deadline on the whole handshake ends it.
@@ -92,7 +92,9 @@ fn the_handshake_has_an_absolute_deadline() {
 
 #[test]
 fn tcp_clients_cannot_take_the_slots_kept_for_local_ones() {
-    let srv = server(ServerOptions { max_connections: 4, reserved_local_connections: 2, ..ServerOptions::default() });
+    // Plain TCP allowed: this is about the connection cap, not TLS.
+    let srv =
+        server(ServerOptions { max_connections: 4, reserved_local_connections: 2, allow_plain_tcp: true, ..ServerOptions::default() });
     let mut open = Vec::new();
     for _ in 0..2 {
         let (s, t) = raw(&srv, Transport::Tcp);
@@ -102,10 +104,10 @@ fn tcp_clients_cannot_take_the_slots_kept_for_local_ones() {
     assert!(Client::handshake(s, NAME).is_err(), "a third TCP client is refused");
     t.join().unwrap();
     for _ in 0..2 {
-        let (s, t) = raw(&srv, Transport::Local);
+        let (s, t) = raw(&srv, Transport::Unix);
         open.push((Client::handshake(s, NAME).expect("local clients get the kept slots"), t));
     }
-    let (s, t) = raw(&srv, Transport::Local);
+    let (s, t) = raw(&srv, Transport::Unix);
     assert!(Client::handshake(s, NAME).is_err(), "beyond max_connections everyone is refused");
     t.join().unwrap();
     assert_eq!(srv.open_connections(), 4);

@@ -13,7 +13,7 @@
 //! [`ACCEPT_LOG_INTERVAL`] ([`AcceptBackoff`]). A server that is swap must not stop because a
 //! moment's descriptor shortage made one `accept` fail.
 
-use crate::{log, Server};
+use crate::{log, Server, Transport};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -285,14 +285,17 @@ pub fn serve_unix(server: Arc<Server>, listener: UnixListener) -> ! {
             Ok((stream, _)) => {
                 backoff.accepted("unix listener");
                 let server = server.clone();
-                spawn_connection(move || server.serve_connection_from(stream, "unix", Transport::Local));
+                spawn_connection(move || server.serve_connection_over(stream, "unix", Transport::Unix));
             }
             Err(e) => backoff.pause_after("unix listener", &e),
         }
     }
 }
 
-/// Accepts clients on a TCP listener forever, one thread per client; never returns.
+/// Accepts clients on a TCP listener forever, one thread per client; never returns. A server
+/// whose TCP clients would get in without TLS, where that is not allowed, refuses each of
+/// them (`Server::serve_connection_over`; the crate docs, "Who may connect"); the CLI refuses
+/// to start such a listener at all.
 pub fn serve_tcp(server: Arc<Server>, listener: TcpListener) -> ! {
     let mut backoff = AcceptBackoff::default();
     loop {
@@ -302,7 +305,7 @@ pub fn serve_tcp(server: Arc<Server>, listener: TcpListener) -> ! {
                 // Replies are written whole; Nagle would only delay them.
                 let _ = stream.set_nodelay(true);
                 let server = server.clone();
-                spawn_connection(move || server.serve_connection_from(stream, &peer.to_string(), Transport::Tcp));
+                spawn_connection(move || server.serve_connection_over(stream, &peer.to_string(), Transport::Tcp));
             }
             Err(e) => backoff.pause_after("tcp listener", &e),
         }
@@ -313,15 +316,6 @@ fn spawn_connection(f: impl FnOnce() + Send + 'static) {
     if let Err(e) = std::thread::Builder::new().name("nbd-conn".into()).spawn(f) {
         log("listener", &format!("cannot start a thread for a new client ({e}); it is disconnected"));
     }
-}
-
-/// Where a connection comes from, for the connection cap: TCP clients cannot take the slots
-/// kept for local ones ([`crate::ServerOptions::reserved_local_connections`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// A Unix socket or a socket pair (the kernel's NBD client under `nbd-attach`).
-    Local,
-    Tcp,
 }
 
 /// A reader that must be done by `deadline`: before each read it sets the socket's receive

@@ -82,12 +82,14 @@ use crate::budget::Budget;
 use crate::handshake::{self, Negotiated, Outcome};
 use crate::listener::{Deadline, Stream};
 use crate::reply::{self, ErrorChunk, HEADROOM};
+use crate::tls::TlsMode;
 use crate::wire::*;
 use crate::{log, meta, Server, MAX_PAYLOAD_BYTES};
 use compcache_store::{Context, Store, StoreError};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::{self, BufReader, Read};
 use std::ops::{Deref, DerefMut};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -512,24 +514,76 @@ impl<S: Stream> Conn<S> {
     }
 }
 
-/// Serves one connection: handshake, then transmission until the client disconnects.
-pub(crate) fn run_connection<S: Stream>(server: &Server, stream: S, label: &str) {
-    let (mut writer, shutdown) = match (stream.try_clone_stream(), stream.try_clone_stream()) {
-        (Ok(w), Ok(s)) => (w, s),
+/// The three handles of a connection: the buffered receive half, the send half, and one to
+/// shut it down with.
+fn split<S: Stream>(stream: S, label: &str) -> Option<(BufReader<S>, S, S)> {
+    match (stream.try_clone_stream(), stream.try_clone_stream()) {
+        (Ok(w), Ok(s)) => Some((BufReader::with_capacity(READ_BUFFER_BYTES, stream), w, s)),
         (Err(e), _) | (_, Err(e)) => {
             log(label, &format!("cannot set up the connection ({e}); closing it"));
-            return;
+            None
         }
-    };
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
+    }
+}
 
+/// Serves one connection: handshake (with TLS as `tls` says), then transmission until the
+/// client disconnects.
+pub(crate) fn run_connection<S: Stream + AsFd>(server: &Server, stream: S, label: &str, tls: TlsMode) {
+    let Some((mut reader, mut writer, shutdown)) = split(stream, label) else {
+        return;
+    };
     // An absolute deadline, not an idle timer: a client that trickles a byte now and then
-    // must still finish within it.
+    // must still finish within it, the TLS handshake and the haggling inside TLS included.
     let deadline = Instant::now() + server.options.handshake_deadline;
-    let outcome = handshake::negotiate(&mut Deadline::new(&mut reader, &shutdown, deadline), &mut writer, &server.export);
+    let outcome = handshake::negotiate(&mut Deadline::new(&mut reader, &shutdown, deadline), &mut writer, &server.export, tls);
+    if let Ok(Outcome::StartTls(resume)) = outcome {
+        // The TLS handshake and the rest of haggling run under the same deadline.
+        let Some(config) = server.options.tls.as_ref().map(|t| t.config.clone()) else {
+            // Unreachable: STARTTLS is accepted only in the modes that need TLS options.
+            log(label, "STARTTLS accepted without TLS credentials; closing the connection");
+            shutdown.shutdown_both();
+            return;
+        };
+        let stream = match crate::tls::accept(reader, config, deadline) {
+            Ok(stream) => stream,
+            Err(e) => {
+                log(label, &format!("TLS handshake failed: {e}; closing the connection"));
+                shutdown.shutdown_both();
+                return;
+            }
+        };
+        if server.options.verbose {
+            log(label, &crate::tls::describe(&stream));
+        }
+        let Some((mut reader, mut writer, tls_shutdown)) = split(stream, label) else {
+            return;
+        };
+        let outcome =
+            handshake::resume_in_tls(&mut Deadline::new(&mut reader, &tls_shutdown, deadline), &mut writer, &server.export, resume);
+        let _ = tls_shutdown.set_receive_timeout(None);
+        return serve_after_handshake(server, outcome, reader, writer, tls_shutdown, label);
+    }
     let _ = shutdown.set_receive_timeout(None);
+    serve_after_handshake(server, outcome, reader, writer, shutdown, label)
+}
+
+/// Transmission, if the handshake ended in it.
+fn serve_after_handshake<S: Stream>(
+    server: &Server,
+    outcome: Result<Outcome, handshake::HandshakeError>,
+    reader: BufReader<S>,
+    writer: S,
+    shutdown: S,
+    label: &str,
+) {
     let negotiated = match outcome {
         Ok(Outcome::Transmission(negotiated)) => negotiated,
+        Ok(Outcome::StartTls(_)) => {
+            // Only a plain connection starts TLS (see `run_connection`).
+            log(label, "STARTTLS inside TLS; closing the connection");
+            shutdown.shutdown_both();
+            return;
+        }
         Ok(Outcome::Closed) => {
             if server.options.verbose {
                 log(label, "closed during the handshake");

@@ -8,6 +8,7 @@ use crate::private_file;
 use crate::units::human;
 use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_nbd::listener::{self, SocketFileGuard};
+use compcache_nbd::tls::{self, TlsOptions};
 use compcache_nbd::{Export, Server, ServerOptions};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 use std::io::Write;
@@ -43,9 +44,25 @@ pub struct Args {
     socket: Option<PathBuf>,
 
     /// Serve NBD over TCP on this address (PORT alone means 127.0.0.1:PORT). Without
-    /// --socket, TCP only; with it, both.
+    /// --socket, TCP only; with it, both. Needs --tls-certificates (or --insecure-plain-tcp).
     #[arg(long, value_name = "[ADDR:]PORT")]
     listen: Option<String>,
+
+    /// TLS credentials: a directory with ca-cert.pem, server-cert.pem and server-key.pem (the
+    /// layout of nbdkit, qemu and libnbd). TCP clients must use TLS and present a client
+    /// certificate signed by ca-cert.pem.
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+
+    /// TLS on the Unix socket: `on` offers it (the socket is owner-only already), `require`
+    /// requires it as on TCP.
+    #[arg(long, value_name = "on|require", value_parser = ["on", "require"], requires = "tls_certificates")]
+    tls: Option<String>,
+
+    /// Let TCP clients in without TLS: anyone who can reach the port (every local user, for
+    /// 127.0.0.1) can read and write the device. Logged as a warning at start.
+    #[arg(long)]
+    insecure_plain_tcp: bool,
 
     /// Control socket for `compcache stat` [default: the NBD socket path + .ctl].
     #[arg(long, value_name = "PATH")]
@@ -102,6 +119,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         }
     };
     let tcp = args.listen.as_deref().map(parse_listen).transpose()?;
+    let tls = tls_options(&args, tcp)?;
     let control_path = args.control.clone().unwrap_or_else(|| match &socket {
         Some(s) => paths::control_for(s),
         None => paths::default_control(),
@@ -151,7 +169,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
-    let mut options = ServerOptions { verbose: args.verbose, ..ServerOptions::default() };
+    let mut options = ServerOptions { verbose: args.verbose, tls, allow_plain_tcp: args.insecure_plain_tcp, ..ServerOptions::default() };
     if let Some(w) = args.workers {
         options.workers_per_connection = w as usize;
     }
@@ -268,6 +286,34 @@ fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
     Ok(cfg)
 }
 
+/// TLS from the flags; refuses a TCP listener that would let clients in without TLS unless
+/// `--insecure-plain-tcp` says so, and then warns.
+fn tls_options(args: &Args, tcp: Option<SocketAddr>) -> Result<Option<TlsOptions>, Failure> {
+    if args.insecure_plain_tcp && tcp.is_none() {
+        return Err(Failure::usage("--insecure-plain-tcp only applies to --listen"));
+    }
+    let tls = match &args.tls_certificates {
+        Some(dir) => {
+            let config = tls::load_credentials(dir, true).map_err(|e| Failure::new(format!("--tls-certificates: {e}")))?;
+            Some(TlsOptions { config, require_on_unix: args.tls.as_deref() == Some("require") })
+        }
+        None => None,
+    };
+    if let Some(addr) = tcp {
+        if args.insecure_plain_tcp {
+            eprintln!(
+                "compcache: WARNING: --insecure-plain-tcp: NBD on {addr} accepts clients without TLS: anyone who can reach it{} can read and write this device (for swap: other processes' memory)",
+                if addr.ip().is_loopback() { " (every local user)" } else { "" }
+            );
+        } else if tls.is_none() {
+            return Err(Failure::usage(format!(
+                "--listen {addr}: TCP needs TLS, or every user who can reach the port can read and write the device: give --tls-certificates DIR (see docs/cli.md), or --insecure-plain-tcp to accept that"
+            )));
+        }
+    }
+    Ok(tls)
+}
+
 /// `PORT` or `ADDR:PORT`.
 fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
     let addr = match text.parse::<u16>() {
@@ -276,9 +322,6 @@ fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
             .parse::<SocketAddr>()
             .map_err(|_| Failure::usage(format!("--listen {text}: give a port (10809) or an address and port (127.0.0.1:10809)")))?,
     };
-    if !addr.ip().is_loopback() {
-        eprintln!("compcache: warning: NBD has no authentication: anyone who can reach {addr} can read and write the device");
-    }
     Ok(addr)
 }
 
