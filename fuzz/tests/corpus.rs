@@ -1,6 +1,7 @@
-//! Replays every committed seed and corpus input of every target through its harness, without
-//! AFL: `cargo test --release` in fuzz/. An input that once crashed a target stays in its
-//! corpus, so this is also the regression run of everything the fuzzer ever found.
+//! Replays every committed seed and corpus input of every target through its harness, outside
+//! the fuzzer: `cargo afl test --release --target <host triple> --test corpus` in fuzz/. An
+//! input that once crashed a target stays in its corpus, so this is also the regression run of
+//! everything the fuzzer ever found.
 
 use std::path::Path;
 
