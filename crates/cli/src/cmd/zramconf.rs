@@ -33,11 +33,8 @@ pub const DEFAULT_SIZE_EXPR: &str = "min(ram / 2, 4096)";
 pub const DEFAULT_PRIORITY: i32 = 100;
 
 /// The files read when no `--config` is given, in override order (drop-ins after these).
-pub const SYSTEM_FILES: &[&str] = &[
-    "/usr/lib/systemd/zram-generator.conf",
-    "/usr/local/lib/systemd/zram-generator.conf",
-    "/etc/systemd/zram-generator.conf",
-];
+pub const SYSTEM_FILES: &[&str] =
+    &["/usr/lib/systemd/zram-generator.conf", "/usr/local/lib/systemd/zram-generator.conf", "/etc/systemd/zram-generator.conf"];
 pub const DROP_IN_DIR: &str = "/etc/systemd/zram-generator.conf.d";
 
 /// One `[zramN]` section: its keys as written (values trimmed).
@@ -67,9 +64,7 @@ pub fn parse_into(sections: &mut Vec<Section>, text: &str, origin: &str) -> Resu
             });
             continue;
         }
-        let (key, value) = line
-            .split_once('=')
-            .ok_or_else(|| format!("{origin}:{}: expected `key = value` or `[section]`", n + 1))?;
+        let (key, value) = line.split_once('=').ok_or_else(|| format!("{origin}:{}: expected `key = value` or `[section]`", n + 1))?;
         let i = current.ok_or_else(|| format!("{origin}:{}: `{}` outside any [zramN] section", n + 1, key.trim()))?;
         sections[i].keys.insert(key.trim().to_string(), value.trim().to_string());
     }
@@ -85,10 +80,8 @@ pub fn load(explicit: Option<&Path>) -> Result<(Vec<Section>, Vec<PathBuf>), Str
         None => {
             files.extend(SYSTEM_FILES.iter().map(PathBuf::from).filter(|p| p.exists()));
             if let Ok(dir) = std::fs::read_dir(DROP_IN_DIR) {
-                let mut drop_ins: Vec<PathBuf> = dir
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.extension().is_some_and(|x| x == "conf"))
-                    .collect();
+                let mut drop_ins: Vec<PathBuf> =
+                    dir.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "conf")).collect();
                 drop_ins.sort();
                 files.extend(drop_ins);
             }
@@ -119,7 +112,15 @@ pub struct Device {
 
 /// Interprets a section on a machine with `ram_mib` MiB of RAM.
 pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
-    let mut dev = Device { size_bytes: None, algorithm: None, level: None, priority: None, mem_limit_bytes: None, writeback_device: None, notes: Vec::new() };
+    let mut dev = Device {
+        size_bytes: None,
+        algorithm: None,
+        level: None,
+        priority: None,
+        mem_limit_bytes: None,
+        writeback_device: None,
+        notes: Vec::new(),
+    };
     let ctx = |key: &str, e: String| format!("[{}] {key}: {e}", section.name);
     for (key, value) in &section.keys {
         match key.as_str() {
