@@ -144,7 +144,11 @@ pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
     if mib <= 0.0 {
         return Err(ctx("zram-size", format!("`{size_expr}` is {mib} MiB: no device to make")));
     }
-    dev.size_bytes = Some(mib_to_pages_bytes(mib));
+    let bytes = mib_to_pages_bytes(mib);
+    if bytes == 0 {
+        return Err(ctx("zram-size", format!("`{size_expr}` is {mib} MiB, less than one 4 KiB page: no device to make")));
+    }
+    dev.size_bytes = Some(bytes);
     if let Some(expr) = section.keys.get("zram-resident-limit") {
         let mib = eval(expr, ram_mib).map_err(|e| ctx("zram-resident-limit", e))?;
         dev.mem_limit_bytes = Some(mib_to_pages_bytes(mib.max(0.0)));
@@ -190,9 +194,14 @@ pub fn parse_algorithm(text: &str) -> Result<(String, Option<i32>), String> {
     Ok((name.to_ascii_lowercase(), level))
 }
 
+/// How deeply an expression may nest (parentheses, function arguments, unary minus). The
+/// parser recurses once per level: without a bound, a file of a few hundred thousand `(`
+/// overflows the stack and kills the process instead of giving an error.
+pub const MAX_DEPTH: u32 = 100;
+
 /// Evaluates a zram-size expression (result in MiB) with `ram` bound to `ram_mib`.
 pub fn eval(expr: &str, ram_mib: f64) -> Result<f64, String> {
-    let mut p = Parser { s: expr.as_bytes(), i: 0, ram: ram_mib };
+    let mut p = Parser { s: expr.as_bytes(), i: 0, ram: ram_mib, depth: 0 };
     let v = p.sum()?;
     p.skip_ws();
     if p.i != p.s.len() {
@@ -208,6 +217,8 @@ struct Parser<'a> {
     s: &'a [u8],
     i: usize,
     ram: f64,
+    /// `unary` calls in progress: every recursion of the parser goes through `unary`.
+    depth: u32,
 }
 
 impl Parser<'_> {
@@ -250,10 +261,13 @@ impl Parser<'_> {
         }
     }
     fn unary(&mut self) -> Result<f64, String> {
-        if self.eat(b'-') {
-            return Ok(-self.unary()?);
+        if self.depth >= MAX_DEPTH {
+            return Err(format!("the expression nests deeper than {MAX_DEPTH} levels"));
         }
-        self.atom()
+        self.depth += 1;
+        let v = if self.eat(b'-') { self.unary().map(|v| -v) } else { self.atom() };
+        self.depth -= 1;
+        v
     }
     fn atom(&mut self) -> Result<f64, String> {
         self.skip_ws();
@@ -305,6 +319,32 @@ mod tests {
         assert!(eval("disk", 1.0).unwrap_err().contains("unknown name"));
         assert!(eval("min(1)", 1.0).is_err());
         assert!(eval("ram / 0", 1.0).is_err());
+    }
+
+    /// Found by the zramconf fuzz target: `ram / 22222222222222` is above 0 MiB but rounds
+    /// down to 0 bytes, which became a device of size 0 instead of an error.
+    #[test]
+    fn a_size_below_one_page_is_an_error() {
+        let mut s = Vec::new();
+        parse_into(&mut s, "[zram0]\nzram-size = ram / 22222222222222\n", "t").unwrap();
+        assert!(interpret(&s[0], 1024.0).unwrap_err().contains("less than one 4 KiB page"));
+        parse_into(&mut s, "[zram0]\nzram-size = 0.004\n", "t").unwrap();
+        assert_eq!(interpret(&s[0], 1024.0).unwrap().size_bytes, Some(4096));
+    }
+
+    /// Deep nesting is an error, not a stack overflow that kills `compcache swapon`.
+    #[test]
+    fn deep_nesting_is_an_error() {
+        for depth in [100_000, MAX_DEPTH as usize + 1] {
+            let parens = "(".repeat(depth) + "1" + &")".repeat(depth);
+            assert!(eval(&parens, 1.0).unwrap_err().contains("nests deeper"), "{depth} parentheses");
+            assert!(eval(&("-".repeat(depth) + "1"), 1.0).unwrap_err().contains("nests deeper"), "{depth} minus signs");
+            let mins = "min(1, ".repeat(depth) + "1" + &")".repeat(depth);
+            assert!(eval(&mins, 1.0).unwrap_err().contains("nests deeper"), "{depth} min()");
+        }
+        let ok = "(".repeat(MAX_DEPTH as usize - 1) + "ram" + &")".repeat(MAX_DEPTH as usize - 1);
+        assert_eq!(eval(&ok, 7.0).unwrap(), 7.0);
+        assert_eq!(eval("--3", 0.0).unwrap(), 3.0);
     }
 
     #[test]

@@ -1,0 +1,4 @@
+//! Fuzz target `control`: see `compcache_fuzz::control` for what the input means and what is checked.
+fn main() {
+    afl::fuzz!(|data: &[u8]| compcache_fuzz::control::run(data));
+}

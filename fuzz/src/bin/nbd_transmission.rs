@@ -1,0 +1,4 @@
+//! Fuzz target `nbd_transmission`: see `compcache_fuzz::nbd_transmission` for what the input means and what is checked.
+fn main() {
+    afl::fuzz!(|data: &[u8]| compcache_fuzz::nbd_transmission::run(data));
+}

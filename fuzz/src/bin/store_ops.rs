@@ -1,0 +1,4 @@
+//! Fuzz target `store_ops`: see `compcache_fuzz::store_ops` for what the input means and what is checked.
+fn main() {
+    afl::fuzz!(|data: &[u8]| compcache_fuzz::store_ops::run(data));
+}

@@ -1,0 +1,4 @@
+//! Fuzz target `ublk_request`: see `compcache_fuzz::ublk_request` for what the input means and what is checked.
+fn main() {
+    afl::fuzz!(|data: &[u8]| compcache_fuzz::ublk_request::run(data));
+}

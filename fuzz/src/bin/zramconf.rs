@@ -1,0 +1,4 @@
+//! Fuzz target `zramconf`: see `compcache_fuzz::zramconf` for what the input means and what is checked.
+fn main() {
+    afl::fuzz!(|data: &[u8]| compcache_fuzz::zramconf::run(data));
+}
