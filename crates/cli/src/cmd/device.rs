@@ -190,12 +190,13 @@ pub struct NbdAttachArgs {
     pub connections: Option<usize>,
 }
 
-/// Everything a running server needs around the device, shared by both front ends.
-struct Session {
-    store: Arc<Store>,
+/// Everything a running server needs around the device, shared by the front ends (ublk, nbd
+/// here; fuse in `fuse.rs`).
+pub(super) struct Session {
+    pub(super) store: Arc<Store>,
     cfg: Config,
     /// The size the front end exposes.
-    size_bytes: u64,
+    pub(super) size_bytes: u64,
     server: ServerArgs,
     signals: StopSignals,
     frontend: &'static str,
@@ -204,7 +205,7 @@ struct Session {
 }
 
 impl Session {
-    fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: &'static str) -> Result<Session, Failure> {
+    pub(super) fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: &'static str) -> Result<Session, Failure> {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
         let signals = StopSignals::block()?;
         pin_server_memory(!server.no_mlock)?;
@@ -237,11 +238,17 @@ impl Session {
 
     /// Runs while the device is up: announce it, serve `compcache stat`, wait for a stop
     /// signal, and take the device out of swap use before it goes.
-    fn while_up(&self, dev: &Path, detail: &str, alive: &dyn Fn() -> bool) {
+    pub(super) fn while_up(&self, dev: &Path, detail: &str, alive: &dyn Fn() -> bool) {
+        let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        self.while_up_named(dev, &name, detail, alive)
+    }
+
+    /// The same, with the control socket and statistics named `name` (`/run/compcache/<name>.ctl`)
+    /// rather than after the device.
+    pub(super) fn while_up_named(&self, dev: &Path, name: &str, detail: &str, alive: &dyn Fn() -> bool) {
         if let Some(start) = self.start.lock().ok().and_then(|mut s| s.take()) {
             start.started();
         }
-        let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
         let _ = std::fs::create_dir_all("/run/compcache");
         let _ = std::fs::remove_file(&ctl);
@@ -284,7 +291,7 @@ impl Session {
         let mut pause = |d: std::time::Duration| self.signals.wait_timeout(d);
         take_out_of_swap(dev, &KernelSwap, &mut pause, &mut |line: &str| eprintln!("compcache: {line}"));
         let _ = std::fs::remove_file(&ctl);
-        self.write_stats(&name);
+        self.write_stats(name);
     }
 
     /// The final statistics, to the log and to `--stats-dir` (a private file, replacing only

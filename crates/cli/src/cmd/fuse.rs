@@ -8,28 +8,20 @@
 //! `losetup --find --direct-io=on --sector-size 4096` (buffered, with a log line, if the
 //! kernel refuses direct I/O), and "READY /dev/loopN" goes to `--ready-fd`.
 //!
-//! Down, on SIGINT/SIGTERM/SIGHUP: if the loop device is still swap, swapoff first; if that
-//! fails the server keeps serving (a device still in swap use is never torn down) and waits
-//! for the next signal. Then the loop device is detached, the filesystem unmounted once the
-//! loop driver has let go of the file, the directory removed, the final statistics written.
-//!
-//! (The store set-up repeats `device.rs`'s private `Session::start`, which is being changed
-//! at the same time; the two should share it.)
+//! Down, on SIGINT/SIGTERM/SIGHUP: as for ublk and nbd (`device.rs`'s `Session`, which this
+//! server shares): if the loop device is still swap, swapoff first, and while that fails the
+//! server keeps serving and retries (a device still in swap use is never torn down); the final
+//! statistics are written. Then the loop device is detached, the filesystem unmounted once
+//! the loop driver has let go of the file, the directory removed, and the backing device (if
+//! any) emptied. A start refused before the device is up removes a backing file it created.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use compcache_nbd::control::{self, ControlState, DeviceInfo};
-use compcache_store::{parse_size, physical_ram_bytes, Config, Store};
-
-use super::device::{ServerArgs, StoreArgs};
-use super::reserve;
-use super::swapdev::{is_active_swap, lock_future_mappings, pin_server_memory, signal_ready, swapoff, StopSignals};
-use crate::backing::spawn_writeback;
+use super::device::{ServerArgs, Session, StoreArgs};
 use crate::failure::Failure;
-use crate::units::human;
 
 /// How long the loop driver may take to let go of the file after `losetup -d`.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -49,31 +41,6 @@ pub struct FuseArgs {
     /// Attach no loop device: serve the file only ("READY <file>"); for tests and benchmarks.
     #[arg(long)]
     pub no_loop: bool,
-}
-
-/// The store with the swap server's guarantees around it, as `device.rs` makes it.
-fn start_store(store_args: &StoreArgs, server: &ServerArgs) -> Result<(Arc<Store>, Config), Failure> {
-    pin_server_memory(!server.no_mlock)?;
-    let cfg = store_args.config()?;
-    let reserve_bytes = match server.reserve.as_deref().unwrap_or("auto") {
-        "auto" => reserve::default_high_bytes(physical_ram_bytes()),
-        "0" | "none" => 0,
-        t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
-    };
-    let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
-    lock_future_mappings(!server.no_mlock);
-    if reserve_bytes > 0 {
-        let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
-        keeper.prime();
-        std::thread::Builder::new()
-            .name("reserve".into())
-            .spawn(move || keeper.keep())
-            .map_err(|e| Failure::new(format!("starting the reserve keeper: {e}")))?;
-    }
-    if store.has_backing() {
-        spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
-    }
-    Ok((store, cfg))
 }
 
 /// Whether this machine can run the FUSE front end (FUSE, loop, losetup), loading the
@@ -198,9 +165,8 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         return Err(Failure::new("compcache fuse needs root (mount, losetup, mlock)"));
     }
     kernel_support().map_err(Failure::new)?;
-    // Before any thread exists: every thread inherits the blocked mask and the flags.
-    let signals = StopSignals::block()?;
-    let (store, cfg) = start_store(&args.store, &args.server)?;
+    let session = Session::start(&args.store, &args.server, "fuse")?;
+    let store = Arc::clone(&session.store);
     let dir = make_mount_dir()?;
     let mut opts = compcache_fuse::Options::default();
     if let Some(t) = args.threads {
@@ -227,71 +193,20 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         }
     };
     let dev = lo.as_ref().map_or(mounted.file.clone(), |l| l.dev.clone());
+    let detail = format!(
+        "file {}, {} thread(s){}",
+        mounted.file.display(),
+        opts.threads,
+        lo.as_ref().map_or(String::new(), |l| if l.direct_io { ", loop with direct I/O".into() } else { ", loop buffered".into() }),
+    );
+    let alive = || mounted.alive() && lo.as_ref().map_or(true, |l| Loop::attached(&l.dev));
+    // Announces the device, serves `compcache stat`, waits for a stop signal, takes the
+    // device out of swap use (retrying while swapoff fails) and writes the final statistics.
     let name = match &lo {
         Some(l) => l.dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         None => format!("fuse-{}", std::process::id()),
     };
-    let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
-    let _ = std::fs::remove_file(&ctl);
-    match control::bind(&ctl) {
-        Ok(listener) => {
-            let state = Arc::new(ControlState {
-                store: Arc::clone(&store),
-                device: DeviceInfo {
-                    export_name: dev.display().to_string(),
-                    nbd_socket: None,
-                    nbd_tcp: None,
-                    control_socket: ctl.display().to_string(),
-                    pid: std::process::id(),
-                    version: env!("CARGO_PKG_VERSION").to_string(),
-                },
-            });
-            let _ = std::thread::Builder::new().name("control".into()).spawn(move || control::serve(state, listener));
-        }
-        Err(e) => eprintln!("compcache: warning: no control socket {}: {e}", ctl.display()),
-    }
-    println!(
-        "compcache: {} is up: fuse, {} {}{}{}, file {}, {} thread(s){}; control {}; pid {}",
-        dev.display(),
-        human(cfg.disksize_bytes),
-        cfg.algorithm,
-        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
-        cfg.backing.as_ref().map_or(String::new(), |b| format!(", backing {}", b.path.display())),
-        mounted.file.display(),
-        opts.threads,
-        lo.as_ref().map_or(String::new(), |l| if l.direct_io { ", loop with direct I/O".into() } else { ", loop buffered".into() }),
-        ctl.display(),
-        std::process::id()
-    );
-    signal_ready(args.server.ready_fd, &format!("READY {}\n", dev.display()));
-
-    let alive = || mounted.alive() && lo.as_ref().map_or(true, |l| Loop::attached(&l.dev));
-    loop {
-        let signalled = match signals.wait(&alive) {
-            Some(sig) => {
-                eprintln!("compcache: signal {sig}: removing {}", dev.display());
-                true
-            }
-            None => {
-                eprintln!("compcache: {} was detached or unmounted by another program", dev.display());
-                false
-            }
-        };
-        if !is_active_swap(&dev) {
-            break;
-        }
-        eprintln!("compcache: {} is swap: swapoff first (reads every page back)", dev.display());
-        match swapoff(&dev) {
-            Ok(()) => break,
-            // Never tear down a device the kernel still swaps to while it can still be
-            // served: its pages would be lost.
-            Err(e) if signalled => eprintln!("compcache: {e}; {} is still swap, so it stays up: free memory and stop again", dev.display()),
-            Err(e) => {
-                eprintln!("compcache: {e}; the device can no longer be served");
-                break;
-            }
-        }
-    }
+    session.while_up_named(&dev, &name, &detail, &alive);
     if let Some(l) = &lo {
         if let Err(e) = l.detach() {
             eprintln!("compcache: {e}");
@@ -302,14 +217,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         eprintln!("compcache: the FUSE session ended with: {e}");
     }
     let _ = std::fs::remove_dir(&dir);
-    let _ = std::fs::remove_file(&ctl);
-    let stats = serde_json::to_value(store.stats()).unwrap_or_default();
-    eprintln!("compcache: final statistics of {name}: {stats}");
-    if let Some(sd) = &args.server.stats_dir {
-        let path = sd.join(format!("{name}.stats.json"));
-        if let Err(e) = std::fs::create_dir_all(sd).and_then(|_| std::fs::write(&path, format!("{stats:#}\n"))) {
-            eprintln!("compcache: {}: {e}", path.display());
-        }
-    }
+    // Dropping the session empties the backing device (no page data outlives the server).
+    drop(session);
     Ok(())
 }
