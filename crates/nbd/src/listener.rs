@@ -225,7 +225,7 @@ impl AcceptBackoff {
         self.pause = (self.pause * 2).min(ACCEPT_PAUSE_MAX);
         self.failures += 1;
         self.unlogged += 1;
-        let due = self.last_log.map_or(true, |t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL);
+        let due = self.last_log.is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL);
         if !due {
             return (pause, None);
         }

@@ -199,7 +199,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         opts.threads,
         lo.as_ref().map_or(String::new(), |l| if l.direct_io { ", loop with direct I/O".into() } else { ", loop buffered".into() }),
     );
-    let alive = || mounted.alive() && lo.as_ref().map_or(true, |l| Loop::attached(&l.dev));
+    let alive = || mounted.alive() && lo.as_ref().is_none_or(|l| Loop::attached(&l.dev));
     // Announces the device, serves `compcache stat`, waits for a stop signal, takes the
     // device out of swap use (retrying while swapoff fails) and writes the final statistics.
     let name = match &lo {
