@@ -49,6 +49,17 @@ class SwapConfig:
         self.size_bytes = size_bytes
         self.info: dict = {}  # recorded in the results (device, dio, versions...)
 
+    def server_rss_bytes(self) -> int | None:
+        """Resident size of the configuration's userspace server (`self.server`), if it has one."""
+        srv = getattr(self, "server", None)
+        if srv is None:
+            return None
+        try:
+            kib = parse_proc_status_kib(self.system.read(f"/proc/{srv.pid}/status"))
+        except OSError:
+            return None
+        return None if kib is None else kib * 1024
+
     def unavailable(self) -> str | None:
         """Why this configuration cannot run on this machine, or None."""
         return None
@@ -344,16 +355,6 @@ class NbdLoopSwap(SwapConfig):
 
         return [swapoff, detach_loop, unmount, stop_fuse, stop_server, close_logs]
 
-    def server_rss_bytes(self) -> int | None:
-        srv = getattr(self, "server", None)
-        if srv is None:
-            return None
-        try:
-            kib = parse_proc_status_kib(self.system.read(f"/proc/{srv.pid}/status"))
-        except OSError:
-            return None
-        return None if kib is None else kib * 1024
-
 
 class NbdkitSwap(NbdLoopSwap):
     name = "nbdkit-zstd"
@@ -382,6 +383,30 @@ def find_compcache(repo_root: str) -> str | None:
     return None
 
 
+def compcache_unavailable(system, binary: str | None, subcommand: str, marker: str, missing: str) -> str | None:
+    """Why `binary SUBCOMMAND` cannot be used, or None: its --help must name `marker`."""
+    if not binary:
+        return "compcache binary not found: build with cargo build --release -p compcache"
+    try:
+        usage = system.run([binary, subcommand, "--help"], check=False, timeout=10)
+    except Exception as e:
+        return f"compcache binary {binary} does not run: {e}"
+    if marker not in usage:
+        return f"compcache binary {binary} {missing}"
+    return None
+
+
+def compcache_stats(system, binary: str, control: str, rss_bytes: int | None) -> dict:
+    """`compcache stat --json` of the server on `control`, plus its RSS if known."""
+    try:
+        out = json.loads(system.run([binary, "stat", "--json", "--control", control], timeout=10))
+    except Exception:
+        out = {}
+    if rss_bytes is not None:
+        out["server_rss_bytes"] = rss_bytes
+    return out
+
+
 class CompcacheSwap(NbdLoopSwap):
     name = "compcache"
     label = "compcache"
@@ -392,15 +417,8 @@ class CompcacheSwap(NbdLoopSwap):
         self.algorithm = algorithm
 
     def unavailable(self):
-        if not self.binary:
-            return "compcache binary not found: build with cargo build --release -p compcache"
-        try:
-            usage = self.system.run([self.binary, "serve", "--help"], check=False, timeout=10)
-        except Exception as e:
-            return f"compcache binary {self.binary} does not run: {e}"
-        if "--socket" not in usage:
-            return f"compcache binary {self.binary} has no working `serve` yet (its serve --help names no --socket)"
-        return None
+        return compcache_unavailable(self.system, self.binary, "serve", "--socket",
+                                     "has no working `serve` yet (its serve --help names no --socket)")
 
     def server_argv(self, socket):
         return [self.binary, "serve", "--size", str(self.size_bytes), "--socket", socket,
@@ -410,14 +428,7 @@ class CompcacheSwap(NbdLoopSwap):
         sock = getattr(self, "socket", None)
         if not sock:
             return {}
-        try:
-            out = json.loads(self.system.run([self.binary, "stat", "--json", "--control", sock + ".ctl"], timeout=10))
-        except Exception:
-            out = {}
-        rss = self.server_rss_bytes()
-        if rss is not None:
-            out["server_rss_bytes"] = rss
-        return out
+        return compcache_stats(self.system, self.binary, sock + ".ctl", self.server_rss_bytes())
 
 
 class CompcacheFuseSwap(SwapConfig):
@@ -436,17 +447,9 @@ class CompcacheFuseSwap(SwapConfig):
         self.algorithm = algorithm
 
     def unavailable(self):
-        if not self.binary:
-            return "compcache binary not found: build with cargo build --release -p compcache"
-        if not self.system.exists("/dev/fuse"):
+        if self.binary and not self.system.exists("/dev/fuse"):
             return "no /dev/fuse"
-        try:
-            usage = self.system.run([self.binary, "fuse", "--help"], check=False, timeout=10)
-        except Exception as e:
-            return f"compcache binary {self.binary} does not run: {e}"
-        if "--threads" not in usage:
-            return f"compcache binary {self.binary} has no `fuse` subcommand"
-        return None
+        return compcache_unavailable(self.system, self.binary, "fuse", "--threads", "has no `fuse` subcommand")
 
     def setup(self) -> None:
         base = os.path.join(self.workdir, self.name)
@@ -508,18 +511,7 @@ class CompcacheFuseSwap(SwapConfig):
         loop = getattr(self, "loop", None)
         if not loop:
             return {}
-        try:
-            out = json.loads(self.system.run([self.binary, "stat", "--json", "--control",
-                                              f"/run/compcache/{os.path.basename(loop)}.ctl"], timeout=10))
-        except Exception:
-            out = {}
-        try:
-            kib = parse_proc_status_kib(self.system.read(f"/proc/{self.server.pid}/status"))
-            if kib is not None:
-                out["server_rss_bytes"] = kib * 1024
-        except OSError:
-            pass
-        return out
+        return compcache_stats(self.system, self.binary, f"/run/compcache/{os.path.basename(loop)}.ctl", self.server_rss_bytes())
 
 
 ALL_CONFIGS = ("noswap", "disk", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache", "compcache-fuse")
