@@ -102,6 +102,7 @@ COMPCACHE_BIN="$bin" INITRAMFS_OUT="$initramfs" NBD_CLIENT_DIR="$nbd_client_dir"
 # Its monitor socket (vm/cache/monitor-PID.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
 # guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks).
 log="$cache/run-$$.log"
+monitor_sock="$cache/monitor-$$.sock"
 case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
@@ -123,26 +124,51 @@ start=$(date +%s)
 : >"$log" # exists before tail follows it
 qemu-system-x86_64 "${accel_opts[@]}" -m "$mem" -smp "$smp" -nographic -no-reboot \
   -kernel "$cache/kernel/vmlinuz" -initrd "$initramfs" -append "$append" \
-  "${disk_opts[@]}" -nic none -serial mon:stdio -monitor "unix:$cache/monitor-$$.sock,server,nowait" </dev/null >"$log" 2>&1 &
+  "${disk_opts[@]}" -nic none -serial mon:stdio -monitor "unix:$monitor_sock,server,nowait" </dev/null >"$log" 2>&1 &
 qemu_pid=$!
-cleanup() { kill "$qemu_pid" 2>/dev/null || true; rm -f "$initramfs" ${disk:+"$disk"}; }
+cleanup() { kill "$qemu_pid" 2>/dev/null || true; rm -f "$initramfs" "$monitor_sock" ${disk:+"$disk"}; }
 trap cleanup EXIT INT TERM
 # Show the guest's progress as it comes (the whole console is in the log).
 tail -n +1 -f --pid="$qemu_pid" "$log" | grep --line-buffered -E 'compcache|scan |RESULT|Kernel panic|BUG|Oops|rror' &
 tail_pid=$!
-waited=0
+# A hang is a bug to diagnose, not only a failure: when the guest's hung-task detector fires
+# (a task blocked for 120 s) or the run times out, raise the guest's console loglevel and dump
+# its blocked tasks, the CPUs' stacks and its memory (sysrq 7, w, l, m through the monitor),
+# give the console time to print them, then stop qemu. The dump is in the console log and
+# printed below.
+sysrq_dump() {
+  python3 - "$monitor_sock" <<'PY' || echo "run-test: could not reach qemu's monitor for a sysrq dump"
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+for key in "7wlm":
+    s.sendall(f"sendkey alt-sysrq-{key}\n".encode())
+    time.sleep(1)
+s.close()
+PY
+}
+waited=0 dumped=0
 while kill -0 "$qemu_pid" 2>/dev/null; do
-  if [ "$waited" -ge "$timeout_s" ]; then
-    echo "run-test: TIMEOUT after ${timeout_s}s: stopping qemu (pid $qemu_pid)"
-    kill "$qemu_pid" 2>/dev/null || true
-    break
+  hung=0
+  grep -q 'blocked for more than' "$log" && hung=1
+  if [ "$waited" -ge "$timeout_s" ] || { [ "$hung" = 1 ] && [ "$dumped" = 0 ]; }; then
+    if [ "$dumped" = 0 ]; then
+      [ "$hung" = 1 ] && why="a guest task is blocked (hung-task detector)" || why="TIMEOUT after ${timeout_s}s"
+      echo "run-test: $why: dumping the guest's blocked tasks and stacks (sysrq w, l, m), then stopping qemu"
+      sysrq_dump
+      dumped=1 dump_at=$waited
+    elif [ "$waited" -ge $((dump_at + 45)) ] || [ "$waited" -ge $((timeout_s + 45)) ]; then
+      echo "run-test: stopping qemu (pid $qemu_pid)"
+      kill "$qemu_pid" 2>/dev/null || true
+      break
+    fi
   fi
   sleep 1; waited=$((waited + 1))
 done
 wait "$qemu_pid" 2>/dev/null || true
 wait "$tail_pid" 2>/dev/null || true
 trap - EXIT INT TERM
-rm -f "$initramfs" ${disk:+"$disk"}
+rm -f "$initramfs" "$monitor_sock" ${disk:+"$disk"}
 cp "$log" "$cache/last-run.log"
 trap 'rm -f "$log"' EXIT
 elapsed=$(( $(date +%s) - start ))
@@ -155,7 +181,12 @@ fi
 failed=$(grep -c 'RESULT .* FAIL' "$log" || true)
 passed=$(grep -c 'RESULT .* PASS' "$log" || true)
 [ "$failed" = 0 ] && failed=1
-echo "run-test: FAILED; last lines of the console:"
-tail -n 40 "$log"
+if [ "$dumped" = 1 ]; then
+  echo "run-test: FAILED (hung); the console from the first hung-task report on:"
+  sed -n '/blocked for more than/,$p' "$log" | tail -n 400
+else
+  echo "run-test: FAILED; last lines of the console:"
+  tail -n 40 "$log"
+fi
 echo "vm: $passed passed, $failed failed"
 exit 1

@@ -383,18 +383,15 @@ fn signal_name(sig: i32) -> &'static str {
     }
 }
 
-/// mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT): every page the server has or will
-/// touch stays in RAM, but untouched reservations (the store's address space) cost nothing.
+/// `--mlock`: the server's memory locked as a swap server's is (`swapdev::lock_server_memory`):
+/// what is mapped now whole, the rest as it is touched, so untouched reservations (the store's
+/// address space) cost nothing.
 fn lock_memory() -> Result<(), Failure> {
-    // SAFETY: mlockall takes flags only and affects no Rust-visible state.
-    let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    Err(Failure::new(format!(
-        "--mlock: mlockall failed: {e}: run as root (or with CAP_IPC_LOCK), or raise the locked-memory limit (`ulimit -l`)"
-    )))
+    super::swapdev::lock_server_memory().map_err(|e| {
+        Failure::new(format!(
+            "--mlock: mlockall failed: {e}: run as root (or with CAP_IPC_LOCK), or raise the locked-memory limit (`ulimit -l`)"
+        ))
+    })
 }
 
 /// The PID file: created exclusively, owner-only, never through a symbolic link

@@ -188,10 +188,8 @@ pub fn take_out_of_swap(
 }
 
 /// Keeps a swap server's memory resident and out of reclaim's I/O:
-/// - `mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT)`: every page the server touches stays
-///   in RAM (a swapped-out swap server deadlocks the machine), while the store's reserved but
-///   untouched address space costs nothing (`MCL_ONFAULT`; without it `MCL_FUTURE` would
-///   populate the whole reservation at once);
+/// - [`lock_server_memory`]: what is mapped now is read in whole and locked, and every page
+///   the server touches later stays in RAM (a swapped-out swap server deadlocks the machine);
 /// - `PR_SET_IO_FLUSHER` on this thread, inherited by every thread started afterwards: memory
 ///   reclaim entered by the server never waits for I/O, so it cannot wait on itself;
 /// - `oom_score_adj = -1000`: the OOM killer never picks the server, whose death would take
@@ -199,12 +197,7 @@ pub fn take_out_of_swap(
 ///   either). nbd-client does the same with `-swap`.
 pub fn pin_server_memory(mlock: bool) -> Result<(), Failure> {
     if mlock {
-        // SAFETY: mlockall takes flags only and changes no Rust-visible state.
-        let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            return Err(Failure::new(format!("mlockall: {e}: run as root (CAP_IPC_LOCK) or raise `ulimit -l`")));
-        }
+        lock_server_memory().map_err(|e| Failure::new(format!("mlockall: {e}: run as root (CAP_IPC_LOCK) or raise `ulimit -l`")))?;
     }
     const PR_SET_IO_FLUSHER: libc::c_int = 57;
     // SAFETY: prctl with integer arguments only; affects this thread's reclaim flags.
@@ -213,6 +206,33 @@ pub fn pin_server_memory(mlock: bool) -> Result<(), Failure> {
     }
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
         eprintln!("compcache: warning: oom_score_adj: {e} (needs CAP_SYS_RESOURCE)");
+    }
+    Ok(())
+}
+
+/// Locks a server's memory, before the store's big sparse mappings exist:
+/// - `mlockall(MCL_CURRENT)`: everything mapped now (the program's text and data, the shared
+///   libraries, the heap, the stack) is faulted in whole and locked. Not on fault: a page of
+///   code the server has not run yet would otherwise be read in the first time it runs, and
+///   that may be under memory pressure, in the middle of a swap-out. Where the program lives
+///   on tmpfs (an initramfs, a container's root), its untouched pages are tmpfs pages that
+///   the kernel may swap out *to this very device*, and the fault that reads one back waits
+///   for a swap-in only this server can serve: the VM test's `global` step hung so, a queue
+///   thread in `shmem_swapin_folio` (docs/swap.md). From disk it is only slow. Costs the
+///   program's size in RAM (about 5 MiB of text), as zram's code costs the kernel's.
+/// - then `mlockall(MCL_FUTURE | MCL_ONFAULT)`: every mapping made later is locked page by
+///   page as it is touched, so the store's reserved but untouched address space costs nothing
+///   (without `MCL_ONFAULT`, `MCL_FUTURE` would populate the whole reservation at once).
+///   `swapdev::lock_future_mappings` later drops `MCL_ONFAULT` for the I/O threads' mappings.
+pub fn lock_server_memory() -> io::Result<()> {
+    // SAFETY: mlockall takes flags only and changes no Rust-visible state.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above. Without MCL_CURRENT this only sets the flags of future mappings and
+    // leaves the ones just locked as they are.
+    if unsafe { libc::mlockall(libc::MCL_FUTURE | libc::MCL_ONFAULT) } != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
