@@ -65,6 +65,7 @@
 
 pub mod budget;
 pub mod client;
+mod connection;
 pub mod control;
 pub mod handshake;
 pub mod listener;
@@ -220,29 +221,7 @@ impl Server {
     /// Serves one client that came in over `transport`, with the TLS rules for it and the
     /// connection cap (which keeps room for local clients that TCP clients cannot take).
     pub fn serve_connection_over<S: listener::Stream + AsFd>(&self, stream: S, peer: &str, transport: Transport) {
-        let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
-        let label = format!("client {id} ({peer})");
-        let open = self.connections.fetch_add(1, Ordering::AcqRel) + 1;
-        let _count = ConnectionCount(&self.connections);
-        let limit = match transport {
-            Transport::Unix => self.options.max_connections,
-            Transport::Tcp => self.options.max_connections.saturating_sub(self.options.reserved_local_connections),
-        };
-        if open as usize > limit {
-            let kind = if transport == Transport::Tcp { " for TCP clients (the rest are kept for local ones)" } else { "" };
-            log(&label, &format!("refused: {} connections already open (the limit{kind})", open - 1));
-            stream.shutdown_both();
-            return;
-        }
-        let Some(tls) = self.tls_mode(transport) else {
-            log(&label, "refused: TCP without TLS is not allowed (no TLS credentials, no allow_plain_tcp)");
-            stream.shutdown_both();
-            return;
-        };
-        if self.options.verbose {
-            log(&label, "connected");
-        }
-        transmission::run_connection(self, stream, &label, tls);
+        connection::serve(self, stream, peer, transport)
     }
 
     /// Connections open right now.
@@ -258,13 +237,6 @@ pub enum Transport {
     Unix,
     /// TCP: reachable by every local user, or more.
     Tcp,
-}
-
-struct ConnectionCount<'a>(&'a AtomicU64);
-impl Drop for ConnectionCount<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// The one way this crate logs: one line on stderr, prefixed with who it is about. A closed
