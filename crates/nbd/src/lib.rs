@@ -5,17 +5,26 @@
 //! use it as a block device, and swap to it. A thin layer: it parses and validates requests
 //! and makes one store call per request. Std threads, no async runtime.
 //!
-//! One job per file:
-//! - [`wire`]: magic numbers, flags, codes, fixed-size messages (encode/decode only);
+//! One job per file, in the order a connection meets them:
+//! - [`listener`]: the [`listener::Stream`] a connection is served on, TCP binding, accept
+//!   loops (Unix sockets are bound by `compcache_control::socket`, the rules every compcache
+//!   server socket shares), the handshake's deadline reader;
+//! - `connection`: a connection's setup: the connection cap, the TLS mode, the handshake under
+//!   its deadline (STARTTLS included); only then transmission;
 //! - [`handshake`]: fixed newstyle negotiation and option haggling;
-//! - [`transmission`]: request validation and dispatch to the store, replies;
-//! - [`reply`]: structured reply chunks (READ data, block status, errors);
-//! - [`meta`]: metadata contexts (`base:allocation`) and block status descriptors;
-//! - [`listener`]: binding sockets (with stale-socket detection) and accepting clients;
-//! - [`budget`]: the server-wide in-flight byte budget shared by every connection;
 //! - [`tls`]: TLS (`NBD_OPT_STARTTLS`): credentials, the TLS handshake, a TLS stream;
-//! - [`control`]: the control channel (`compcache stat`, `compcache compact`), line-based JSON;
-//! - [`client`]: a minimal blocking NBD client, for tests and tools.
+//! - [`meta`]: metadata contexts (`base:allocation`) and block status descriptors;
+//! - [`transmission`]: the transmission phase, a folder by job: the read turn, request
+//!   validation and the one store call, the in-flight budget, the request buffer, and the
+//!   workers (its module docs walk through them and state the rules);
+//! - [`budget`]: the server-wide in-flight byte budget shared by every connection;
+//! - [`reply`]: structured reply chunks (READ data, block status, errors);
+//! - [`wire`]: magic numbers, flags, codes, fixed-size messages (encode/decode only);
+//! - [`client`]: a minimal blocking NBD client: the handshake of `compcache-kernel-nbd`
+//!   (which hands the negotiated socket to the kernel, in production), and tests and tools.
+//!
+//! The control channel (`compcache stat`, `compact`) is not here: every front end serves one,
+//! so it is the crate `compcache-control`.
 //!
 //! ## Threads of a connection
 //! Each connection has its own workers (the connection's thread and
@@ -39,7 +48,6 @@
 //!   pair) may take: TCP clients cannot lock the local ones out;
 //! - the handshake: it must be over within [`ServerOptions::handshake_deadline`] of the
 //!   connection's start, however slowly the client trickles bytes;
-//! - control clients: [`control::MAX_CLIENTS`] at once;
 //! - accept errors (out of descriptors) never end a listener ([`listener`]).
 //!
 //! ## Capabilities
@@ -52,8 +60,12 @@
 //! headers, CACHE, FAST_ZERO, resize.
 //!
 //! Every connection to one server reaches the same `Store`, which has no per-connection cache: a
-//! write is in the store (visible to every connection) before it is replied to, so FLUSH and
-//! FUA have nothing left to do and multi-conn is valid.
+//! write is in the store (visible to every connection) before it is replied to, so multi-conn
+//! is valid, and FUA and FLUSH are about ordering only: FUA needs nothing beyond replying after
+//! the store call, and a FLUSH is answered once the modifying requests read before it on its
+//! connection are (its store call, `Store::flush`, returns at once). A backing device does not
+//! change that: the index of its records lives in the server's memory, so an fsync would make
+//! nothing durable (docs/backing.md, "Flush and FUA"; [`transmission`], "FUA and FLUSH").
 //!
 //! ## Who may connect
 //! Whoever can connect can read and write the device. Unix sockets are owner-only (mode
@@ -66,7 +78,6 @@
 pub mod budget;
 pub mod client;
 mod connection;
-pub mod control;
 pub mod handshake;
 pub mod listener;
 pub mod meta;
