@@ -60,9 +60,10 @@
 //! 1. A request is validated completely before anything is done: command, flags, length,
 //!    range. A rejected request costs nothing but its reply (and, for WRITE, skipping its
 //!    payload); it is counted in the store's `invalid_io`.
-//! 2. Memory is bounded: a payload is at most [`MAX_PAYLOAD_BYTES`]; a worker holds one
-//!    request at a time, and a request is admitted only when the connection's in-flight bytes
-//!    and requests fit its budget (an idle connection always admits one).
+//! 2. Memory is bounded: a payload is at most [`MAX_PAYLOAD_BYTES`](crate::MAX_PAYLOAD_BYTES);
+//!    a worker holds one request at a time, and a request is admitted only when the
+//!    connection's in-flight bytes and requests fit its budget (an idle connection always
+//!    admits one).
 //! 3. A write is applied only once its whole payload has arrived: a client that disconnects
 //!    mid-request loses that request and nothing else.
 //! 4. One reply is one `write_all` under the writer lock (a READ's or BLOCK_STATUS's header
@@ -111,7 +112,7 @@ use parking_lot::Mutex;
 use request::{execute, Job};
 use std::io::BufReader;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use turn::{keep_turn, next_request, End, Next, ReadTurn, TurnGuard};
+use turn::{keep_turn, next_request, Next, ReadTurn, TurnGuard};
 
 /// Rejected requests logged per connection; the rest are only counted (`invalid_io`).
 const LOGGED_REJECTS: u32 = 8;
@@ -240,7 +241,7 @@ pub(crate) fn run<S: Stream>(server: &Server, negotiated: Negotiated, reader: Bu
         worker(store, conn, 0);
     });
     // Every worker is done: requests read before the end are answered (rule 7).
-    if matches!(conn.reader.side.lock().end, Some(End::Disconnect)) && server.options.verbose {
+    if conn.reader.disconnected() && server.options.verbose {
         log(label, "disconnected (NBD_CMD_DISC)");
     }
     conn.shutdown.shutdown_both();

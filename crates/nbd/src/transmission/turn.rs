@@ -32,11 +32,11 @@ const QUICK_REQUEST_BYTES: usize = 64 << 10;
 
 /// What the holder of the read turn owns (lock 1).
 pub(super) struct ReadSide<S: Stream> {
-    pub(super) stream: BufReader<S>,
+    stream: BufReader<S>,
     /// `seq` of the last request read.
     last_seq: u64,
     /// Why the connection ends, once known: after it is set, nobody reads.
-    pub(super) end: Option<End>,
+    end: Option<End>,
 }
 
 /// The read turn: [`ReadSide`] for one worker at a time. Waiting is sleeping on `free`.
@@ -45,7 +45,7 @@ pub(super) struct ReadSide<S: Stream> {
 pub(super) struct ReadTurn<S: Stream> {
     taken: Mutex<bool>,
     free: Condvar,
-    pub(super) side: Mutex<ReadSide<S>>,
+    side: Mutex<ReadSide<S>>,
 }
 
 impl<S: Stream> ReadTurn<S> {
@@ -53,6 +53,11 @@ impl<S: Stream> ReadTurn<S> {
     pub(super) fn new(stream: BufReader<S>) -> ReadTurn<S> {
         let side = ReadSide { stream, last_seq: 0, end: None };
         ReadTurn { taken: Mutex::new(false), free: Condvar::new(), side: Mutex::new(side) }
+    }
+
+    /// Whether the reading ended with `NBD_CMD_DISC`, the clean end.
+    pub(super) fn disconnected(&self) -> bool {
+        matches!(self.side.lock().end, Some(End::Disconnect))
     }
 
     /// Takes the turn: at once if it is free, else sleeping until it is given back.
@@ -97,7 +102,7 @@ impl<S: Stream> Drop for TurnGuard<'_, S> {
 }
 
 /// How a connection ends; decided by the worker holding the read turn when it does.
-pub(super) enum End {
+enum End {
     /// `NBD_CMD_DISC`: the clean end.
     Disconnect,
     /// A reply failed (already logged), or a worker panicked.
