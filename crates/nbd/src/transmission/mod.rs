@@ -1,6 +1,6 @@
 //! The transmission phase: read a request, validate it completely, then make one store call.
-//! It starts once the handshake is over ([`crate::connection`] sets the connection up and
-//! negotiates; [`run`] gets a connection in transmission and what it negotiated).
+//! It starts once the handshake is over (`crate::connection` sets the connection up and
+//! negotiates; `run` gets a connection in transmission and what it negotiated).
 //!
 //! One job per file, in the order a request meets them:
 //! - `turn.rs`: the read turn (lock 1): reading the next request off the socket in turn,
