@@ -4,7 +4,7 @@
 //! Checked: no panic; every answer is one JSON object on one line with a boolean `ok`; a
 //! refusal carries an `error` string; `stat` and `info` answers carry the device.
 
-use compcache_nbd::control::{answer, ControlState, DeviceInfo, MAX_LINE_BYTES};
+use compcache_control::{answer, ControlState, DeviceInfo, MAX_LINE_BYTES};
 use compcache_store::{Config, Store};
 use serde_json::Value;
 use std::sync::{Arc, OnceLock};

@@ -9,7 +9,7 @@
 //! use one that is not a directory of its own user, or that others can write ([`private_dir`]),
 //! so another user cannot squat the path (a fixed name in /tmp could be taken by anyone before
 //! the server starts). Clients check the owner of the socket and of its directory before they
-//! believe it (`compcache_nbd::control::check_trusted`).
+//! believe it (`compcache_control::check_trusted`).
 
 use std::path::{Path, PathBuf};
 

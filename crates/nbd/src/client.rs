@@ -1,6 +1,8 @@
 //! A minimal blocking NBD client: fixed newstyle handshake with `NBD_OPT_GO`, simple replies.
-//! For tests and tools (it is how the test suites of this crate and of the `compcache`
-//! command talk to a server); the kernel, qemu or libnbd are the real clients.
+//! Used in production by `compcache-kernel-nbd`, which negotiates each connection with
+//! [`greet`] and [`info_or_go`] before handing the socket to the kernel's NBD driver (the
+//! kernel does no handshake of its own); and by the test suites of this crate and of the
+//! `compcache` command, and tools. The kernel, qemu or libnbd are the real transmission clients.
 //!
 //! Requests can be pipelined: [`Client::send`] any number, then [`Client::recv`] the replies
 //! (in whatever order the server sends them).

@@ -5,17 +5,26 @@
 //! use it as a block device, and swap to it. A thin layer: it parses and validates requests
 //! and makes one store call per request. Std threads, no async runtime.
 //!
-//! One job per file:
-//! - [`wire`]: magic numbers, flags, codes, fixed-size messages (encode/decode only);
+//! One job per file, in the order a connection meets them:
+//! - [`listener`]: the [`listener::Stream`] a connection is served on, TCP binding, accept
+//!   loops (Unix sockets are bound by `compcache_control::socket`, the rules every compcache
+//!   server socket shares), the handshake's deadline reader;
+//! - `connection`: a connection's setup: the connection cap, the TLS mode, the handshake under
+//!   its deadline (STARTTLS included); only then transmission;
 //! - [`handshake`]: fixed newstyle negotiation and option haggling;
-//! - [`transmission`]: request validation and dispatch to the store, replies;
-//! - [`reply`]: structured reply chunks (READ data, block status, errors);
-//! - [`meta`]: metadata contexts (`base:allocation`) and block status descriptors;
-//! - [`listener`]: binding sockets (with stale-socket detection) and accepting clients;
-//! - [`budget`]: the server-wide in-flight byte budget shared by every connection;
 //! - [`tls`]: TLS (`NBD_OPT_STARTTLS`): credentials, the TLS handshake, a TLS stream;
-//! - [`control`]: the control channel (`compcache stat`, `compcache compact`), line-based JSON;
-//! - [`client`]: a minimal blocking NBD client, for tests and tools.
+//! - [`meta`]: metadata contexts (`base:allocation`) and block status descriptors;
+//! - [`transmission`]: the transmission phase, a folder by job: the read turn, request
+//!   validation and the one store call, the in-flight budget, the request buffer, and the
+//!   workers (its module docs walk through them and state the rules);
+//! - [`budget`]: the server-wide in-flight byte budget shared by every connection;
+//! - [`reply`]: structured reply chunks (READ data, block status, errors);
+//! - [`wire`]: magic numbers, flags, codes, fixed-size messages (encode/decode only);
+//! - [`client`]: a minimal blocking NBD client: the handshake of `compcache-kernel-nbd`
+//!   (which hands the negotiated socket to the kernel, in production), and tests and tools.
+//!
+//! The control channel (`compcache stat`, `compact`) is not here: every front end serves one,
+//! so it is the crate `compcache-control`.
 //!
 //! ## Threads of a connection
 //! Each connection has its own workers (the connection's thread and
@@ -39,7 +48,6 @@
 //!   pair) may take: TCP clients cannot lock the local ones out;
 //! - the handshake: it must be over within [`ServerOptions::handshake_deadline`] of the
 //!   connection's start, however slowly the client trickles bytes;
-//! - control clients: [`control::MAX_CLIENTS`] at once;
 //! - accept errors (out of descriptors) never end a listener ([`listener`]).
 //!
 //! ## Capabilities
@@ -52,8 +60,12 @@
 //! headers, CACHE, FAST_ZERO, resize.
 //!
 //! Every connection to one server reaches the same `Store`, which has no per-connection cache: a
-//! write is in the store (visible to every connection) before it is replied to, so FLUSH and
-//! FUA have nothing left to do and multi-conn is valid.
+//! write is in the store (visible to every connection) before it is replied to, so multi-conn
+//! is valid, and FUA and FLUSH are about ordering only: FUA needs nothing beyond replying after
+//! the store call, and a FLUSH is answered once the modifying requests read before it on its
+//! connection are (its store call, `Store::flush`, returns at once). A backing device does not
+//! change that: the index of its records lives in the server's memory, so an fsync would make
+//! nothing durable (docs/backing.md, "Flush and FUA"; [`transmission`], "FUA and FLUSH").
 //!
 //! ## Who may connect
 //! Whoever can connect can read and write the device. Unix sockets are owner-only (mode
@@ -65,7 +77,7 @@
 
 pub mod budget;
 pub mod client;
-pub mod control;
+mod connection;
 pub mod handshake;
 pub mod listener;
 pub mod meta;
@@ -220,29 +232,7 @@ impl Server {
     /// Serves one client that came in over `transport`, with the TLS rules for it and the
     /// connection cap (which keeps room for local clients that TCP clients cannot take).
     pub fn serve_connection_over<S: listener::Stream + AsFd>(&self, stream: S, peer: &str, transport: Transport) {
-        let id = self.next_client_id.fetch_add(1, Ordering::Relaxed);
-        let label = format!("client {id} ({peer})");
-        let open = self.connections.fetch_add(1, Ordering::AcqRel) + 1;
-        let _count = ConnectionCount(&self.connections);
-        let limit = match transport {
-            Transport::Unix => self.options.max_connections,
-            Transport::Tcp => self.options.max_connections.saturating_sub(self.options.reserved_local_connections),
-        };
-        if open as usize > limit {
-            let kind = if transport == Transport::Tcp { " for TCP clients (the rest are kept for local ones)" } else { "" };
-            log(&label, &format!("refused: {} connections already open (the limit{kind})", open - 1));
-            stream.shutdown_both();
-            return;
-        }
-        let Some(tls) = self.tls_mode(transport) else {
-            log(&label, "refused: TCP without TLS is not allowed (no TLS credentials, no allow_plain_tcp)");
-            stream.shutdown_both();
-            return;
-        };
-        if self.options.verbose {
-            log(&label, "connected");
-        }
-        transmission::run_connection(self, stream, &label, tls);
+        connection::serve(self, stream, peer, transport)
     }
 
     /// Connections open right now.
@@ -258,13 +248,6 @@ pub enum Transport {
     Unix,
     /// TCP: reachable by every local user, or more.
     Tcp,
-}
-
-struct ConnectionCount<'a>(&'a AtomicU64);
-impl Drop for ConnectionCount<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// The one way this crate logs: one line on stderr, prefixed with who it is about. A closed

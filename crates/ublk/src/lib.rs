@@ -14,8 +14,11 @@
 //!
 //! ## Capabilities declared
 //! Logical and physical block size of one page (4096), so every request is whole pages.
-//! READ and WRITE go to the store; FLUSH completes with success (the store is memory: a
-//! completed write is already as durable as it will ever be); DISCARD and WRITE_ZEROES free
+//! READ and WRITE go to the store; FLUSH completes with success once `Store::flush` returns,
+//! at once: a completed write is in the store already (in RAM, or a record on the backing
+//! device whose write returned) and every later read finds it, and the backing device is not
+//! fsync'd, since the index of its records lives in this process's memory and an fsync would
+//! make nothing durable (docs/backing.md, "Flush and FUA"); DISCARD and WRITE_ZEROES free
 //! the slots, as the kernel's swap-free notification did for ramzswap and zram. No volatile
 //! cache, no FUA, no zoned mode, no zero copy.
 //!

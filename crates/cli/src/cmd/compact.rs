@@ -3,7 +3,7 @@
 use crate::failure::Failure;
 use crate::paths;
 use crate::units::human;
-use compcache_nbd::control;
+use compcache_control as control;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use compcache_nbd::control::{self, ControlState, DeviceInfo};
+use compcache_control::{self as control, ControlState, DeviceInfo};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
 
 use super::reserve;

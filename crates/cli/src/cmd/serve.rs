@@ -6,8 +6,9 @@ use crate::failure::Failure;
 use crate::paths;
 use crate::private_file;
 use crate::units::human;
-use compcache_nbd::control::{self, ControlState, DeviceInfo};
-use compcache_nbd::listener::{self, SocketFileGuard};
+use compcache_control::socket::{bind_unix, SocketFileGuard};
+use compcache_control::{self as control, ControlState, DeviceInfo};
+use compcache_nbd::listener;
 use compcache_nbd::tls::{self, TlsOptions};
 use compcache_nbd::{Export, Server, ServerOptions};
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
@@ -143,7 +144,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let mut guards: Vec<SocketFileGuard> = Vec::new();
     let unix = match &socket {
         Some(path) => {
-            let l = listener::bind_unix(path).map_err(|e| Failure::new(format!("--socket: {e}")))?;
+            let l = bind_unix(path).map_err(|e| Failure::new(format!("--socket: {e}")))?;
             guards.push(SocketFileGuard::new(path));
             Some(l)
         }
