@@ -26,6 +26,7 @@ pub mod backing;
 pub mod compress;
 pub mod config;
 pub mod error;
+mod mover;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;

@@ -51,6 +51,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
+use crate::zspool::Handle;
+
 /// Slots are indexed by u32 in pool object headers (the owner back-pointer), top bit reserved.
 pub const MAX_SLOTS: u64 = 1 << 31;
 
@@ -76,9 +78,9 @@ pub(crate) enum Entry {
     /// Every 8-byte word of the page equals this value.
     Same(u64),
     /// A compressed object of `len` bytes in the pool.
-    Compressed { handle: u64, len: u16 },
+    Compressed { handle: Handle, len: u16 },
     /// A raw page (did not compress below the huge threshold) in the pool.
-    Huge { handle: u64 },
+    Huge { handle: Handle },
     /// On the backing device at `loc`, `len` stored bytes (the backing tier interprets both).
     Backing { loc: u64, len: u16 },
 }
@@ -88,8 +90,8 @@ impl Entry {
         match self {
             Entry::Empty => (KIND_EMPTY << KIND_SHIFT, 0),
             Entry::Same(w) => (KIND_SAME << KIND_SHIFT, w),
-            Entry::Compressed { handle, len } => ((KIND_COMPRESSED << KIND_SHIFT) | len as u64, handle),
-            Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE_SIZE as u64, handle),
+            Entry::Compressed { handle, len } => ((KIND_COMPRESSED << KIND_SHIFT) | len as u64, handle.0),
+            Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE_SIZE as u64, handle.0),
             Entry::Backing { loc, len } => ((KIND_BACKING << KIND_SHIFT) | len as u64, loc),
         }
     }
@@ -99,8 +101,8 @@ impl Entry {
         match (meta & KIND_MASK) >> KIND_SHIFT {
             KIND_EMPTY => Entry::Empty,
             KIND_SAME => Entry::Same(data),
-            KIND_COMPRESSED => Entry::Compressed { handle: data, len: size },
-            KIND_HUGE => Entry::Huge { handle: data },
+            KIND_COMPRESSED => Entry::Compressed { handle: Handle(data), len: size },
+            KIND_HUGE => Entry::Huge { handle: Handle(data) },
             KIND_BACKING => Entry::Backing { loc: data, len: size },
             k => unreachable!("slot kind {k} is never written"),
         }
@@ -227,8 +229,8 @@ mod tests {
         let cases = [
             Entry::Empty,
             Entry::Same(0xdead_beef_0000_0001),
-            Entry::Compressed { handle: (1 << 52) | 77, len: 3071 },
-            Entry::Huge { handle: 42 },
+            Entry::Compressed { handle: Handle((1 << 52) | 77), len: 3071 },
+            Entry::Huge { handle: Handle(42) },
             Entry::Backing { loc: u64::MAX >> 1, len: 4096 },
         ];
         for e in cases {
@@ -246,13 +248,13 @@ mod tests {
     fn the_moving_mark_survives_touch_and_dies_with_replace() {
         let s = Slot::default();
         let mut g = s.lock();
-        g.replace(Entry::Compressed { handle: 9, len: 100 });
+        g.replace(Entry::Compressed { handle: Handle(9), len: 100 });
         g.mark_moving();
         g.touch(7);
         drop(g);
         let mut g = s.lock();
-        assert!(g.is_moving() && g.entry() == Entry::Compressed { handle: 9, len: 100 });
-        g.replace(Entry::Compressed { handle: 9, len: 100 });
+        assert!(g.is_moving() && g.entry() == Entry::Compressed { handle: Handle(9), len: 100 });
+        g.replace(Entry::Compressed { handle: Handle(9), len: 100 });
         assert!(!g.is_moving(), "a rewrite with the same handle and length is still a rewrite");
     }
 
