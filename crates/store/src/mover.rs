@@ -40,9 +40,8 @@ use crate::backing::Backing;
 use crate::slot::{Entry, Hint, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zspool::ZsPool;
-use crate::PAGE_SIZE;
+use crate::{PAGE, PAGE_SIZE};
 
-const PAGE: u64 = PAGE_SIZE as u64;
 /// Seconds per access-time tick (the slot keeps 16 bits of it).
 const TICK_SECS: u64 = 1;
 

@@ -91,7 +91,7 @@ impl Entry {
             Entry::Empty => (KIND_EMPTY << KIND_SHIFT, 0),
             Entry::Same(w) => (KIND_SAME << KIND_SHIFT, w),
             Entry::Compressed { handle, len } => ((KIND_COMPRESSED << KIND_SHIFT) | len as u64, handle.0),
-            Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE_SIZE as u64, handle.0),
+            Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE, handle.0),
             Entry::Backing { loc, len } => ((KIND_BACKING << KIND_SHIFT) | len as u64, loc),
         }
     }

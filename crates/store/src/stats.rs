@@ -10,9 +10,7 @@
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::PAGE_SIZE;
-
-const PAGE: u64 = PAGE_SIZE as u64;
+use crate::PAGE;
 
 /// Live counters, owned by the store.
 #[derive(Default, Debug)]

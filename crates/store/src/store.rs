@@ -34,9 +34,7 @@ use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{BackingGauges, Counters, Gauges, Stats};
 use crate::zeroed::ZeroedSlice;
 use crate::zspool::{PoolFull, ZsPool};
-use crate::PAGE_SIZE;
-
-const PAGE: u64 = PAGE_SIZE as u64;
+use crate::{PAGE, PAGE_SIZE};
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
