@@ -6,7 +6,7 @@
 //!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING
 //!              bit 59       MOVING      set by writeback when it copies the page out; cleared
 //!                                       by every `replace` (see rule 8)
-//!              bits 32..=47 ac_time     coarse time of the last access (see `Store::tick`)
+//!              bits 32..=47 ac_time     coarse time of the last access (see `mover::Clock`)
 //!              bits 0..=12  size        stored bytes (compressed length; 4096 for HUGE)
 //! data (u64):  SAME -> the fill word; COMPRESSED/HUGE -> pool handle; BACKING -> location
 //! ```
@@ -41,12 +41,13 @@
 //!    count, taken under the slot lock (`backing::space::Pin`): a segment is reused only when
 //!    it holds no live record and no reader, so a reader that drops the slot lock before its
 //!    `pread` never reads a reused segment.
-//! 8. Movers (writeback, GC, promotion) copy a page out under the lock, work without it, and
-//!    install the new place only if the slot still holds the same page. For a RAM entry,
+//! 8. Movers (writeback, GC, promotion; all through `mover.rs`, whose contract spells this
+//!    out) copy a page out under the lock, work without it, and install the new place only if
+//!    the slot still holds the same page. For a RAM entry,
 //!    "same entry" is not enough (a rewrite may get the freed handle back with the same
 //!    length): writeback sets MOVING when it copies, every `replace` clears it, and install
-//!    requires it. Only writeback sets it, under the maintenance mutex, so it has one owner
-//!    at a time. For a BACKING entry the location is unique while its segment is pinned, so
+//!    requires it. Only a mover under the maintenance mutex sets it (today writeback), so it
+//!    has one owner at a time. For a BACKING entry the location is unique while its segment is pinned, so
 //!    GC and promotion hold a pin on the segment from the copy to the install instead.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
