@@ -5,7 +5,7 @@
 
 use crate::compress::Algorithm;
 use crate::error::StoreError;
-use crate::PAGE_SIZE;
+use crate::{PAGE, PAGE_SIZE};
 
 /// The default huge threshold: compressed pages larger than this are stored raw ("huge
 /// pages"). It is the largest size the allocator stores more densely than a raw page
@@ -97,7 +97,7 @@ impl BackingConfig {
         if !(1..=100).contains(&self.high_pct) || self.low_pct >= self.high_pct {
             return bad(format!("writeback watermarks high {}% low {}%: need 0 <= low < high <= 100", self.high_pct, self.low_pct));
         }
-        if self.segment_bytes < PAGE_SIZE as u64 * 4 || self.segment_bytes % PAGE_SIZE as u64 != 0 {
+        if self.segment_bytes < PAGE * 4 || self.segment_bytes % PAGE != 0 {
             return bad(format!("segment size {} is not a multiple of {PAGE_SIZE} of at least 4 pages", self.segment_bytes));
         }
         Ok(())
@@ -119,14 +119,14 @@ impl Config {
 
     /// Checks that the configuration can work, with a message that says what to change.
     pub fn validate(&self) -> Result<(), StoreError> {
-        if self.disksize_bytes < PAGE_SIZE as u64 {
+        if self.disksize_bytes < PAGE {
             return Err(StoreError::Config(format!("device size {} bytes is smaller than one {PAGE_SIZE}-byte page", self.disksize_bytes)));
         }
-        if self.disksize_bytes / PAGE_SIZE as u64 > crate::slot::MAX_SLOTS {
+        if self.disksize_bytes / PAGE > crate::slot::MAX_SLOTS {
             return Err(StoreError::Config(format!(
                 "device size {} bytes is above the maximum of {} bytes",
                 self.disksize_bytes,
-                crate::slot::MAX_SLOTS * PAGE_SIZE as u64
+                crate::slot::MAX_SLOTS * PAGE
             )));
         }
         if self.huge_threshold_bytes < 64 || self.huge_threshold_bytes > PAGE_SIZE {
@@ -178,7 +178,7 @@ pub fn parse_size(text: &str, ram_bytes: u64) -> Result<u64, String> {
         };
         (n * mult as f64) as u64
     };
-    Ok(bytes / PAGE_SIZE as u64 * PAGE_SIZE as u64)
+    Ok(bytes / PAGE * PAGE)
 }
 
 #[cfg(test)]

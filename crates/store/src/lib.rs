@@ -1,18 +1,28 @@
 //! # compcache-store
 //!
 //! The compressed page store behind compcache: a device of `disksize` bytes addressed in
-//! 4 KiB pages (slots), each holding nothing, a same-filled page, a compressed page, or a raw
-//! ("huge") page. It is a pure library: no sockets, no async runtime, no threads of its own.
-//! Front ends (NBD, ublk) reach it through [`Store`] and nothing else.
+//! 4 KiB pages (slots), each holding nothing, a same-filled page, a compressed page, a raw
+//! ("huge") page, or a page on the backing device. It is a library: no sockets, no async
+//! runtime, no threads of its own; its only I/O is the optional backing device's (a file or a
+//! block device, `pread`/`pwrite` on the calling thread). Front ends (NBD, ublk, FUSE) reach it
+//! through [`Store`] and nothing else.
 //!
 //! One job per file:
-//! - [`slot`]: the slot table, its packed 16-byte entry and the per-slot lock (locking rules there);
-//! - [`zspool`]: the allocator for compressed objects (size classes, zspages, handles, compaction);
+//! - [`store`]: every public method of [`Store`]: the read, write and discard paths (the RAM
+//!   path), and one call into the backing tier for each maintenance method;
+//! - `slot`: the slot table, its packed 16-byte entry and the per-slot lock (locking rules there);
+//! - `mover`: the one internal interface for code that moves pages (writeback, GC, promotion,
+//!   compaction; later cache mode and recompression): find, copy out, install; its contract says
+//!   who locks and who frees what. With the RAM path, the only code touching slots and pool;
+//! - `zspool`: the allocator for compressed objects (size classes, zspages, handles, compaction);
 //! - [`compress`]: the compressor front end and one file per backend;
-//! - [`store`]: the read, write and discard paths;
-//! - [`stats`]: the counters, with zram's and ramzswap's names;
+//! - [`stats`]: the counters, with zram's and ramzswap's names, the snapshot, the unit table and
+//!   the summary;
 //! - [`config`]: configuration and size expressions;
-//! - [`backing`]: the backing tier (backing device, log-structured packing, writeback, GC).
+//! - [`backing`]: the backing tier (device, log-structured records, space map, the batch writer,
+//!   writeback policy and promotion, GC, the read path of pages on the device);
+//! - `testing` (feature `testing`): helpers the tests share (a temporary directory, a
+//!   fault-injecting backing device).
 //!
 //! ## Concurrency
 //! There is no global lock on the I/O path. A request locks only the slots it touches (one at
@@ -26,11 +36,14 @@ pub mod backing;
 pub mod compress;
 pub mod config;
 pub mod error;
+mod mover;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod zeroed;
-pub mod zspool;
+pub(crate) mod zspool;
 
 pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
 pub use compress::Algorithm;
@@ -41,3 +54,5 @@ pub use store::{Allocation, Context, Extent, Extents, Store};
 
 /// The page size the device is addressed in. Everything is in units of it.
 pub const PAGE_SIZE: usize = 4096;
+/// [`PAGE_SIZE`] for byte arithmetic in `u64` (offsets, sizes); its only other spelling.
+pub(crate) const PAGE: u64 = PAGE_SIZE as u64;

@@ -6,7 +6,7 @@
 //!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING
 //!              bit 59       MOVING      set by writeback when it copies the page out; cleared
 //!                                       by every `replace` (see rule 8)
-//!              bits 32..=47 ac_time     coarse time of the last access (see `Store::tick`)
+//!              bits 32..=47 ac_time     coarse time of the last access (see `mover::Clock`)
 //!              bits 0..=12  size        stored bytes (compressed length; 4096 for HUGE)
 //! data (u64):  SAME -> the fill word; COMPRESSED/HUGE -> pool handle; BACKING -> location
 //! ```
@@ -41,15 +41,18 @@
 //!    count, taken under the slot lock (`backing::space::Pin`): a segment is reused only when
 //!    it holds no live record and no reader, so a reader that drops the slot lock before its
 //!    `pread` never reads a reused segment.
-//! 8. Movers (writeback, GC, promotion) copy a page out under the lock, work without it, and
-//!    install the new place only if the slot still holds the same page. For a RAM entry,
+//! 8. Movers (writeback, GC, promotion; all through `mover.rs`, whose contract spells this
+//!    out) copy a page out under the lock, work without it, and install the new place only if
+//!    the slot still holds the same page. For a RAM entry,
 //!    "same entry" is not enough (a rewrite may get the freed handle back with the same
 //!    length): writeback sets MOVING when it copies, every `replace` clears it, and install
-//!    requires it. Only writeback sets it, under the maintenance mutex, so it has one owner
-//!    at a time. For a BACKING entry the location is unique while its segment is pinned, so
+//!    requires it. Only a mover under the maintenance mutex sets it (today writeback), so it
+//!    has one owner at a time. For a BACKING entry the location is unique while its segment is pinned, so
 //!    GC and promotion hold a pin on the segment from the copy to the install instead.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
+
+use crate::zspool::Handle;
 
 /// Slots are indexed by u32 in pool object headers (the owner back-pointer), top bit reserved.
 pub const MAX_SLOTS: u64 = 1 << 31;
@@ -76,9 +79,9 @@ pub(crate) enum Entry {
     /// Every 8-byte word of the page equals this value.
     Same(u64),
     /// A compressed object of `len` bytes in the pool.
-    Compressed { handle: u64, len: u16 },
+    Compressed { handle: Handle, len: u16 },
     /// A raw page (did not compress below the huge threshold) in the pool.
-    Huge { handle: u64 },
+    Huge { handle: Handle },
     /// On the backing device at `loc`, `len` stored bytes (the backing tier interprets both).
     Backing { loc: u64, len: u16 },
 }
@@ -88,8 +91,8 @@ impl Entry {
         match self {
             Entry::Empty => (KIND_EMPTY << KIND_SHIFT, 0),
             Entry::Same(w) => (KIND_SAME << KIND_SHIFT, w),
-            Entry::Compressed { handle, len } => ((KIND_COMPRESSED << KIND_SHIFT) | len as u64, handle),
-            Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE_SIZE as u64, handle),
+            Entry::Compressed { handle, len } => ((KIND_COMPRESSED << KIND_SHIFT) | len as u64, handle.0),
+            Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE, handle.0),
             Entry::Backing { loc, len } => ((KIND_BACKING << KIND_SHIFT) | len as u64, loc),
         }
     }
@@ -99,8 +102,8 @@ impl Entry {
         match (meta & KIND_MASK) >> KIND_SHIFT {
             KIND_EMPTY => Entry::Empty,
             KIND_SAME => Entry::Same(data),
-            KIND_COMPRESSED => Entry::Compressed { handle: data, len: size },
-            KIND_HUGE => Entry::Huge { handle: data },
+            KIND_COMPRESSED => Entry::Compressed { handle: Handle(data), len: size },
+            KIND_HUGE => Entry::Huge { handle: Handle(data) },
             KIND_BACKING => Entry::Backing { loc: data, len: size },
             k => unreachable!("slot kind {k} is never written"),
         }
@@ -227,8 +230,8 @@ mod tests {
         let cases = [
             Entry::Empty,
             Entry::Same(0xdead_beef_0000_0001),
-            Entry::Compressed { handle: (1 << 52) | 77, len: 3071 },
-            Entry::Huge { handle: 42 },
+            Entry::Compressed { handle: Handle((1 << 52) | 77), len: 3071 },
+            Entry::Huge { handle: Handle(42) },
             Entry::Backing { loc: u64::MAX >> 1, len: 4096 },
         ];
         for e in cases {
@@ -246,13 +249,13 @@ mod tests {
     fn the_moving_mark_survives_touch_and_dies_with_replace() {
         let s = Slot::default();
         let mut g = s.lock();
-        g.replace(Entry::Compressed { handle: 9, len: 100 });
+        g.replace(Entry::Compressed { handle: Handle(9), len: 100 });
         g.mark_moving();
         g.touch(7);
         drop(g);
         let mut g = s.lock();
-        assert!(g.is_moving() && g.entry() == Entry::Compressed { handle: 9, len: 100 });
-        g.replace(Entry::Compressed { handle: 9, len: 100 });
+        assert!(g.is_moving() && g.entry() == Entry::Compressed { handle: Handle(9), len: 100 });
+        g.replace(Entry::Compressed { handle: Handle(9), len: 100 });
         assert!(!g.is_moving(), "a rewrite with the same handle and length is still a rewrite");
     }
 

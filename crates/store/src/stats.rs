@@ -7,8 +7,10 @@
 //! what it counts); a [`Stats`] snapshot reads them one after another, so two counters in one
 //! snapshot may straddle a concurrent request.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::PAGE;
 
 /// Live counters, owned by the store.
 #[derive(Default, Debug)]
@@ -36,7 +38,94 @@ pub(crate) struct Counters {
     pub bd_bytes: AtomicU64,
 }
 
+/// The backing tier's own counters (in `Backing`, which exists only with a device).
+#[derive(Default, Debug)]
+pub(crate) struct BackingCounters {
+    pub overflow_pages: AtomicU64,
+    pub writeback_pages: AtomicU64,
+    /// Payload bytes written by writeback, against `writeback_limit_bytes`.
+    pub writeback_bytes: AtomicU64,
+    pub gc_pages: AtomicU64,
+    pub promoted_pages: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// What a snapshot reads besides the counters: the pool's, the slot table's and the backing
+/// tier's own figures, gathered by `Store::stats`.
+pub(crate) struct Gauges<'a> {
+    pub disksize: u64,
+    pub comp_algorithm: &'a str,
+    pub mem_limit: u64,
+    pub pool_pages: u64,
+    pub pool_max_pages: u64,
+    pub pages_compacted: u64,
+    pub reserve_free_pages: u64,
+    pub slot_table_bytes: u64,
+    pub backing: Option<BackingGauges<'a>>,
+}
+
+/// The backing tier's part of [`Gauges`].
+pub(crate) struct BackingGauges<'a> {
+    pub counters: &'a BackingCounters,
+    /// Usable bytes (whole segments).
+    pub size_bytes: u64,
+    /// Bytes in segments in use.
+    pub space_bytes: u64,
+}
+
 impl Counters {
+    /// A [`Stats`] snapshot of these counters and `gauges`.
+    pub fn snapshot(&self, gauges: Gauges<'_>) -> Stats {
+        let c = self;
+        let g = Counters::get;
+        let pages_stored_all = g(&c.pages_stored);
+        let same = g(&c.same_pages);
+        let stored = pages_stored_all - same.min(pages_stored_all);
+        let pct = |n: u64| (n * 100).checked_div(stored).unwrap_or(0);
+        let used = gauges.pool_pages;
+        let bd_bytes = g(&c.bd_bytes);
+        let (bd_size_bytes, bd_space_bytes) = gauges.backing.as_ref().map_or((0, 0), |b| (b.size_bytes, b.space_bytes));
+        let bd = gauges.backing.as_ref().map(|b| b.counters);
+        let bdc = |f: fn(&BackingCounters) -> &AtomicU64| bd.map_or(0, |c| g(f(c)));
+        Stats {
+            disksize: gauges.disksize,
+            comp_algorithm: gauges.comp_algorithm.to_string(),
+            orig_data_size: pages_stored_all * PAGE,
+            compr_data_size: g(&c.compr_data_size),
+            mem_used_total: used * PAGE,
+            mem_limit: gauges.mem_limit,
+            mem_used_max: gauges.pool_max_pages * PAGE,
+            same_pages: same,
+            pages_compacted: gauges.pages_compacted,
+            huge_pages: g(&c.huge_pages),
+            huge_pages_since: g(&c.huge_pages_since),
+            failed_reads: g(&c.failed_reads),
+            failed_writes: g(&c.failed_writes),
+            invalid_io: g(&c.invalid_io),
+            notify_free: g(&c.notify_free),
+            bd_count: g(&c.bd_count),
+            bd_reads: g(&c.bd_reads),
+            bd_writes: g(&c.bd_writes),
+            bd_bytes,
+            bd_size_bytes,
+            bd_space_bytes,
+            bd_efficiency_pct: (bd_bytes * 100).checked_div(bd_space_bytes).unwrap_or(0),
+            bd_overflow_pages: bdc(|c| &c.overflow_pages),
+            bd_writeback_pages: bdc(|c| &c.writeback_pages),
+            bd_gc_pages: bdc(|c| &c.gc_pages),
+            bd_promoted_pages: bdc(|c| &c.promoted_pages),
+            bd_errors: bdc(|c| &c.errors),
+            num_reads: g(&c.num_reads),
+            num_writes: g(&c.num_writes),
+            pages_stored: stored,
+            pages_used: used,
+            good_compress_pct: pct(g(&c.good_compress)),
+            no_compress_pct: pct(g(&c.huge_pages)),
+            slot_table_bytes: gauges.slot_table_bytes,
+            mem_reserve_free: gauges.reserve_free_pages * PAGE,
+        }
+    }
+
     pub fn inc(c: &AtomicU64) {
         c.fetch_add(1, Relaxed);
     }
@@ -52,8 +141,10 @@ impl Counters {
 }
 
 /// A snapshot of a device's statistics. Field names are the kernel's (zram) where one exists;
-/// sizes are in bytes, counts in pages or requests as named.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+/// each field's unit is in [`UNITS`]. It travels as JSON (the control socket's `stat`); a
+/// reader fills fields an older server did not send with 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Stats {
     // --- device
     /// Device size in bytes.
@@ -136,7 +227,114 @@ pub struct Stats {
     pub mem_reserve_free: u64,
 }
 
+/// The unit of a [`Stats`] field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Bytes,
+    Pages,
+    Requests,
+    Percent,
+    /// A name (the algorithm).
+    Text,
+}
+
+impl Unit {
+    /// How the unit is printed after a value ("" for text).
+    pub fn label(self) -> &'static str {
+        match self {
+            Unit::Bytes => "bytes",
+            Unit::Pages => "pages",
+            Unit::Requests => "requests",
+            Unit::Percent => "%",
+            Unit::Text => "",
+        }
+    }
+}
+
+/// Every field of [`Stats`] with its unit, in the struct's order (the order to print them in).
+/// A test checks that it names every field once, and nothing else.
+pub const UNITS: &[(&str, Unit)] = &[
+    ("disksize", Unit::Bytes),
+    ("comp_algorithm", Unit::Text),
+    ("orig_data_size", Unit::Bytes),
+    ("compr_data_size", Unit::Bytes),
+    ("mem_used_total", Unit::Bytes),
+    ("mem_limit", Unit::Bytes),
+    ("mem_used_max", Unit::Bytes),
+    ("same_pages", Unit::Pages),
+    ("pages_compacted", Unit::Pages),
+    ("huge_pages", Unit::Pages),
+    ("huge_pages_since", Unit::Pages),
+    ("failed_reads", Unit::Requests),
+    ("failed_writes", Unit::Requests),
+    ("invalid_io", Unit::Requests),
+    ("notify_free", Unit::Pages),
+    ("bd_count", Unit::Pages),
+    ("bd_reads", Unit::Pages),
+    ("bd_writes", Unit::Pages),
+    ("bd_bytes", Unit::Bytes),
+    ("bd_size_bytes", Unit::Bytes),
+    ("bd_space_bytes", Unit::Bytes),
+    ("bd_efficiency_pct", Unit::Percent),
+    ("bd_overflow_pages", Unit::Pages),
+    ("bd_writeback_pages", Unit::Pages),
+    ("bd_gc_pages", Unit::Pages),
+    ("bd_promoted_pages", Unit::Pages),
+    ("bd_errors", Unit::Requests),
+    ("num_reads", Unit::Pages),
+    ("num_writes", Unit::Pages),
+    ("pages_stored", Unit::Pages),
+    ("pages_used", Unit::Pages),
+    ("good_compress_pct", Unit::Percent),
+    ("no_compress_pct", Unit::Percent),
+    ("slot_table_bytes", Unit::Bytes),
+    ("mem_reserve_free", Unit::Bytes),
+];
+
+/// The unit of the field `name`, if it is one of [`Stats`]'s.
+pub fn unit_of(name: &str) -> Option<Unit> {
+    UNITS.iter().find(|(n, _)| *n == name).map(|&(_, u)| u)
+}
+
+/// The figures a one-line summary shows (zramctl's columns), from [`Stats::summary`]: the one
+/// place that says what "ratio" means.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub algorithm: String,
+    pub disksize: u64,
+    /// zramctl's DATA: `orig_data_size`.
+    pub data_bytes: u64,
+    /// zramctl's COMPR: `compr_data_size`.
+    pub compr_bytes: u64,
+    /// zramctl's TOTAL: `mem_used_total`, what the data really costs in memory.
+    pub total_bytes: u64,
+    pub mem_used_max: u64,
+    /// 0: no limit.
+    pub mem_limit: u64,
+    pub same_pages: u64,
+    pub huge_pages: u64,
+    /// `orig_data_size / mem_used_total`, as users of zram's `mm_stat` compute it (the memory
+    /// saved, allocator overhead included); `None` while nothing is in memory.
+    pub ratio: Option<f64>,
+}
+
 impl Stats {
+    /// The summary line's figures.
+    pub fn summary(&self) -> Summary {
+        Summary {
+            algorithm: self.comp_algorithm.clone(),
+            disksize: self.disksize,
+            data_bytes: self.orig_data_size,
+            compr_bytes: self.compr_data_size,
+            total_bytes: self.mem_used_total,
+            mem_used_max: self.mem_used_max,
+            mem_limit: self.mem_limit,
+            same_pages: self.same_pages,
+            huge_pages: self.huge_pages,
+            ratio: (self.mem_used_total > 0).then(|| self.orig_data_size as f64 / self.mem_used_total as f64),
+        }
+    }
+
     /// zram's `mm_stat` line, same columns and units.
     pub fn mm_stat_line(&self) -> String {
         format!(
@@ -181,7 +379,7 @@ impl Stats {
             ("NoCompress", format!("{:>8} %", self.no_compress_pct)),
             ("PagesStored", format!("{:>8}", self.pages_stored)),
             ("PagesUsed", format!("{:>8}", self.pages_used)),
-            ("OrigDataSize", format!("{:>8} kB", kb(self.pages_stored * crate::PAGE_SIZE as u64))),
+            ("OrigDataSize", format!("{:>8} kB", kb(self.pages_stored * PAGE))),
             ("ComprDataSize", format!("{:>8} kB", kb(self.compr_data_size))),
             ("MemUsedTotal", format!("{:>8} kB", kb(self.mem_used_total))),
             ("BDevNumReads", format!("{:>8}", self.bd_reads)),
@@ -196,5 +394,33 @@ impl Stats {
         ];
         let backing = if self.bd_size_bytes > 0 { &backing[..] } else { &[] };
         lines.iter().chain(backing).map(|(k, v)| format!("{:<14}{v}\n", format!("{k}:"))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unit_table_names_every_field_once() {
+        let json = serde_json::to_value(Stats::default()).unwrap();
+        let mut fields: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut table: Vec<&str> = UNITS.iter().map(|(n, _)| *n).collect();
+        fields.sort_unstable();
+        table.sort_unstable();
+        assert_eq!(table, fields);
+    }
+
+    #[test]
+    fn the_ratio_is_orig_data_size_over_mem_used_total() {
+        let s = Stats { orig_data_size: 8 << 20, compr_data_size: 2 << 20, mem_used_total: 4 << 20, ..Stats::default() };
+        assert_eq!(s.summary().ratio, Some(2.0));
+        assert_eq!(Stats::default().summary().ratio, None);
+    }
+
+    #[test]
+    fn a_snapshot_from_an_older_server_reads_with_zeroes() {
+        let s: Stats = serde_json::from_str(r#"{"disksize": 4096, "comp_algorithm": "lz4"}"#).unwrap();
+        assert_eq!((s.disksize, s.comp_algorithm.as_str(), s.bd_errors), (4096, "lz4", 0));
     }
 }

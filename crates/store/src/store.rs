@@ -7,55 +7,51 @@
 //!
 //! With a backing device (`backing/`), a page that the pool cannot take (memory limit) goes to
 //! the device instead: only the allocation failure branches off, so the RAM path is unchanged.
-//! Reads of a `BACKING` slot pin the record's segment under the slot lock and `pread` it after
-//! releasing the lock.
+//! Reads of a `BACKING` slot pin the record's segment under the slot lock and hand the rest
+//! (the `pread`, verification, promotion) to the backing tier's read path (`backing/read.rs`),
+//! after releasing the lock.
 //!
-//! Locking rules are in `slot.rs`; the pool's contract in `zspool/mod.rs`. This file and the
-//! backing tier's `policy.rs` and `gc.rs` (which use the helpers marked for them here) are the
-//! only users of both and keep both: every pool read happens under the owner's slot lock, and
-//! every pool free happens once, for an entry just taken out of its slot.
+//! Every public method of [`Store`] is here; the maintenance ones (writeback, GC) are one call
+//! into the backing tier each. Locking rules are in `slot.rs`; the pool's contract in
+//! `zspool/mod.rs`. This file (the RAM path) and `mover.rs` (everything that moves pages: the
+//! backing tier, compaction) are the only code that touches both slots and pool, and keep
+//! both: every pool read happens under the owner's slot lock, and every pool free happens
+//! once, for an entry just taken out of its slot. The fields of [`Store`] are private; the
+//! backing tier gets a [`Mover`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::backing::log::HEADER as RECORD_HEADER;
-use crate::backing::space::Pin;
-use crate::backing::{resident_bytes, Backing, BackingDevice, ReadBuf};
+use crate::backing::read::{self, Pending, PendingList, MAX_RUN_BYTES, READ_CHUNK_PAGES};
+use crate::backing::{self, resident_bytes, Backing, BackingDevice, GcReport, MaintenanceReport, ReadBuf};
+use crate::backing::{WritebackBudget, WritebackReport};
 use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
 use crate::config::Config;
 use crate::error::StoreError;
+use crate::mover::{Clock, Mover};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
-use crate::stats::{Counters, Stats};
+use crate::stats::{BackingGauges, Counters, Gauges, Stats};
 use crate::zeroed::ZeroedSlice;
-use crate::zspool::{Handle, PoolFull, ZsPool};
-use crate::PAGE_SIZE;
-
-const PAGE: u64 = PAGE_SIZE as u64;
-/// Seconds per access-time tick (the slot keeps 16 bits of it).
-const TICK_SECS: u64 = 1;
-/// Most bytes one `pread` of adjacent backing records may cover.
-const MAX_RUN_BYTES: u64 = 1 << 20;
-/// Pages a multi-page read pins and reads at a time (their records fit in a run of
-/// `MAX_RUN_BYTES`, nearly): the list of them lives on the stack, so the read allocates nothing.
-const READ_CHUNK_PAGES: usize = MAX_RUN_BYTES as usize / PAGE_SIZE;
+use crate::zspool::{PoolFull, ZsPool};
+use crate::{PAGE, PAGE_SIZE};
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
 pub struct Store {
-    pub(crate) slots: ZeroedSlice<Slot>,
-    pub(crate) pool: ZsPool,
+    slots: ZeroedSlice<Slot>,
+    pool: ZsPool,
     backend: Box<dyn Backend>,
     cfg: Config,
     num_pages: u64,
-    pub(crate) counters: Counters,
-    created: Instant,
-    /// Ticks added to the clock (tests age pages without sleeping).
-    clock_offset: AtomicU64,
-    pub(crate) mem_limit_bytes: AtomicU64,
+    counters: Counters,
+    /// The access-time clock slots keep.
+    clock: Clock,
+    mem_limit_bytes: AtomicU64,
     /// Fault-free mode: how long (µs) a write that found no resident pool page waits for the
     /// reserve's keeper before it fails (0: it fails at once).
     reserve_wait_us: AtomicU64,
-    pub(crate) backing: Option<Backing>,
+    backing: Option<Backing>,
 }
 
 /// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
@@ -69,7 +65,7 @@ pub struct Context {
     /// Reads from the backing device: a single record, or a run of records (up to
     /// `MAX_RUN_BYTES`), in the aligned blocks an O_DIRECT read covers. Made resident at its
     /// full size when the store has a backing device (about 1 MiB), empty otherwise.
-    read: ReadBuf,
+    pub(crate) read: ReadBuf,
 }
 
 /// What `fetch` left to do after releasing the slot lock.
@@ -77,12 +73,8 @@ enum Fetched<'a> {
     Done,
     /// `ctx.cbuf[..len]` holds compressed bytes to decompress into the output.
     Compressed(usize),
-    /// The page is the record at `loc` on the backing device, whose segment `_pin` keeps.
-    Backing {
-        loc: u64,
-        len: u16,
-        _pin: Pin<'a>,
-    },
+    /// The page is a record on the backing device, its segment pinned: for `backing::read`.
+    Backing(Pending<'a>),
 }
 
 impl Store {
@@ -127,8 +119,7 @@ impl Store {
             backend: cfg.algorithm.backend(cfg.level),
             num_pages,
             counters: Counters::default(),
-            created: Instant::now(),
-            clock_offset: AtomicU64::new(0),
+            clock: Clock::new(),
             mem_limit_bytes: AtomicU64::new(cfg.mem_limit_bytes),
             reserve_wait_us: AtomicU64::new(0),
             backing,
@@ -351,11 +342,10 @@ impl Store {
         let entry = entry.inspect_err(|_| Counters::inc(&self.counters.failed_writes))?;
         let old = {
             let mut g = self.slots[index as usize].lock();
-            g.touch(self.tick());
+            g.touch(self.clock.tick());
             g.replace(entry)
         };
-        self.account(entry, true);
-        self.release(old);
+        self.installed(entry, old);
         Ok(())
     }
 
@@ -383,128 +373,53 @@ impl Store {
     /// Reads one whole page at slot `index` into `out`.
     pub fn read_page(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
         assert_eq!(out.len(), PAGE_SIZE);
-        Counters::inc(&self.counters.num_reads);
-        let (fetched, last_access) = {
-            let mut g = self.slots[index as usize].lock();
-            let last_access = g.ac_time();
-            g.touch(self.tick());
-            (self.fetch(&g, ctx, out), last_access)
+        let r = match self.lock_and_fetch(ctx, index, out) {
+            Fetched::Backing(p) => read::read_one_and_promote(&self.mover(), self.backing(), ctx, p, out),
+            fetched => self.finish(ctx, index, fetched, out),
         };
-        // Promotion needs the record's segment pinned until it installs (slot.rs rule 8): a
-        // second pin, taken while `fetched` holds the first, so the segment cannot go between.
-        let backed = match &fetched {
-            Fetched::Backing { loc, len, _pin } => Some((Entry::Backing { loc: *loc, len: *len }, _pin.again())),
-            _ => None,
-        };
-        self.finish(ctx, index, fetched, out).inspect_err(|_| Counters::inc(&self.counters.failed_reads))?;
-        if let Some((entry, _pin)) = backed {
-            let Entry::Backing { len, .. } = entry else { unreachable!("a backing entry") };
-            self.maybe_promote(index, entry, last_access, &ctx.cbuf[RECORD_HEADER..RECORD_HEADER + len as usize]);
-        }
-        Ok(())
+        r.inspect_err(|_| Counters::inc(&self.counters.failed_reads))
     }
 
     /// Reads whole pages `first..` into `out` (a multiple of a page), with a backing device:
     /// pages in RAM as `read_page` does; pages on the device are pinned under their slot
-    /// locks, then read run by run, one `pread` per run of records adjacent on the device
-    /// (writeback and overflow write neighbouring pages next to each other, and swap reads
-    /// ahead), then verified and decompressed one by one; `READ_CHUNK_PAGES` at a time. Fails
-    /// with the first error, after serving every page it can.
+    /// locks, then read by `backing::read` (one `pread` per run of adjacent records),
+    /// `READ_CHUNK_PAGES` at a time. Fails with the first error, after serving every page it
+    /// can.
     fn read_pages(&self, ctx: &mut Context, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
         let mut result = Ok(());
-        for (k, chunk) in out.chunks_mut(READ_CHUNK_PAGES * PAGE_SIZE).enumerate() {
-            let r = self.read_chunk(ctx, first + (k * READ_CHUNK_PAGES) as u64, chunk);
+        let mut fail = |e: StoreError| {
+            Counters::inc(&self.counters.failed_reads);
             if result.is_ok() {
-                result = r;
+                result = Err(e);
             }
+        };
+        for (k, chunk) in out.chunks_mut(READ_CHUNK_PAGES * PAGE_SIZE).enumerate() {
+            let chunk_first = first + (k * READ_CHUNK_PAGES) as u64;
+            let mut pending = PendingList::new();
+            for (j, page) in chunk.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                let index = chunk_first + j as u64;
+                match self.lock_and_fetch(ctx, index, page) {
+                    Fetched::Backing(p) => pending.push(p),
+                    fetched => {
+                        if let Err(e) = self.finish(ctx, index, fetched, page) {
+                            fail(e);
+                        }
+                    }
+                }
+            }
+            read::read_pending(&self.mover(), self.backing(), ctx, pending, chunk_first, chunk, &mut fail);
         }
         result
     }
 
-    /// `read_pages` for at most `READ_CHUNK_PAGES` pages.
-    fn read_chunk(&self, ctx: &mut Context, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
-        let b = self.backing.as_ref().expect("read_pages is the backing device's read path");
-        struct Deferred<'a> {
-            page: usize,
-            loc: u64,
-            len: u16,
-            last_access: u16,
-            _pin: Pin<'a>,
-        }
-        // The pages to read from the device, in page order; on the stack (about 10 KiB).
-        let mut deferred: [Option<Deferred<'_>>; READ_CHUNK_PAGES] = [const { None }; READ_CHUNK_PAGES];
-        let mut num_deferred = 0;
-        let mut result = Ok(());
-        let fail = |r: &mut Result<(), StoreError>, e: StoreError| {
-            Counters::inc(&self.counters.failed_reads);
-            if r.is_ok() {
-                *r = Err(e);
-            }
-        };
-        for (k, page) in out.chunks_exact_mut(PAGE_SIZE).enumerate() {
-            let index = first + k as u64;
-            Counters::inc(&self.counters.num_reads);
-            let (fetched, last_access) = {
-                let mut g = self.slots[index as usize].lock();
-                let last_access = g.ac_time();
-                g.touch(self.tick());
-                (self.fetch(&g, ctx, page), last_access)
-            };
-            match fetched {
-                Fetched::Backing { loc, len, _pin } => {
-                    deferred[num_deferred] = Some(Deferred { page: k, loc, len, last_access, _pin });
-                    num_deferred += 1;
-                }
-                other => {
-                    if let Err(e) = self.finish(ctx, index, other, page) {
-                        fail(&mut result, e);
-                    }
-                }
-            }
-        }
-        let deferred = &deferred[..num_deferred];
-        let get = |i: usize| deferred[i].as_ref().expect("the first num_deferred are set");
-        let rec_bytes = |d: &Deferred<'_>| (RECORD_HEADER + d.len as usize) as u64;
-        let mut i = 0;
-        while i < deferred.len() {
-            let start = get(i).loc;
-            let mut end = start + rec_bytes(get(i));
-            let mut j = i + 1;
-            while j < deferred.len() && get(j).loc == end && end - start + rec_bytes(get(j)) <= MAX_RUN_BYTES {
-                end += rec_bytes(get(j));
-                j += 1;
-            }
-            let run = i..j;
-            i = j;
-            let bytes = match b.read_raw(first + get(run.start).page as u64, start, (end - start) as usize, &mut ctx.read) {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    for _ in run {
-                        fail(&mut result, e.clone());
-                    }
-                    continue;
-                }
-            };
-            for d in run.map(get) {
-                let index = first + d.page as u64;
-                let rec = &bytes[(d.loc - start) as usize..][..RECORD_HEADER + d.len as usize];
-                if let Err(e) = b.check(index, d.loc, rec) {
-                    fail(&mut result, e);
-                    continue;
-                }
-                Counters::inc(&self.counters.bd_reads);
-                let payload = &rec[RECORD_HEADER..];
-                let page = &mut out[d.page * PAGE_SIZE..][..PAGE_SIZE];
-                if payload.len() == PAGE_SIZE {
-                    page.copy_from_slice(payload);
-                } else if let Err(reason) = ctx.comp.decompress(payload, page) {
-                    fail(&mut result, StoreError::Corrupt { index, reason });
-                    continue;
-                }
-                self.maybe_promote(index, Entry::Backing { loc: d.loc, len: d.len }, d.last_access, payload);
-            }
-        }
-        result
+    /// A read's visit to slot `index`: counts it, records the access, and fetches the page
+    /// under the slot lock.
+    fn lock_and_fetch(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Fetched<'_> {
+        Counters::inc(&self.counters.num_reads);
+        let mut g = self.slots[index as usize].lock();
+        let last_access = g.ac_time();
+        g.touch(self.clock.tick());
+        self.fetch(&g, index, last_access, ctx, out)
     }
 
     /// Frees slot `index` (swap-free-notify).
@@ -512,7 +427,7 @@ impl Store {
         let old = self.slots[index as usize].lock().replace(Entry::Empty);
         if old != Entry::Empty {
             Counters::inc(&self.counters.notify_free);
-            self.release(old);
+            self.mover().release(old);
         }
     }
 
@@ -523,15 +438,18 @@ impl Store {
         let mut page = std::mem::take(&mut ctx.page);
         let r = (|| {
             let mut g = self.slots[index as usize].lock();
-            let fetched = self.fetch(&g, ctx, &mut page);
-            self.finish(ctx, index, fetched, &mut page)?;
+            // The backing read (if any) is done under the slot lock (slot.rs rule 4), without
+            // promotion, which would take the lock again.
+            match self.fetch(&g, index, g.ac_time(), ctx, &mut page) {
+                Fetched::Backing(p) => read::read_one(&self.mover(), self.backing(), ctx, &p, &mut page)?,
+                fetched => self.finish(ctx, index, fetched, &mut page)?,
+            }
             modify(&mut page);
             let entry = self.encode(ctx, index, &page)?;
-            g.touch(self.tick());
+            g.touch(self.clock.tick());
             let old = g.replace(entry);
             drop::<SlotGuard>(g);
-            self.account(entry, true);
-            self.release(old);
+            self.installed(entry, old);
             Ok(())
         })();
         ctx.page = page;
@@ -547,11 +465,11 @@ impl Store {
         let owner = index as u32;
         let clen = ctx.comp.compress(page, &mut ctx.cbuf).filter(|&n| n <= self.cfg.huge_threshold_bytes && n < PAGE_SIZE - 8);
         let r = match clen {
-            Some(n) => self.pool.alloc(&ctx.cbuf[..n], owner).map(|h| Entry::Compressed { handle: h.0, len: n as u16 }),
+            Some(n) => self.pool.alloc(&ctx.cbuf[..n], owner).map(|handle| Entry::Compressed { handle, len: n as u16 }),
             None if self.backing.as_ref().is_some_and(|b| b.cfg.incompressible) => {
                 return self.overflow(&mut ctx.rec, index, page);
             }
-            None => self.pool.alloc(page, owner).map(|h| Entry::Huge { handle: h.0 }),
+            None => self.pool.alloc(page, owner).map(|handle| Entry::Huge { handle }),
         };
         match r {
             Ok(entry) => Ok(entry),
@@ -579,126 +497,54 @@ impl Store {
         Ok(Entry::Backing { loc, len: payload.len() as u16 })
     }
 
-    /// Copies what slot `g` holds into `out`, or its compressed bytes into `ctx.cbuf`, under
-    /// the slot lock.
-    fn fetch(&self, g: &SlotGuard<'_>, ctx: &mut Context, out: &mut [u8]) -> Fetched<'_> {
+    /// Copies what slot `g` (slot `index`, last accessed at `last_access`) holds into `out`,
+    /// or its compressed bytes into `ctx.cbuf`, under the slot lock; for a page on the backing
+    /// device, pins its record.
+    fn fetch(&self, g: &SlotGuard<'_>, index: u64, last_access: u16, ctx: &mut Context, out: &mut [u8]) -> Fetched<'_> {
         match g.entry() {
             Entry::Empty => out.fill(0),
             Entry::Same(w) => out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w.to_ne_bytes())),
             Entry::Compressed { handle, len } => {
                 // SAFETY: we hold the owner's slot lock and the handle is the slot's live object.
-                unsafe { self.pool.read(Handle(handle), &mut ctx.cbuf[..len as usize]) };
+                unsafe { self.pool.read(handle, &mut ctx.cbuf[..len as usize]) };
                 return Fetched::Compressed(len as usize);
             }
             // SAFETY: as above.
-            Entry::Huge { handle } => unsafe { self.pool.read(Handle(handle), out) },
+            Entry::Huge { handle } => unsafe { self.pool.read(handle, out) },
             Entry::Backing { loc, len } => {
-                let b = self.backing.as_ref().expect("BACKING entries exist only with a backing device");
                 // Under the slot lock the record is live, so its segment cannot be reused
                 // before the pin is dropped (slot.rs rule 7).
-                return Fetched::Backing { loc, len, _pin: b.space.pin(loc) };
+                let pin = self.backing().space.pin(loc);
+                return Fetched::Backing(Pending { index, loc, len, last_access, pin });
             }
         }
         Fetched::Done
     }
 
-    /// Completes a read after the slot lock is released.
+    /// Completes a read of a page in RAM after the slot lock is released.
     fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
         match fetched {
             Fetched::Done => Ok(()),
             Fetched::Compressed(len) => ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason }),
-            Fetched::Backing { loc, len, _pin } => {
-                let b = self.backing.as_ref().expect("BACKING entries exist only with a backing device");
-                let len = len as usize;
-                b.read_record(index, loc, &mut ctx.cbuf[..RECORD_HEADER + len], &mut ctx.read)?;
-                drop(_pin);
-                Counters::inc(&self.counters.bd_reads);
-                let payload = &ctx.cbuf[RECORD_HEADER..RECORD_HEADER + len];
-                if len == PAGE_SIZE {
-                    out.copy_from_slice(payload);
-                    Ok(())
-                } else {
-                    ctx.comp.decompress(payload, out).map_err(|reason| StoreError::Corrupt { index, reason })
-                }
-            }
+            Fetched::Backing(_) => unreachable!("pages on the backing device are read by backing::read"),
         }
     }
 
-    /// Swaps `new` into slot `index` if the slot still holds `old` (and, with `marked`, was
-    /// not replaced since writeback marked it), then frees `old`. For the backing tier
-    /// (writeback, GC, promotion), which copies a page out, does its I/O without the slot
-    /// lock, and must not install a copy of a page rewritten meanwhile (slot.rs rule 8).
-    pub(crate) fn install(&self, index: u64, old: Entry, new: Entry, marked: bool) -> bool {
-        let mut g = self.slots[index as usize].lock();
-        if g.entry() != old || (marked && !g.is_moving()) {
-            return false;
-        }
-        g.replace(new);
-        drop::<SlotGuard>(g);
-        self.account(new, true);
-        self.release(old);
-        true
+    /// Statistics and freeing after a request replaced a slot's entry `old` with `new`.
+    fn installed(&self, new: Entry, old: Entry) {
+        let mv = self.mover();
+        mv.account(new, true);
+        mv.release(old);
     }
 
-    /// Copies the stored bytes of the RAM entry slot guard `g` holds (compressed or raw) into
-    /// `out`; returns their length, or `None` for entries without pool bytes.
-    pub(crate) fn copy_stored(&self, g: &SlotGuard<'_>, out: &mut [u8]) -> Option<usize> {
-        let (handle, len) = match g.entry() {
-            Entry::Compressed { handle, len } => (handle, len as usize),
-            Entry::Huge { handle } => (handle, PAGE_SIZE),
-            _ => return None,
-        };
-        // SAFETY: `g` is the owner's slot lock and `handle` its live object (pool contract 1).
-        unsafe { self.pool.read(Handle(handle), &mut out[..len]) };
-        Some(len)
+    /// The interface through which the backing tier and compaction move pages (`mover.rs`).
+    fn mover(&self) -> Mover<'_> {
+        Mover::new(&self.slots, &self.pool, &self.counters, self.backing.as_ref(), &self.clock, &self.mem_limit_bytes)
     }
 
-    /// Frees a pool object that was allocated but never installed in a slot (promotion lost
-    /// a race): its allocator is its only owner.
-    pub(crate) fn free_uninstalled(&self, handle: u64) {
-        // SAFETY: the object was allocated by the caller and never published in a slot, so
-        // no reader can reach it and this is its one free.
-        unsafe { self.pool.free(Handle(handle)) }
-    }
-
-    /// Frees what an entry taken out of its slot held.
-    fn release(&self, old: Entry) {
-        self.account(old, false);
-        match old {
-            // SAFETY: `old` was just taken out of its slot under the slot lock, so this is the
-            // one free of a live object and nobody can reach it any more.
-            Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(Handle(handle)) },
-            Entry::Empty | Entry::Same(_) => {}
-            Entry::Backing { loc, len } => self.backing.as_ref().expect("BACKING entries exist only with a backing device").free(loc, len),
-        }
-    }
-
-    /// Adds (`add`) or removes an entry's share of the statistics.
-    fn account(&self, e: Entry, add: bool) {
-        let c = &self.counters;
-        let upd = |ctr: &AtomicU64, n: u64| if add { Counters::add(ctr, n) } else { Counters::sub(ctr, n) };
-        match e {
-            Entry::Empty => return,
-            Entry::Same(_) => upd(&c.same_pages, 1),
-            Entry::Compressed { len, .. } => {
-                upd(&c.compr_data_size, len as u64);
-                if len as usize <= PAGE_SIZE / 2 {
-                    upd(&c.good_compress, 1);
-                }
-            }
-            Entry::Huge { .. } => {
-                upd(&c.compr_data_size, PAGE);
-                upd(&c.huge_pages, 1);
-                if add {
-                    Counters::inc(&c.huge_pages_since);
-                }
-            }
-            Entry::Backing { len, .. } => {
-                upd(&c.bd_count, 1);
-                upd(&c.bd_bytes, len as u64);
-            }
-        }
-        upd(&c.pages_stored, 1);
+    /// The backing tier, for paths only a `BACKING` entry or a configured device leads to.
+    fn backing(&self) -> &Backing {
+        self.backing.as_ref().expect("BACKING entries exist only with a backing device")
     }
 
     // --- maintenance ---------------------------------------------------------------------------
@@ -706,16 +552,40 @@ impl Store {
     /// Compacts the pool: moves objects out of sparse zspages and gives their pages back.
     /// Returns the number of pages released. Safe to run while I/O is in flight.
     pub fn compact(&self) -> u64 {
-        self.pool.compact(&mut |owner, h, mv| {
-            let mut g = self.slots[owner as usize].lock();
-            if let Entry::Compressed { handle, len } = g.entry() {
-                if handle == h.0 {
-                    if let Some(new) = mv() {
-                        g.replace(Entry::Compressed { handle: new.0, len });
-                    }
-                }
-            }
-        })
+        self.mover().compact()
+    }
+
+    /// Moves the coldest pages to the backing device when pool memory is above the high
+    /// watermark, until it is under the low one, writing at most `budget` bytes. Call it
+    /// periodically from a background thread (or use [`Store::maintain`]); it takes no lock
+    /// a request waits on for longer than one page copy. Without a backing device or a memory
+    /// limit it does nothing.
+    pub fn writeback(&self, budget: WritebackBudget) -> WritebackReport {
+        let Some(b) = &self.backing else { return WritebackReport::default() };
+        backing::policy::writeback(&self.mover(), b, budget)
+    }
+
+    /// Writes back pages not accessed for at least `min_age_secs`, whatever the watermarks
+    /// (zram's idle writeback), coldest first, at most `budget` bytes.
+    pub fn writeback_idle(&self, min_age_secs: u64, budget: WritebackBudget) -> WritebackReport {
+        let Some(b) = &self.backing else { return WritebackReport::default() };
+        backing::policy::writeback_idle(&self.mover(), b, min_age_secs, budget)
+    }
+
+    /// Collects garbage on the backing device, moving at most about `max_bytes` of live
+    /// records (GC may exceed it by one record, and ignores it when the device is nearly
+    /// full, since a full device stops overflow writes). A front end calls it from its
+    /// maintenance thread ([`Store::maintain`] does).
+    pub fn gc(&self, max_bytes: u64) -> GcReport {
+        let Some(b) = &self.backing else { return GcReport::default() };
+        backing::gc::gc(&self.mover(), b, max_bytes)
+    }
+
+    /// One step of background work for a front end's maintenance thread, called every
+    /// `elapsed`: writeback within the configured rate, then GC with what is left of it.
+    pub fn maintain(&self, elapsed: Duration) -> MaintenanceReport {
+        let Some(b) = &self.backing else { return MaintenanceReport::default() };
+        backing::maintain(&self.mover(), b, elapsed)
     }
 
     /// Makes up to `pages` pool pages resident now and keeps them free for the I/O path: a
@@ -762,70 +632,31 @@ impl Store {
         self.pool.reset_max();
     }
 
-    /// The coarse clock stored in slots as the access time.
-    pub(crate) fn tick(&self) -> u16 {
-        (self.created.elapsed().as_secs() / TICK_SECS + self.clock_offset.load(Relaxed)) as u16
-    }
-
     /// Moves the access-time clock forward by `secs` seconds, as if that much time had passed
     /// (tests and benchmarks age pages without sleeping; front ends never call it).
     #[doc(hidden)]
     pub fn advance_clock(&self, secs: u64) {
-        self.clock_offset.fetch_add(secs / TICK_SECS, Relaxed);
+        self.clock.advance(secs);
     }
 
     /// A snapshot of the statistics.
     pub fn stats(&self) -> Stats {
-        let c = &self.counters;
-        let g = Counters::get;
-        let pages_stored_all = g(&c.pages_stored);
-        let same = g(&c.same_pages);
-        let stored = pages_stored_all - same.min(pages_stored_all);
-        let pct = |n: u64| (n * 100).checked_div(stored).unwrap_or(0);
-        let used = self.pool.total_pages();
-        let bd_bytes = g(&c.bd_bytes);
-        let (bd_size_bytes, bd_space_bytes, bd) = match &self.backing {
-            Some(b) => (b.space.num_segments() * b.space.seg_bytes, b.space.segments_in_use() * b.space.seg_bytes, Some(&b.ctr)),
-            None => (0, 0, None),
-        };
-        let bdc = |f: fn(&crate::backing::BackingCounters) -> &AtomicU64| bd.map_or(0, |c| g(f(c)));
-        Stats {
+        let backing = self.backing.as_ref().map(|b| BackingGauges {
+            counters: &b.ctr,
+            size_bytes: b.space.num_segments() * b.space.seg_bytes,
+            space_bytes: b.space.segments_in_use() * b.space.seg_bytes,
+        });
+        self.counters.snapshot(Gauges {
             disksize: self.disksize_bytes(),
-            comp_algorithm: self.cfg.algorithm.name().to_string(),
-            orig_data_size: pages_stored_all * PAGE,
-            compr_data_size: g(&c.compr_data_size),
-            mem_used_total: used * PAGE,
+            comp_algorithm: self.cfg.algorithm.name(),
             mem_limit: self.mem_limit_bytes.load(Relaxed),
-            mem_used_max: self.pool.max_pages() * PAGE,
-            same_pages: same,
+            pool_pages: self.pool.total_pages(),
+            pool_max_pages: self.pool.max_pages(),
             pages_compacted: self.pool.pages_compacted(),
-            huge_pages: g(&c.huge_pages),
-            huge_pages_since: g(&c.huge_pages_since),
-            failed_reads: g(&c.failed_reads),
-            failed_writes: g(&c.failed_writes),
-            invalid_io: g(&c.invalid_io),
-            notify_free: g(&c.notify_free),
-            bd_count: g(&c.bd_count),
-            bd_reads: g(&c.bd_reads),
-            bd_writes: g(&c.bd_writes),
-            bd_bytes,
-            bd_size_bytes,
-            bd_space_bytes,
-            bd_efficiency_pct: (bd_bytes * 100).checked_div(bd_space_bytes).unwrap_or(0),
-            bd_overflow_pages: bdc(|c| &c.overflow_pages),
-            bd_writeback_pages: bdc(|c| &c.writeback_pages),
-            bd_gc_pages: bdc(|c| &c.gc_pages),
-            bd_promoted_pages: bdc(|c| &c.promoted_pages),
-            bd_errors: bdc(|c| &c.errors),
-            num_reads: g(&c.num_reads),
-            num_writes: g(&c.num_writes),
-            pages_stored: stored,
-            pages_used: used,
-            good_compress_pct: pct(g(&c.good_compress)),
-            no_compress_pct: pct(g(&c.huge_pages)),
+            reserve_free_pages: self.pool.resident_free_pages(),
             slot_table_bytes: self.slots.bytes() as u64,
-            mem_reserve_free: self.pool.resident_free_pages() * PAGE,
-        }
+            backing,
+        })
     }
 }
 

@@ -9,37 +9,18 @@
 
 mod common;
 
-use common::{kind_of, kind_strategy as kind, page, plausible, write_until_error, xorshift, Kind, PAGE};
+use common::model::{backing_op as op, Model, Op};
+use common::stress::{self, Extra, Stress};
+use common::{page, write_until_error, Kind, PAGE};
 use compcache_store::backing::device::SUPERBLOCK_BYTES;
-use compcache_store::{BackingConfig, BackingDevice, Config, DeviceOptions, FileDevice, Store, StoreError, WritebackBudget};
+use compcache_store::testing::{Faults, TempDir, TestDevice};
+use compcache_store::{BackingConfig, Config, DeviceOptions, Store, StoreError, WritebackBudget};
 use proptest::prelude::*;
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const SEG: u64 = 16 * 1024;
-
-/// A temporary directory, removed on drop (also when a test fails).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!("compcache-backing-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn file(&self) -> PathBuf {
-        self.0.join("backing.img")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn config(pages: u64, mem_limit_pages: u64, backing: &Path, backing_bytes: u64) -> Config {
     let mut b = BackingConfig::new(backing);
@@ -50,51 +31,6 @@ fn config(pages: u64, mem_limit_pages: u64, backing: &Path, backing_bytes: u64) 
     Config { mem_limit_bytes: mem_limit_pages * PAGE as u64, backing: Some(b), ..Config::with_disksize(pages * PAGE as u64) }
 }
 
-/// Switches a test flips to make the device fail.
-#[derive(Default)]
-struct Faults {
-    fail_writes: AtomicBool,
-    fail_reads: AtomicBool,
-    full: AtomicBool,
-    writes: AtomicU64,
-    reads: AtomicU64,
-}
-
-/// A real backing file whose operations fail on demand.
-struct FaultyDevice {
-    inner: FileDevice,
-    faults: Arc<Faults>,
-}
-
-impl BackingDevice for FaultyDevice {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.faults.fail_reads.load(Ordering::Relaxed) {
-            return Err(io::Error::from_raw_os_error(libc_eio()));
-        }
-        self.faults.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        if self.faults.fail_writes.load(Ordering::Relaxed) {
-            return Err(io::Error::from_raw_os_error(libc_eio()));
-        }
-        if self.faults.full.load(Ordering::Relaxed) {
-            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
-        }
-        self.faults.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.write_at(buf, offset)
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        format!("faulty {}", self.inner.describe())
-    }
-}
-
 fn libc_eio() -> i32 {
     5
 }
@@ -102,9 +38,9 @@ fn libc_eio() -> i32 {
 fn faulty_store(cfg: Config) -> (Store, Arc<Faults>) {
     let b = cfg.backing.as_ref().unwrap();
     let opts = DeviceOptions { size_bytes: b.size_bytes, default_bytes: cfg.disksize_bytes, ..Default::default() };
-    let inner = FileDevice::open(&b.path, opts).unwrap();
-    let faults = Arc::new(Faults::default());
-    let store = Store::with_backing_device(cfg, Box::new(FaultyDevice { inner, faults: faults.clone() })).unwrap();
+    let dev = TestDevice::file(&b.path, opts).unwrap();
+    let faults = dev.faults();
+    let store = Store::with_backing_device(cfg, Box::new(dev)).unwrap();
     (store, faults)
 }
 
@@ -118,82 +54,15 @@ fn read(store: &Store, index: u64) -> Result<Vec<u8>, StoreError> {
 
 const PAGES: u64 = 64;
 
-#[derive(Debug, Clone)]
-enum Op {
-    Write { index: u64, kind: Kind, version: u64 },
-    Partial { offset: u64, len: usize, byte: u8 },
-    Discard { offset: u64, len: u64 },
-    Zeroes { offset: u64, len: u64 },
-    Read { offset: u64, len: usize },
-    Age { secs: u64 },
-    Writeback { idle_secs: u64 },
-    Gc,
-    Compact,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let size = PAGES * PAGE as u64;
-    prop_oneof![
-        8 => (0..PAGES, kind(), 0..1000u64).prop_map(|(index, kind, version)| Op::Write { index, kind, version }),
-        2 => (0..size - 1, 1..3 * PAGE, any::<u8>()).prop_map(move |(offset, len, byte)| Op::Partial { offset, len: len.min((size - offset) as usize), byte }),
-        2 => (0..size, 1..8 * PAGE as u64).prop_map(move |(offset, len)| Op::Discard { offset, len: len.min(size - offset) }),
-        1 => (0..size, 1..3 * PAGE as u64).prop_map(move |(offset, len)| Op::Zeroes { offset, len: len.min(size - offset) }),
-        5 => (0..size - 1, 1..3 * PAGE).prop_map(move |(offset, len)| Op::Read { offset, len: len.min((size - offset) as usize) }),
-        1 => (1..30u64).prop_map(|secs| Op::Age { secs }),
-        2 => (0..10u64).prop_map(|idle_secs| Op::Writeback { idle_secs }),
-        1 => Just(Op::Gc),
-        1 => Just(Op::Compact),
-    ]
-}
-
 fn check_model(ops: Vec<Op>, incompressible: bool) -> Result<(), TestCaseError> {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let mut cfg = config(PAGES, 6, &dir.file(), 2 << 20);
     cfg.backing.as_mut().unwrap().incompressible = incompressible;
     let store = Store::new(cfg).unwrap();
     let mut ctx = store.context();
-    let mut model = vec![0u8; PAGES as usize * PAGE];
+    let mut model = Model::new(PAGES);
     for op in ops {
-        match op {
-            Op::Write { index, kind, version } => {
-                let p = page(kind, index, version);
-                store.write_page(&mut ctx, index, &p).unwrap();
-                model[index as usize * PAGE..][..PAGE].copy_from_slice(&p);
-            }
-            Op::Partial { offset, len, byte } => {
-                store.write(&mut ctx, offset, &vec![byte; len]).unwrap();
-                model[offset as usize..][..len].fill(byte);
-            }
-            Op::Discard { offset, len } => {
-                store.discard(offset, len).unwrap();
-                for i in offset.div_ceil(PAGE as u64)..(offset + len) / PAGE as u64 {
-                    model[i as usize * PAGE..][..PAGE].fill(0);
-                }
-            }
-            Op::Zeroes { offset, len } => {
-                store.write_zeroes(&mut ctx, offset, len).unwrap();
-                model[offset as usize..][..len as usize].fill(0);
-            }
-            Op::Read { offset, len } => {
-                let mut buf = vec![0xEE; len];
-                store.read(&mut ctx, offset, &mut buf).unwrap();
-                prop_assert!(buf == model[offset as usize..][..len], "read at {offset}+{len} differs");
-            }
-            Op::Age { secs } => store.advance_clock(secs),
-            Op::Writeback { idle_secs } => {
-                let r = store.writeback_idle(idle_secs, WritebackBudget::UNLIMITED);
-                prop_assert!(r.error.is_none(), "{:?}", r.error);
-                let r = store.writeback(WritebackBudget::UNLIMITED);
-                prop_assert!(r.error.is_none(), "{:?}", r.error);
-            }
-            Op::Gc => {
-                let r = store.gc(u64::MAX);
-                prop_assert!(r.error.is_none() && r.corrupt == 0, "{:?}", r);
-            }
-            Op::Compact => {
-                store.compact();
-            }
-        }
+        model.apply(&store, &mut ctx, op)?;
         let s = store.stats();
         prop_assert!(s.mem_used_total <= 6 * PAGE as u64, "the memory limit holds: {}", s.mem_used_total);
         prop_assert_eq!(s.failed_reads + s.failed_writes + s.bd_errors, 0);
@@ -203,7 +72,7 @@ fn check_model(ops: Vec<Op>, incompressible: bool) -> Result<(), TestCaseError> 
     }
     for i in 0..PAGES {
         let p = read(&store, i).unwrap();
-        prop_assert!(p == model[i as usize * PAGE..][..PAGE], "page {i}");
+        prop_assert!(p == model.page(i), "page {i}");
     }
     store.flush().unwrap();
     // Discarding everything frees every byte: pool and backing device.
@@ -220,12 +89,12 @@ fn check_model(ops: Vec<Op>, incompressible: bool) -> Result<(), TestCaseError> 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn the_store_with_a_backing_file_matches_the_model(ops in prop::collection::vec(op(), 1..150)) {
+    fn the_store_with_a_backing_file_matches_the_model(ops in prop::collection::vec(op(PAGES), 1..150)) {
         check_model(ops, false)?;
     }
 
     #[test]
-    fn incompressible_pages_on_the_backing_file_match_the_model(ops in prop::collection::vec(op(), 1..80)) {
+    fn incompressible_pages_on_the_backing_file_match_the_model(ops in prop::collection::vec(op(PAGES), 1..80)) {
         check_model(ops, true)?;
     }
 }
@@ -234,7 +103,7 @@ proptest! {
 
 #[test]
 fn writes_beyond_the_memory_limit_go_to_the_backing_file_and_read_back() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let store = Store::new(config(1024, 16, &dir.file(), 0)).unwrap();
     let mut ctx = store.context();
     for i in 0..512 {
@@ -268,7 +137,7 @@ fn without_a_backing_device_the_limit_still_fails_writes() {
 
 #[test]
 fn writeback_moves_cold_pages_out_and_keeps_hot_ones_in_ram() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let mut cfg = config(4096, 128, &dir.file(), 0);
     cfg.backing.as_mut().unwrap().high_pct = 60;
     cfg.backing.as_mut().unwrap().low_pct = 40;
@@ -316,7 +185,7 @@ fn writeback_moves_cold_pages_out_and_keeps_hot_ones_in_ram() {
 
 #[test]
 fn writeback_respects_its_budget_and_total_limit() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let mut cfg = config(4096, 1024, &dir.file(), 0);
     cfg.backing.as_mut().unwrap().writeback_limit_bytes = 100 * 1024;
     let store = Store::new(cfg).unwrap();
@@ -337,7 +206,7 @@ fn writeback_respects_its_budget_and_total_limit() {
 
 #[test]
 fn a_page_read_twice_soon_is_promoted_back_into_ram() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let store = Store::new(config(256, 64, &dir.file(), 0)).unwrap();
     let mut ctx = store.context();
     for i in 0..20 {
@@ -356,7 +225,7 @@ fn a_page_read_twice_soon_is_promoted_back_into_ram() {
 
 #[test]
 fn gc_repacks_sparse_segments_and_freed_space_is_reused() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     // 64 segments of 16 KiB = 1 MiB of backing file.
     let store = Store::new(config(4096, 8, &dir.file(), 1 << 20)).unwrap();
     let mut ctx = store.context();
@@ -400,7 +269,7 @@ fn gc_repacks_sparse_segments_and_freed_space_is_reused() {
 
 #[test]
 fn a_full_backing_device_fails_writes_cleanly_and_gc_makes_room() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     // 8 segments of 16 KiB: room for about 30 random pages.
     let store = Store::new(config(4096, 4, &dir.file(), 8 * SEG)).unwrap();
     let mut ctx = store.context();
@@ -425,7 +294,7 @@ fn a_full_backing_device_fails_writes_cleanly_and_gc_makes_room() {
 
 #[test]
 fn a_failing_device_fails_only_the_requests_it_serves_and_ram_pages_stay_readable() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let (store, faults) = faulty_store(config(1024, 16, &dir.file(), 0));
     let mut ctx = store.context();
     for i in 0..100 {
@@ -472,7 +341,7 @@ fn a_failing_device_fails_only_the_requests_it_serves_and_ram_pages_stay_readabl
 
 #[test]
 fn a_failed_writeback_keeps_the_pages_in_ram() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let (store, faults) = faulty_store(config(1024, 0, &dir.file(), 0));
     let mut ctx = store.context();
     for i in 0..200 {
@@ -499,7 +368,7 @@ fn a_failed_writeback_keeps_the_pages_in_ram() {
 
 #[test]
 fn a_multi_page_read_reads_adjacent_records_with_one_pread_and_fails_only_for_bad_pages() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let mut cfg = config(1024, 0, &dir.file(), 0);
     cfg.backing.as_mut().unwrap().segment_bytes = 1 << 20; // the default: the pages fit in one
     let (store, faults) = faulty_store(cfg);
@@ -547,7 +416,7 @@ fn want(i: u64) -> Vec<u8> {
 
 #[test]
 fn a_truncated_backing_file_gives_errors_never_data() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let store = store_with_pages_on_file(&dir, 64);
     std::fs::OpenOptions::new().write(true).open(dir.file()).unwrap().set_len(0).unwrap();
     for i in 0..64 {
@@ -571,7 +440,7 @@ fn a_truncated_backing_file_gives_errors_never_data() {
 #[test]
 fn corrupted_bytes_in_the_backing_file_are_reported_for_their_pages_only() {
     use std::os::unix::fs::FileExt;
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let store = store_with_pages_on_file(&dir, 64);
     let f = std::fs::OpenOptions::new().read(true).write(true).open(dir.file()).unwrap();
     let used = store.stats().bd_space_bytes;
@@ -619,69 +488,23 @@ fn corrupted_bytes_in_the_backing_file_are_reported_for_their_pages_only() {
 
 #[test]
 fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let pages = 512u64;
     let mut cfg = config(pages, 32, &dir.file(), 4 << 20);
     cfg.backing.as_mut().unwrap().high_pct = 60;
     cfg.backing.as_mut().unwrap().low_pct = 30;
     let store = Arc::new(Store::new(cfg).unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
-    let maintainer = {
-        let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut rounds = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let r = store.maintain(std::time::Duration::from_millis(10));
-                assert!(r.writeback.error.is_none() && r.gc.error.is_none(), "{r:?}");
-                store.advance_clock(1);
-                if rounds % 8 == 0 {
-                    let r = store.writeback_idle(3, WritebackBudget { max_bytes: 64 << 10 });
-                    assert!(r.error.is_none());
-                }
-                rounds += 1;
-                std::thread::yield_now();
-            }
-            rounds
-        })
-    };
-    let workers: Vec<_> = (0..4u64)
-        .map(|t| {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let mut ctx = store.context();
-                let mut rng = xorshift(t + 11);
-                let mut buf = vec![0u8; PAGE];
-                let mut multi = vec![0u8; 4 * PAGE];
-                for n in 0..6_000u64 {
-                    let i = rng() % pages;
-                    match rng() % 10 {
-                        0..=3 => {
-                            let v = (n * 4 + t) * 5 + rng() % 5;
-                            store.write_page(&mut ctx, i, &page(kind_of(v), i, v)).unwrap();
-                        }
-                        4 => store.discard_page(i),
-                        5 => {
-                            // a multi-page read: device pages in one pread per adjacent run
-                            let first = i.min(pages - 4);
-                            store.read(&mut ctx, first * PAGE as u64, &mut multi).unwrap();
-                            for (k, p) in multi.chunks_exact(PAGE).enumerate() {
-                                assert!(plausible(first + k as u64, p), "thread {t}: page {} is wrong", first + k as u64);
-                            }
-                        }
-                        _ => {
-                            store.read_page(&mut ctx, i, &mut buf).unwrap();
-                            assert!(plausible(i, &buf), "thread {t}: page {i} holds data never written there");
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("a worker saw wrong data or an error");
-    }
-    stop.store(true, Ordering::Relaxed);
-    assert!(maintainer.join().unwrap() > 0);
+    let stress = Stress { pages, threads: 4, ops_per_thread: 6_000, seed: 11, extra: Extra::MultiRead };
+    let rounds = stress::run(&store, stress, |store, round| {
+        let r = store.maintain(std::time::Duration::from_millis(10));
+        assert!(r.writeback.error.is_none() && r.gc.error.is_none(), "{r:?}");
+        store.advance_clock(1);
+        if round % 8 == 0 {
+            let r = store.writeback_idle(3, WritebackBudget { max_bytes: 64 << 10 });
+            assert!(r.error.is_none());
+        }
+    });
+    assert!(rounds > 0);
     let s = store.stats();
     assert!(s.bd_writes > 0 && s.bd_reads > 0, "the device was used: {s:?}");
     assert_eq!(s.failed_reads + s.failed_writes + s.bd_errors, 0);
@@ -695,7 +518,7 @@ fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {
 #[test]
 fn every_backing_statistic_is_updated() {
     // Each bd_* field moves in a scenario that should move it: none is declared and forgotten.
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let (store, faults) = faulty_store(config(4096, 8, &dir.file(), 1 << 20));
     let mut ctx = store.context();
     for i in 0..200 {
@@ -780,7 +603,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn a_new_backing_file_is_owner_only_even_with_umask_0() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     // SAFETY: umask only changes this process's file creation mask; restored below. Other
     // tests creating files meanwhile get wider modes, which they do not check.
     let old = unsafe { libc::umask(0) };
@@ -795,8 +618,8 @@ fn a_new_backing_file_is_owner_only_even_with_umask_0() {
 
 #[test]
 fn a_symlink_as_backing_path_is_refused_and_its_target_untouched() {
-    let dir = TempDir::new();
-    let target = dir.0.join("passwd-copy");
+    let dir = TempDir::new("backing");
+    let target = dir.path().join("passwd-copy");
     let text = b"root:x:0:0:root:/root:/bin/bash\n".repeat(100);
     std::fs::write(&target, &text).unwrap();
     std::os::unix::fs::symlink(&target, dir.file()).unwrap();
@@ -809,8 +632,8 @@ fn a_symlink_as_backing_path_is_refused_and_its_target_untouched() {
     assert!(Store::new(cfg).is_err());
     assert_eq!(std::fs::read(&target).unwrap(), text);
     // A dangling link does not make compcache create its target.
-    let missing = dir.0.join("nowhere");
-    let dangling = dir.0.join("dangling");
+    let missing = dir.path().join("nowhere");
+    let dangling = dir.path().join("dangling");
     std::os::unix::fs::symlink(&missing, &dangling).unwrap();
     assert!(Store::new(config(64, 0, &dangling, 0)).is_err());
     assert!(!missing.exists(), "nothing created through the link");
@@ -818,7 +641,7 @@ fn a_symlink_as_backing_path_is_refused_and_its_target_untouched() {
 
 #[test]
 fn an_existing_file_without_compcache_signature_is_refused_untouched_unless_forced() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let text = b"someone's precious data\n".repeat(50_000);
     std::fs::write(dir.file(), &text).unwrap();
     set_mode(&dir.file(), 0o600);
@@ -838,7 +661,7 @@ fn an_existing_file_without_compcache_signature_is_refused_untouched_unless_forc
 
 #[test]
 fn a_backing_file_others_can_read_is_refused_unless_forced() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     drop(Store::new(config(64, 0, &dir.file(), 0)).unwrap());
     set_mode(&dir.file(), 0o640);
     let e = Store::new(config(64, 0, &dir.file(), 0)).err().expect("refused").to_string();
@@ -852,7 +675,7 @@ fn a_backing_file_others_can_read_is_refused_unless_forced() {
 
 #[test]
 fn a_second_store_on_the_same_backing_file_is_refused_while_the_first_is_open() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let first = Store::new(overflow_config(&dir.file())).unwrap();
     let mut ctx = first.context();
     first.write_page(&mut ctx, 3, &page(Kind::Random, 3, 1)).unwrap();
@@ -867,7 +690,7 @@ fn a_second_store_on_the_same_backing_file_is_refused_while_the_first_is_open() 
 #[test]
 fn records_written_by_another_run_fail_their_check() {
     use std::os::unix::fs::FileExt;
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let n = 12;
     // Run A writes versions 1 of pages 0..n; a copy of its file is what another server
     // sharing the file (or a crashed run) leaves at the same places.
@@ -901,7 +724,7 @@ fn records_written_by_another_run_fail_their_check() {
 
 #[test]
 fn after_close_the_backing_file_holds_no_page_data() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     let marker = b"SECRET-swapped-out-password-0123456789";
     // Overflow and writeback both put pages on the file.
     let mut cfg = config(512, 0, &dir.file(), 0);
@@ -938,7 +761,7 @@ fn after_close_the_backing_file_holds_no_page_data() {
 #[test]
 fn stale_data_in_a_reused_backing_file_is_discarded_at_start() {
     use std::os::unix::fs::FileExt;
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     drop(Store::new(overflow_config(&dir.file())).unwrap());
     // As a killed server leaves it: signed, with page data in it.
     let f = std::fs::OpenOptions::new().write(true).open(dir.file()).unwrap();
@@ -951,7 +774,7 @@ fn stale_data_in_a_reused_backing_file_is_discarded_at_start() {
 
 #[test]
 fn a_refused_start_removes_the_backing_file_it_created_and_only_that() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("backing");
     // Too small for 4 segments: refused after the file was made.
     let small = |p: &Path| config(64, 0, p, 2 * SEG);
     let e = Store::new(small(&dir.file())).err().expect("refused").to_string();
@@ -963,7 +786,7 @@ fn a_refused_start_removes_the_backing_file_it_created_and_only_that() {
     assert!(Store::new(small(&dir.file())).is_err());
     assert_eq!(std::fs::read(dir.file()).unwrap(), before, "a file that was there before is not removed, nor resized");
     // abandon_backing, as a server whose start is refused later (a socket in use) calls it.
-    let other = dir.0.join("new.img");
+    let other = dir.path().join("new.img");
     let store = Store::new(config(64, 0, &other, 0)).unwrap();
     store.abandon_backing();
     assert!(!other.exists(), "abandon removes the file this store created");

@@ -5,7 +5,8 @@
 mod common;
 
 use common::{page, xorshift, Kind, PAGE};
-use compcache_store::{Allocation, BackingConfig, BackingDevice, Config, Extent, Store, StoreError};
+use compcache_store::testing::TestDevice;
+use compcache_store::{Allocation, BackingConfig, Config, Extent, Store, StoreError};
 
 const P: u64 = PAGE as u64;
 use Allocation::{Data, Hole};
@@ -140,26 +141,6 @@ fn random_operations_match_a_model_of_page_states() {
     }
 }
 
-/// A backing device in memory.
-struct MemDevice(parking_lot::Mutex<Vec<u8>>);
-
-impl BackingDevice for MemDevice {
-    fn size_bytes(&self) -> u64 {
-        self.0.lock().len() as u64
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        buf.copy_from_slice(&self.0.lock()[offset as usize..][..buf.len()]);
-        Ok(())
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.0.lock()[offset as usize..][..buf.len()].copy_from_slice(buf);
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        "memory".into()
-    }
-}
-
 #[test]
 fn pages_on_the_backing_device_are_data() {
     let mut cfg = Config::with_disksize(8 * P);
@@ -167,7 +148,7 @@ fn pages_on_the_backing_device_are_data() {
     b.incompressible = true; // incompressible pages go straight to the device
     b.segment_bytes = 16 << 10;
     cfg.backing = Some(b);
-    let store = Store::with_backing_device(cfg, Box::new(MemDevice(parking_lot::Mutex::new(vec![0; 4 << 20])))).unwrap();
+    let store = Store::with_backing_device(cfg, Box::new(TestDevice::memory(4 << 20))).unwrap();
     let mut ctx = store.context();
     store.write(&mut ctx, 2 * P, &page(Kind::Random, 2, 1)).unwrap();
     assert_eq!(store.stats().bd_count, 1, "the random page is on the backing device");

@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{kind_of, page, plausible, xorshift, PAGE};
+use common::stress::{self, Extra, Stress};
+use common::PAGE;
 use compcache_store::{Config, Store};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const PAGES: u64 = 256;
@@ -14,53 +14,11 @@ const PAGES: u64 = 256;
 #[test]
 fn concurrent_io_and_compaction_never_return_wrong_data() {
     let store = Arc::new(Store::new(Config::with_disksize(PAGES * PAGE as u64)).unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
-    let compactor = {
-        let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut rounds = 0;
-            while !stop.load(Ordering::Relaxed) {
-                store.compact();
-                rounds += 1;
-                std::thread::yield_now();
-            }
-            rounds
-        })
-    };
-    let workers: Vec<_> = (0..4u64)
-        .map(|t| {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let mut ctx = store.context();
-                let mut rng = xorshift(t + 1);
-                let mut buf = vec![0u8; PAGE];
-                for n in 0..20_000u64 {
-                    let i = rng() % PAGES;
-                    match rng() % 10 {
-                        0..=3 => {
-                            let v = (n * 4 + t) * 5 + rng() % 5;
-                            store.write_page(&mut ctx, i, &page(kind_of(v), i, v)).unwrap();
-                        }
-                        4 => store.discard_page(i),
-                        5 => {
-                            // a partial write of zeroes over the stamp-free tail keeps the page plausible
-                            // only if it was zero: use write_zeroes of the whole page instead
-                            store.write_zeroes(&mut ctx, i * PAGE as u64, PAGE as u64).unwrap();
-                        }
-                        _ => {
-                            store.read_page(&mut ctx, i, &mut buf).unwrap();
-                            assert!(plausible(i, &buf), "thread {t}: page {i} holds data that was never written there");
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("worker saw wrong data");
-    }
-    stop.store(true, Ordering::Relaxed);
-    assert!(compactor.join().unwrap() > 0);
+    let stress = Stress { pages: PAGES, threads: 4, ops_per_thread: 20_000, seed: 1, extra: Extra::WriteZeroes };
+    let rounds = stress::run(&store, stress, |store, _| {
+        store.compact();
+    });
+    assert!(rounds > 0);
 
     // Balance: discarding everything returns every pool page and zeroes every counter of data.
     store.discard(0, PAGES * PAGE as u64).unwrap();

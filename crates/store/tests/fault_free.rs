@@ -10,6 +10,7 @@
 mod common;
 
 use common::{write_until_error, xorshift, PAGE};
+use compcache_store::testing::TempDir;
 use compcache_store::{BackingConfig, Config, FileDevice, Store, StoreError, WritebackBudget};
 use std::sync::Arc;
 
@@ -99,23 +100,13 @@ fn the_io_path_takes_no_page_fault_once_the_reserve_is_prefaulted() {
     assert_eq!(faults, 0, "the I/O path faulted {faults} times in fault-free mode (stored {stored} pages)");
 }
 
-/// A temporary directory, removed on drop (also when the test fails).
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn the_backing_path_takes_no_page_fault_either() {
     const WARM: u64 = 64;
     const RESERVE_PAGES: u64 = 512;
     const PAGES: u64 = 4096 + WARM; // the test's pages (a multiple of 256), then the warm-up's
-    let dir = TempDir(std::env::temp_dir().join(format!("compcache-fault-free-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let path = dir.0.join("backing.img");
+    let dir = TempDir::new("fault-free");
+    let path = dir.file();
     let mut b = BackingConfig::new(&path);
     b.size_bytes = 64 << 20;
     let cfg = Config { mem_limit_bytes: 2 * RESERVE_PAGES * PAGE as u64, backing: Some(b), ..Config::with_disksize(PAGES * PAGE as u64) };
@@ -123,7 +114,7 @@ fn the_backing_path_takes_no_page_fault_either() {
     // Whether reads go through O_DIRECT (and so the aligned read buffer) here: not on tmpfs.
     // (Probed on a file of its own beside it: the store holds the backing file's lock.)
     let probe = compcache_store::DeviceOptions { size_bytes: 1 << 20, ..Default::default() };
-    let direct = FileDevice::open(&dir.0.join("probe.img"), probe).unwrap().direct_reads();
+    let direct = FileDevice::open(&dir.path().join("probe.img"), probe).unwrap().direct_reads();
     let mut ctx = store.context();
     let mut page = vec![0u8; PAGE];
     for i in 0..PAGES {

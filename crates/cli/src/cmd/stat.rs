@@ -4,6 +4,8 @@ use crate::failure::Failure;
 use crate::paths;
 use crate::units::human;
 use compcache_control as control;
+use compcache_store::stats::{unit_of, Unit, UNITS};
+use compcache_store::Stats;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
@@ -53,43 +55,15 @@ pub fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Every statistic in display order, with its unit; fields the server has and this list does
+/// The zramctl-like summary line (`Stats::summary`), then every field with its unit
+/// (`compcache_store::stats::UNITS`, in their order); fields the server has and the table does
 /// not (a newer server) are printed after these, in name order.
-const FIELDS: &[(&str, &str)] = &[
-    ("disksize", "bytes"),
-    ("comp_algorithm", ""),
-    ("orig_data_size", "bytes"),
-    ("compr_data_size", "bytes"),
-    ("mem_used_total", "bytes"),
-    ("mem_limit", "bytes"),
-    ("mem_used_max", "bytes"),
-    ("same_pages", "pages"),
-    ("pages_compacted", "pages"),
-    ("huge_pages", "pages"),
-    ("huge_pages_since", "pages"),
-    ("failed_reads", "requests"),
-    ("failed_writes", "requests"),
-    ("invalid_io", "requests"),
-    ("notify_free", "pages"),
-    ("bd_count", "pages"),
-    ("bd_reads", "pages"),
-    ("bd_writes", "pages"),
-    ("bd_bytes", "bytes"),
-    ("num_reads", "pages"),
-    ("num_writes", "pages"),
-    ("pages_stored", "pages"),
-    ("pages_used", "pages"),
-    ("good_compress_pct", "%"),
-    ("no_compress_pct", "%"),
-    ("slot_table_bytes", "bytes"),
-];
-
-/// The zramctl-like summary line, then every field.
 fn table(name: &str, stats: &Map<String, Value>) -> String {
-    let num = |k: &str| stats.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let (orig, total) = (num("orig_data_size"), num("mem_used_total"));
-    let ratio = if total > 0 { format!("{:.2}", orig as f64 / total as f64) } else { "-".into() };
-    let algorithm = stats.get("comp_algorithm").and_then(Value::as_str).unwrap_or("?");
+    // Typed: fields an older server did not send read as 0.
+    let typed: Stats = serde_json::from_value(Value::Object(stats.clone())).unwrap_or_default();
+    let sum = typed.summary();
+    let ratio = sum.ratio.map_or("-".into(), |r| format!("{r:.2}"));
+    let algorithm = if sum.algorithm.is_empty() { "?" } else { sum.algorithm.as_str() };
     let mut out = format!(
         "{:<32} {:<9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8}\n",
         "NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "LIMIT"
@@ -98,28 +72,29 @@ fn table(name: &str, stats: &Map<String, Value>) -> String {
         "{:<32} {:<9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8}\n\n",
         name,
         algorithm,
-        human(num("disksize")),
-        human(orig),
-        human(num("compr_data_size")),
-        human(total),
+        human(sum.disksize),
+        human(sum.data_bytes),
+        human(sum.compr_bytes),
+        human(sum.total_bytes),
         ratio,
-        if num("mem_limit") > 0 { human(num("mem_limit")) } else { "none".into() },
+        if sum.mem_limit > 0 { human(sum.mem_limit) } else { "none".into() },
     );
-    let mut keys: Vec<&str> = FIELDS.iter().map(|(k, _)| *k).filter(|k| stats.contains_key(*k)).collect();
-    let mut extra: Vec<&str> = stats.keys().map(String::as_str).filter(|k| !FIELDS.iter().any(|(f, _)| f == k)).collect();
+    let mut keys: Vec<&str> = UNITS.iter().map(|(k, _)| *k).filter(|k| stats.contains_key(*k)).collect();
+    let mut extra: Vec<&str> = stats.keys().map(String::as_str).filter(|k| unit_of(k).is_none()).collect();
     extra.sort_unstable();
     keys.extend(extra);
     for k in keys {
-        let unit = FIELDS.iter().find(|(f, _)| *f == k).map(|(_, u)| *u).unwrap_or("");
+        let unit = unit_of(k);
         let value = match &stats[k] {
             Value::String(s) => s.clone(),
             v => v.to_string(),
         };
         let shown = match (unit, stats[k].as_u64()) {
-            ("bytes", Some(b)) if b >= 1024 => format!("{value} ({})", human(b)),
+            (Some(Unit::Bytes), Some(b)) if b >= 1024 => format!("{value} ({})", human(b)),
             _ => value,
         };
-        out += &format!("{k:<20} {shown:>16} {unit}\n").replace(" \n", "\n");
+        let label = unit.map_or("", Unit::label);
+        out += &format!("{k:<20} {shown:>16} {label}\n").replace(" \n", "\n");
     }
     out
 }

@@ -12,11 +12,12 @@
 //! full device can still make room. A record that no longer verifies is moved with a checksum
 //! that still fails (it stays an error, never becomes data), and is counted.
 
+use super::batch::{flush_batch, Purpose};
 use super::log::{self, HEADER};
-use super::policy::Purpose;
+use super::{Backing, Maint};
 use crate::error::StoreError;
+use crate::mover::Mover;
 use crate::slot::{Entry, Kind};
-use crate::store::Store;
 
 /// Segments with at most this share of live bytes are always collected.
 const SPARSE_PCT: u64 = 40;
@@ -42,105 +43,98 @@ pub struct GcReport {
     pub error: Option<StoreError>,
 }
 
-impl Store {
-    /// Collects garbage on the backing device, moving at most about `max_bytes` of live
-    /// records (GC may exceed it by one record, and ignores it when the device is nearly
-    /// full, since a full device stops overflow writes). A front end calls it from its
-    /// maintenance thread ([`Store::maintain`] does).
-    pub fn gc(&self, max_bytes: u64) -> GcReport {
-        let Some(b) = &self.backing else { return GcReport::default() };
-        let mut m = b.maint.lock();
-        let mut rep = GcReport::default();
-        let sp = &b.space;
-        let in_use_before = sp.segments_in_use();
-        let short = sp.free_segments() <= (sp.num_segments() / 8).max(3);
-        let (pct, mut budget) = if short { (PRESSURE_PCT, max_bytes.max(2 * sp.seg_bytes)) } else { (SPARSE_PCT, max_bytes) };
-        loop {
-            let mut victims = Vec::new();
-            let mut bytes = 0;
-            for (seg, live) in sp.gc_candidates(pct) {
-                if victims.len() == MAX_VICTIMS || bytes + live > budget {
-                    break;
-                }
-                victims.push(seg);
-                bytes += live;
-            }
-            let (moved, freed) = (rep.bytes_moved, sp.segments_in_use());
-            if !victims.is_empty() {
-                self.collect(b, &mut m, &victims, &mut rep);
-            }
-            budget = budget.saturating_sub(rep.bytes_moved - moved);
-            // Stop when nothing qualified, on an error, or when a round freed nothing (the
-            // victims' records are busy or could not move).
-            if victims.is_empty() || rep.error.is_some() || sp.segments_in_use() >= freed {
+/// `Store::gc`: collects garbage on the backing device, moving at most about `max_bytes` of
+/// live records (GC may exceed it by one record, and ignores it when the device is nearly
+/// full, since a full device stops overflow writes).
+pub(crate) fn gc(mv: &Mover<'_>, b: &Backing, max_bytes: u64) -> GcReport {
+    let mut m = b.maint.lock();
+    let mut rep = GcReport::default();
+    let sp = &b.space;
+    let in_use_before = sp.segments_in_use();
+    let short = sp.free_segments() <= (sp.num_segments() / 8).max(3);
+    let (pct, mut budget) = if short { (PRESSURE_PCT, max_bytes.max(2 * sp.seg_bytes)) } else { (SPARSE_PCT, max_bytes) };
+    loop {
+        let mut victims = Vec::new();
+        let mut bytes = 0;
+        for (seg, live) in sp.gc_candidates(pct) {
+            if victims.len() == MAX_VICTIMS || bytes + live > budget {
                 break;
             }
+            victims.push(seg);
+            bytes += live;
         }
-        rep.segments_freed = in_use_before.saturating_sub(sp.segments_in_use());
-        match sp.punch_free(&*b.dev) {
-            Ok(n) => rep.punched = n,
-            Err(e) => rep.error = rep.error.or(Some(b.error(u64::MAX, format!("punching freed segments failed: {e}")))),
+        let (moved, freed) = (rep.bytes_moved, sp.segments_in_use());
+        if !victims.is_empty() {
+            collect(mv, b, &mut m, &victims, &mut rep);
         }
-        rep
+        budget = budget.saturating_sub(rep.bytes_moved - moved);
+        // Stop when nothing qualified, on an error, or when a round freed nothing (the
+        // victims' records are busy or could not move).
+        if victims.is_empty() || rep.error.is_some() || sp.segments_in_use() >= freed {
+            break;
+        }
     }
+    rep.segments_freed = in_use_before.saturating_sub(sp.segments_in_use());
+    match sp.punch_free(&*b.dev) {
+        Ok(n) => rep.punched = n,
+        Err(e) => rep.error = rep.error.or(Some(b.error(u64::MAX, format!("punching freed segments failed: {e}")))),
+    }
+    rep
+}
 
-    fn collect(&self, b: &super::Backing, m: &mut super::Maint, victims: &[u32], rep: &mut GcReport) {
-        let sp = &b.space;
-        // Pinned, a victim is not reused until we are done, so a slot pointing into it still
-        // points to the record we copied (slot.rs rule 8); and no write is in flight in it, so
-        // the image we read is complete.
-        let pins: Vec<_> = victims.iter().filter_map(|&seg| sp.pin_sealed(seg).map(|p| (seg, p))).collect();
-        let victims: Vec<u32> = pins.iter().map(|&(seg, _)| seg).collect();
-        let victims = &victims[..];
-        let seg_bytes = sp.seg_bytes as usize;
-        let mut image = vec![0u8; victims.len() * seg_bytes];
-        let mut readable = vec![true; victims.len()];
-        for (k, &seg) in victims.iter().enumerate() {
-            if let Err(e) = b.dev.read_at(&mut image[k * seg_bytes..][..seg_bytes], seg as u64 * sp.seg_bytes) {
-                rep.error = Some(b.error(u64::MAX, format!("GC read of segment {seg} failed: {e}; left in place")));
-                readable[k] = false;
-            }
+fn collect(mv: &Mover<'_>, b: &Backing, m: &mut Maint, victims: &[u32], rep: &mut GcReport) {
+    let sp = &b.space;
+    // Pinned, a victim is not reused until we are done, so a slot pointing into it still
+    // points to the record we copied (slot.rs rule 8); and no write is in flight in it, so
+    // the image we read is complete.
+    let pins: Vec<_> = victims.iter().filter_map(|&seg| sp.pin_sealed(seg).map(|p| (seg, p))).collect();
+    let victims: Vec<u32> = pins.iter().map(|&(seg, _)| seg).collect();
+    let victims = &victims[..];
+    let seg_bytes = sp.seg_bytes as usize;
+    let mut image = vec![0u8; victims.len() * seg_bytes];
+    let mut readable = vec![true; victims.len()];
+    for (k, &seg) in victims.iter().enumerate() {
+        if let Err(e) = b.dev.read_at(&mut image[k * seg_bytes..][..seg_bytes], seg as u64 * sp.seg_bytes) {
+            rep.error = Some(b.error(u64::MAX, format!("GC read of segment {seg} failed: {e}; left in place")));
+            readable[k] = false;
         }
-        rep.segments += readable.iter().filter(|&&r| r).count() as u64;
-        for index in 0..self.num_pages() {
-            let slot = &self.slots[index as usize];
-            if slot.peek().kind != Kind::Backing {
-                continue;
-            }
-            let g = slot.lock();
-            let Entry::Backing { loc, len } = g.entry() else { continue };
-            let seg = sp.seg_of(loc);
-            let Some(k) = victims.iter().position(|&v| v == seg) else { continue };
-            if !readable[k] {
-                continue;
-            }
-            // The record is live (the slot points to it), so the segment's generation is the
-            // one it was written with.
-            let gen = sp.gen(seg);
-            drop(g);
-            let off = k * seg_bytes + (loc - seg as u64 * sp.seg_bytes) as usize;
-            let rec = &image[off..off + HEADER + len as usize];
-            let poison = log::verify(b.run, gen, loc, index, rec).is_err();
-            rep.corrupt += poison as u64;
-            m.batch.push(index, Entry::Backing { loc, len }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
-            if m.batch.is_full() && !self.gc_batch(b, m, rep) {
-                return;
-            }
-        }
-        if !m.batch.is_empty() {
-            self.gc_batch(b, m, rep);
-        }
-        drop(pins);
     }
+    rep.segments += readable.iter().filter(|&&r| r).count() as u64;
+    for (index, h) in mv.hints_from(0) {
+        if h.kind != Kind::Backing {
+            continue;
+        }
+        let Entry::Backing { loc, len } = mv.entry(index) else { continue };
+        let seg = sp.seg_of(loc);
+        let Some(k) = victims.iter().position(|&v| v == seg) else { continue };
+        if !readable[k] {
+            continue;
+        }
+        // The record is live (the slot pointed to it) and its segment pinned, so the
+        // segment's generation is the one it was written with.
+        let gen = sp.gen(seg);
+        let off = k * seg_bytes + (loc - seg as u64 * sp.seg_bytes) as usize;
+        let rec = &image[off..off + HEADER + len as usize];
+        let poison = log::verify(b.run, gen, loc, index, rec).is_err();
+        rep.corrupt += poison as u64;
+        m.batch.push(index, Entry::Backing { loc, len }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
+        if m.batch.is_full() && !gc_batch(mv, b, m, rep) {
+            return;
+        }
+    }
+    if !m.batch.is_empty() {
+        gc_batch(mv, b, m, rep);
+    }
+    drop(pins);
+}
 
-    fn gc_batch(&self, b: &super::Backing, m: &mut super::Maint, rep: &mut GcReport) -> bool {
-        let f = self.flush_batch(b, m, Purpose::Gc);
-        rep.pages_moved += f.installed;
-        rep.bytes_moved += f.bytes;
-        let ok = !f.full && f.error.is_none();
-        if f.error.is_some() {
-            rep.error = f.error;
-        }
-        ok
+fn gc_batch(mv: &Mover<'_>, b: &Backing, m: &mut Maint, rep: &mut GcReport) -> bool {
+    let f = flush_batch(mv, b, m, Purpose::Gc);
+    rep.pages_moved += f.installed;
+    rep.bytes_moved += f.bytes;
+    let ok = !f.stop();
+    if f.error.is_some() {
+        rep.error = f.error;
     }
+    ok
 }

@@ -6,18 +6,22 @@
 //! - overflow: a write that would take the pool over `mem_limit` goes to the device instead
 //!   of failing (`Store::write_page`); so do incompressible pages with
 //!   `BackingConfig::incompressible`;
-//! - writeback: a background thread of the front end calls [`crate::Store::maintain`] (or
-//!   `writeback`), which moves the coldest pages out when pool memory passes the high
-//!   watermark, until it is under the low one, within a byte budget (`policy.rs`);
+//! - writeback: a background thread of the front end calls [`crate::Store::maintain`] (here:
+//!   [`maintain`]) or `writeback`, which moves the coldest pages out when pool memory passes
+//!   the high watermark, until it is under the low one, within a byte budget (`policy.rs`);
 //! - GC rewrites the live records of mostly-dead segments so whole segments free up (`gc.rs`).
 //!
-//! Reads of a `BACKING` slot `pread` the record, verify it and decompress it; a page read
-//! twice within a few seconds is promoted back into RAM when there is room. Discard, overwrite
-//! and promotion free the record's bytes in the space map (`space.rs`).
+//! Reads of a `BACKING` slot `pread` the record, verify it and decompress it (`read.rs`); a
+//! page read twice within a few seconds is promoted back into RAM when there is room. Discard,
+//! overwrite and promotion free the record's bytes in the space map (`space.rs`).
 //!
 //! One job per file: `device.rs` (file I/O), `log.rs` (records, log heads, batches),
-//! `space.rs` (segments, live bytes, free list, reclaim), `policy.rs` (writeback: watermarks,
-//! coldness, budget), `gc.rs` (garbage collection).
+//! `space.rs` (segments, live bytes, free list, reclaim), `batch.rs` (the batch writer that
+//! writeback and GC share), `policy.rs` (writeback: watermarks, coldness, budget; promotion),
+//! `gc.rs` (garbage collection), `read.rs` (the read path of pages on the device). Writeback,
+//! GC and promotion reach slots and pool objects only through the [`Mover`]
+//! (`crate::mover`), whose contract says who locks, copies, installs and frees what; `policy`
+//! and `gc` depend on `batch`, never on each other.
 //!
 //! # Locking (the numbered rules 6 and 7 in `slot.rs` place these in the lock order)
 //! - `maint` (the maintenance mutex): one writeback or GC at a time. Taken before any slot
@@ -52,21 +56,26 @@
 //! device was opened calls `Store::abandon_backing`, which also removes a file this run
 //! created.
 
+mod batch;
 pub mod device;
-mod gc;
+pub(crate) mod gc;
 pub(crate) mod log;
-mod policy;
+pub(crate) mod policy;
+pub(crate) mod read;
 pub(crate) mod space;
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::time::Duration;
 
 use crate::config::BackingConfig;
 use crate::error::StoreError;
+use crate::mover::Mover;
+use crate::stats::BackingCounters;
 pub use device::{BackingDevice, DeviceOptions, FileDevice, ReadBuf};
 pub use gc::GcReport;
 use log::{Batch, LogHead, HEADER};
-pub use policy::{MaintenanceReport, WritebackBudget, WritebackReport};
+pub use policy::{WritebackBudget, WritebackReport};
 use space::SpaceMap;
 
 /// The fewest segments a device must have: one open per log head, GC's reserve, and one.
@@ -129,16 +138,21 @@ pub(crate) struct Maint {
     pub cursor: u64,
 }
 
-/// The backing tier's own counters (Relaxed, as all statistics: see `stats.rs`).
-#[derive(Default)]
-pub(crate) struct BackingCounters {
-    pub overflow_pages: AtomicU64,
-    pub writeback_pages: AtomicU64,
-    /// Payload bytes written by writeback, against `writeback_limit_bytes`.
-    pub writeback_bytes: AtomicU64,
-    pub gc_pages: AtomicU64,
-    pub promoted_pages: AtomicU64,
-    pub errors: AtomicU64,
+/// What [`crate::Store::maintain`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    pub writeback: WritebackReport,
+    pub gc: GcReport,
+}
+
+/// `Store::maintain`: one step of background work, called every `elapsed`: writeback within
+/// the configured rate, then GC with what is left of it.
+pub(crate) fn maintain(mv: &Mover<'_>, b: &Backing, elapsed: Duration) -> MaintenanceReport {
+    let rate = b.cfg.writeback_rate_bytes;
+    let budget = if rate == 0 { u64::MAX } else { (rate as f64 * elapsed.as_secs_f64().min(1.0)) as u64 };
+    let writeback = policy::writeback(mv, b, WritebackBudget { max_bytes: budget });
+    let gc = gc::gc(mv, b, budget.saturating_sub(writeback.bytes));
+    MaintenanceReport { writeback, gc }
 }
 
 /// A buffer of `bytes` whose every page has been written, so that it is resident now (under

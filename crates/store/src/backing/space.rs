@@ -57,15 +57,6 @@ pub(crate) struct Pin<'a> {
     seg: u32,
 }
 
-impl Pin<'_> {
-    /// Another pin of the same segment; taking it while this one is held is safe at any time
-    /// (the segment cannot be reclaimed in between).
-    pub fn again(&self) -> Self {
-        self.map.segs[self.seg as usize].readers.fetch_add(1, SeqCst);
-        Pin { map: self.map, seg: self.seg }
-    }
-}
-
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
         // SeqCst with `free`'s: of a reader leaving and the last record going, at least one

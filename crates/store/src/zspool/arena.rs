@@ -271,9 +271,6 @@ impl Arena {
     pub fn max_used_pages(&self) -> u64 {
         self.max_used_pages.load(Relaxed)
     }
-    pub fn limit_pages(&self) -> u64 {
-        self.limit_pages.load(Relaxed)
-    }
     pub fn set_limit_pages(&self, pages: u64) {
         self.limit_pages.store(pages, Relaxed);
     }

@@ -38,7 +38,7 @@ use class::{class_for, merged_classes, shape, ClassShape, HEADER, HUGE_CLASS, MA
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::PAGE_SIZE;
+use crate::{PAGE, PAGE_SIZE};
 
 /// Names an allocated object. Bit layout: class (bits 44..=52), first pfn of its zspage
 /// (12..=43), object index within the zspage (0..=11).
@@ -190,9 +190,6 @@ impl ZsPool {
     pub fn reset_max(&self) {
         self.arena.reset_max()
     }
-    pub fn limit_pages(&self) -> u64 {
-        self.arena.limit_pages()
-    }
     pub fn set_limit_pages(&self, pages: u64) {
         self.arena.set_limit_pages(pages)
     }
@@ -235,7 +232,7 @@ impl ZsPool {
         let mut pfns = [0u32; MAX_CHAIN];
         self.arena
             .alloc(shape.pages_per_zspage, &mut pfns)
-            .map_err(|(used, limit)| PoolFull { used_bytes: used * PAGE_SIZE as u64, limit_bytes: limit * PAGE_SIZE as u64 })?;
+            .map_err(|(used, limit)| PoolFull { used_bytes: used * PAGE, limit_bytes: limit * PAGE })?;
         let pfns = &pfns[..shape.pages_per_zspage];
         for w in pfns.windows(2) {
             self.arena.desc(w[0]).next.store(w[1], Relaxed);

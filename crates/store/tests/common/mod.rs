@@ -1,7 +1,11 @@
 //! Page contents for tests: each kind stands for a kind of real memory.
 #![allow(dead_code)]
 
-pub const PAGE: usize = 4096;
+pub mod model;
+pub mod stress;
+
+/// The store's page size, under the short name the tests use.
+pub const PAGE: usize = compcache_store::PAGE_SIZE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

@@ -1,0 +1,274 @@
+//! The mover: the one internal interface through which code that moves pages between places
+//! (the backing tier's writeback, GC and promotion; pool compaction; later cache mode and
+//! recompression) reaches the slot table and the pool. Besides the RAM path in `store.rs`, this
+//! file is the only code that touches both, so the pool contract (`zspool/mod.rs`) and the
+//! movers' rule (slot.rs rule 8) are kept here and nowhere else.
+//!
+//! # Contract
+//! A move has three steps, and the slot lock is held only inside each call, never between:
+//! 1. **Find** candidates without locks: [`Mover::hints_from`] reads the
+//!    meta words (kind, access time, stored size) as hints only (slot.rs rule 5); the calls
+//!    below decide again under the lock.
+//! 2. **Copy out** under the slot lock: [`Mover::copy_out`] copies a RAM entry's pool bytes
+//!    (compressed, or a raw page) into a buffer of the caller's and, with `mark`, sets MOVING
+//!    on the slot; [`Mover::entry`] reads a `BACKING` entry, whose bytes stay on the device
+//!    (the caller pins its segment, slot.rs rule 7). The caller then works without any slot
+//!    lock (device I/O, compression). The pool object stays the slot's: the caller never
+//!    frees it and never reads it again.
+//! 3. **Install** the replacement if the slot still holds what was copied:
+//!    [`Mover::install`] (a new entry the caller made: a backing record, or `Entry::Empty` to
+//!    drop a clean page) and [`Mover::install_in_ram`] (a new pool object made from a payload:
+//!    promotion, recompression). "Still holds" is checked as [`Unchanged`] says: by the MOVING
+//!    mark (RAM entries: a rewrite may get the same handle back) or by the entry itself with
+//!    its segment pinned (BACKING entries). On success the slot's old entry is freed here,
+//!    once (its pool object, or its record's bytes); on failure the replacement is the
+//!    caller's: a record it wrote is freed by the caller (`Backing::free`), a pool object
+//!    [`Mover::install_in_ram`] made is freed here before it returns.
+//!
+//! Only one mover may hold a MOVING mark at a time: writeback sets it under the maintenance
+//! mutex (`backing/mod.rs`); cache mode and recompression run under that mutex too. Every
+//! `replace` (a request's write or discard) clears the mark, so a page rewritten during a move
+//! is never overwritten by the stale copy.
+//!
+//! Statistics follow the entries: [`Mover::install`] and the RAM path account the new entry
+//! and un-account the old one in the same step (`stats.rs`).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use crate::backing::Backing;
+use crate::slot::{Entry, Hint, Slot, SlotGuard};
+use crate::stats::Counters;
+use crate::zspool::ZsPool;
+use crate::{PAGE, PAGE_SIZE};
+
+/// Seconds per access-time tick (the slot keeps 16 bits of it).
+const TICK_SECS: u64 = 1;
+
+/// The coarse clock whose ticks slots keep as their access time (16 bits, so ages are modulo
+/// 2^16 ticks).
+pub(crate) struct Clock {
+    created: Instant,
+    /// Ticks added to the clock (tests age pages without sleeping).
+    offset: AtomicU64,
+}
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock { created: Instant::now(), offset: AtomicU64::new(0) }
+    }
+
+    pub fn tick(&self) -> u16 {
+        (self.created.elapsed().as_secs() / TICK_SECS + self.offset.load(Relaxed)) as u16
+    }
+
+    pub fn advance(&self, secs: u64) {
+        self.offset.fetch_add(secs / TICK_SECS, Relaxed);
+    }
+}
+
+/// How [`Mover::install`] knows that a slot was not rewritten since its page was copied out
+/// (slot.rs rule 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unchanged {
+    /// The copy set MOVING (`copy_out` with `mark`), and no `replace` cleared it since. For RAM
+    /// entries, whose handle a rewrite may get back.
+    Marked,
+    /// The entry is a `BACKING` one whose segment the caller has kept pinned since it read the
+    /// entry: its location cannot be reused meanwhile, so an equal entry is the same record.
+    Pinned,
+}
+
+/// What [`Mover::copy_out`] shows its `take` callback, under the slot lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen {
+    pub entry: Entry,
+    /// Bytes the pool object holds (what will be copied).
+    pub stored_bytes: usize,
+    /// The slot's last access ([`Clock`] ticks).
+    pub ac_time: u16,
+}
+
+/// A view of the store for movers; see the module docs for the contract. Cheap to make (a few
+/// references): `Store::mover` makes one per call.
+pub(crate) struct Mover<'a> {
+    slots: &'a [Slot],
+    pool: &'a ZsPool,
+    counters: &'a Counters,
+    backing: Option<&'a Backing>,
+    clock: &'a Clock,
+    mem_limit_bytes: &'a AtomicU64,
+}
+
+impl<'a> Mover<'a> {
+    pub fn new(
+        slots: &'a [Slot],
+        pool: &'a ZsPool,
+        counters: &'a Counters,
+        backing: Option<&'a Backing>,
+        clock: &'a Clock,
+        mem_limit_bytes: &'a AtomicU64,
+    ) -> Mover<'a> {
+        Mover { slots, pool, counters, backing, clock, mem_limit_bytes }
+    }
+
+    pub fn num_slots(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    pub fn counters(&self) -> &'a Counters {
+        self.counters
+    }
+
+    pub fn now(&self) -> u16 {
+        self.clock.tick()
+    }
+
+    /// Ticks since `ac_time` (modulo 2^16).
+    pub fn age(&self, now: u16, ac_time: u16) -> u16 {
+        now.wrapping_sub(ac_time)
+    }
+
+    /// Bytes the pool holds now (`mem_used_total`).
+    pub fn pool_bytes(&self) -> u64 {
+        self.pool.total_pages() * PAGE
+    }
+
+    /// The memory limit in bytes (0: none).
+    pub fn mem_limit_bytes(&self) -> u64 {
+        self.mem_limit_bytes.load(Relaxed)
+    }
+
+    // --- 1. find ---------------------------------------------------------------------------
+
+    /// Every slot's hint once, starting at `start` and wrapping around (a scan that resumes
+    /// where the previous one stopped, so equally good candidates take turns).
+    pub fn hints_from(&self, start: u64) -> impl Iterator<Item = (u64, Hint)> + 'a {
+        let slots = self.slots;
+        let n = slots.len();
+        let start = if n == 0 { 0 } else { start as usize % n };
+        (start..n).chain(0..start).map(move |i| (i as u64, slots[i].peek()))
+    }
+
+    // --- 2. copy out -----------------------------------------------------------------------
+
+    /// Under slot `index`'s lock: if it holds a RAM entry (compressed or raw) and `take`
+    /// returns a buffer (of exactly `seen.stored_bytes`) for it, copies the pool bytes there
+    /// and, with `mark`, sets MOVING. Returns the entry copied, to give to [`Mover::install`].
+    pub fn copy_out<'b>(&self, index: u64, mark: bool, take: impl FnOnce(&Seen) -> Option<&'b mut [u8]>) -> Option<Entry> {
+        let mut g = self.slots[index as usize].lock();
+        let entry = g.entry();
+        let (handle, stored_bytes) = match entry {
+            Entry::Compressed { handle, len } => (handle, len as usize),
+            Entry::Huge { handle } => (handle, PAGE_SIZE),
+            _ => return None,
+        };
+        let seen = Seen { entry, stored_bytes, ac_time: g.ac_time() };
+        let out = take(&seen)?;
+        // SAFETY: `g` is the owner's slot lock and `handle` its live object (pool contract 1);
+        // the length is the object's (`stored_bytes`), checked by the slice index.
+        unsafe { self.pool.read(handle, &mut out[..stored_bytes]) };
+        if mark {
+            g.mark_moving();
+        }
+        Some(entry)
+    }
+
+    /// Slot `index`'s entry, read under its lock (for `BACKING` entries, whose bytes the
+    /// caller reads from the device with the segment pinned).
+    pub fn entry(&self, index: u64) -> Entry {
+        self.slots[index as usize].lock().entry()
+    }
+
+    // --- 3. install -------------------------------------------------------------------------
+
+    /// Swaps `new` into slot `index` if the slot still holds `old` (as `unchanged` checks),
+    /// then frees `old`. False if the slot changed: `new` is then still the caller's.
+    pub fn install(&self, index: u64, old: Entry, new: Entry, unchanged: Unchanged) -> bool {
+        let mut g = self.slots[index as usize].lock();
+        if g.entry() != old || (unchanged == Unchanged::Marked && !g.is_moving()) {
+            return false;
+        }
+        g.replace(new);
+        drop::<SlotGuard>(g);
+        self.account(new, true);
+        self.release(old);
+        true
+    }
+
+    /// Stores `payload` (compressed bytes, or a raw page if it is `PAGE_SIZE` long) as a new
+    /// pool object and installs it in slot `index` as [`Mover::install`] does. False if the
+    /// pool is full or the slot changed (the new object is freed then).
+    pub fn install_in_ram(&self, index: u64, old: Entry, payload: &[u8], unchanged: Unchanged) -> bool {
+        let Ok(handle) = self.pool.alloc(payload, index as u32) else { return false };
+        let new = match payload.len() {
+            PAGE_SIZE => Entry::Huge { handle },
+            len => Entry::Compressed { handle, len: len as u16 },
+        };
+        if self.install(index, old, new, unchanged) {
+            return true;
+        }
+        // SAFETY: the object was allocated above and never published in a slot, so no reader
+        // can reach it and this is its one free.
+        unsafe { self.pool.free(handle) };
+        false
+    }
+
+    /// Compacts the pool: moves objects out of sparse zspages, each under its owner's slot lock
+    /// (slot.rs rule 2), and gives their pages back. Returns the pages released.
+    pub fn compact(&self) -> u64 {
+        self.pool.compact(&mut |owner, h, mv| {
+            let mut g = self.slots[owner as usize].lock();
+            if let Entry::Compressed { handle, len } = g.entry() {
+                if handle == h {
+                    if let Some(new) = mv() {
+                        g.replace(Entry::Compressed { handle: new, len });
+                    }
+                }
+            }
+        })
+    }
+
+    // --- what every entry change does ------------------------------------------------------
+
+    /// Frees what an entry just taken out of its slot held (pool contract 2: once), and takes
+    /// it out of the statistics.
+    pub fn release(&self, old: Entry) {
+        self.account(old, false);
+        match old {
+            // SAFETY: `old` was just taken out of its slot under the slot lock, so this is the
+            // one free of a live object and nobody can reach it any more.
+            Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(handle) },
+            Entry::Empty | Entry::Same(_) => {}
+            Entry::Backing { loc, len } => self.backing.expect("BACKING entries exist only with a backing device").free(loc, len),
+        }
+    }
+
+    /// Adds (`add`) or removes an entry's share of the statistics.
+    pub fn account(&self, e: Entry, add: bool) {
+        let c = self.counters;
+        let upd = |ctr: &AtomicU64, n: u64| if add { Counters::add(ctr, n) } else { Counters::sub(ctr, n) };
+        match e {
+            Entry::Empty => return,
+            Entry::Same(_) => upd(&c.same_pages, 1),
+            Entry::Compressed { len, .. } => {
+                upd(&c.compr_data_size, len as u64);
+                if len as usize <= PAGE_SIZE / 2 {
+                    upd(&c.good_compress, 1);
+                }
+            }
+            Entry::Huge { .. } => {
+                upd(&c.compr_data_size, PAGE);
+                upd(&c.huge_pages, 1);
+                if add {
+                    Counters::inc(&c.huge_pages_since);
+                }
+            }
+            Entry::Backing { len, .. } => {
+                upd(&c.bd_count, 1);
+                upd(&c.bd_bytes, len as u64);
+            }
+        }
+        upd(&c.pages_stored, 1);
+    }
+}
