@@ -487,7 +487,7 @@ impl Store {
             };
             for d in run.map(get) {
                 let index = first + d.page as u64;
-                let rec = &bytes[(d.loc - start) as usize..][..RECORD_HEADER + d.len as usize];
+                let rec = &mut bytes[(d.loc - start) as usize..][..RECORD_HEADER + d.len as usize];
                 if let Err(e) = b.check(index, d.loc, rec) {
                     fail(&mut result, e);
                     continue;

@@ -12,7 +12,7 @@
 //! full device can still make room. A record that no longer verifies is moved with a checksum
 //! that still fails (it stays an error, never becomes data), and is counted.
 
-use super::log::{self, HEADER};
+use super::log::HEADER;
 use super::policy::Purpose;
 use crate::error::StoreError;
 use crate::slot::{Entry, Kind};
@@ -119,8 +119,8 @@ impl Store {
             let gen = sp.gen(seg);
             drop(g);
             let off = k * seg_bytes + (loc - seg as u64 * sp.seg_bytes) as usize;
-            let rec = &image[off..off + HEADER + len as usize];
-            let poison = log::verify(b.run, gen, loc, index, rec).is_err();
+            let rec = &mut image[off..off + HEADER + len as usize];
+            let poison = b.run.open(gen, loc, index, rec).is_err();
             rep.corrupt += poison as u64;
             m.batch.push(index, Entry::Backing { loc, len }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
             if m.batch.is_full() && !self.gc_batch(b, m, rep) {
