@@ -235,6 +235,53 @@ mod tests {
         }
     }
 
+    /// A device in memory, for batches written without a file.
+    struct Mem(std::sync::Mutex<Vec<u8>>);
+
+    impl BackingDevice for Mem {
+        fn size_bytes(&self) -> u64 {
+            self.0.lock().unwrap().len() as u64
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            buf.copy_from_slice(&self.0.lock().unwrap()[offset as usize..][..buf.len()]);
+            Ok(())
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.0.lock().unwrap()[offset as usize..][..buf.len()].copy_from_slice(buf);
+            Ok(())
+        }
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+    }
+
+    #[test]
+    fn a_written_batch_opens_where_it_was_placed_and_a_poisoned_record_never_does() {
+        for encrypt in [true, false] {
+            let seal = RecordSeal::new(encrypt).unwrap();
+            let space = SpaceMap::new(4 * 16384, 16384);
+            let dev = Mem(std::sync::Mutex::new(vec![0; 4 * 16384]));
+            let mut head = LogHead::default();
+            let mut b = Batch::reserved();
+            let pages: Vec<Vec<u8>> = (0..6u8).map(|k| vec![k + 1; 1000 + 600 * k as usize]).collect();
+            for (k, p) in pages.iter().enumerate() {
+                b.push(k as u64, Entry::Empty, p.len(), k == 4).copy_from_slice(p);
+            }
+            b.write(&mut head, &space, &dev, &seal, false).ok().expect("written");
+            for (k, it) in b.items.iter().enumerate() {
+                let mut rec = vec![0u8; HEADER + it.len as usize];
+                dev.read_at(&mut rec, it.loc).unwrap();
+                let opened = seal.open(space.gen(space.seg_of(it.loc)), it.loc, it.index, &mut rec);
+                if it.poison {
+                    assert!(opened.is_err(), "record {k} was poisoned (encrypt {encrypt})");
+                } else {
+                    opened.unwrap();
+                    assert_eq!(rec[HEADER..], pages[k][..], "record {k} (encrypt {encrypt})");
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_head_packs_records_and_moves_on_when_a_segment_is_full() {
         let space = SpaceMap::new(4 * 16384, 16384);

@@ -45,8 +45,8 @@
 //! # Life of the device (security)
 //! The device holds other processes' memory. `device.rs` opens it private (0600, no symbolic
 //! link, no foreign file taken over, locked against a second server); each opening draws a
-//! new run identifier that every record's checksum covers (`log.rs`), so records of another
-//! run or server never verify; the data area is discarded when the device is opened and when
+//! new run key (or, unencrypted, run identifier) that seals every record (`seal.rs`), so
+//! records of another run or server never verify; the data area is discarded when the device is opened and when
 //! the tier is closed (`Backing`'s drop, or `Store::close_backing` from a server that exits
 //! without dropping the store), so no page data outlives the run. A start refused after the
 //! device was opened calls `Store::abandon_backing`, which also removes a file this run
