@@ -13,10 +13,15 @@
 //!
 //! Then the same at fixed record sizes (1, 2, 3 and 4 KiB of real compressed bytes). Times are
 //! medians of `--runs` passes over all records; the figures compared are ratios within the run.
+//!
+//! Last, the whole path A/B: a store with a 1 MiB memory limit and a backing file in `--tmp`,
+//! so that nearly every page overflows to the file (compress, seal, `pwrite`,
+//! `sync_file_range`) and every read comes from it (O_DIRECT `pread`, open, decompress), with
+//! encryption off and on, alternating, `--runs` times each.
 
 use clap::Parser;
 use compcache_store::backing::seal::{RecordSeal, HEADER};
-use compcache_store::{Algorithm, PAGE_SIZE};
+use compcache_store::{Algorithm, BackingConfig, Config, Store, PAGE_SIZE};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
@@ -108,6 +113,17 @@ fn main() {
     let rows = measure(&args, &pages, &mut records, &mut *comp);
     report(&rows, mean);
 
+    let ab = store_ab(&args, &pages);
+    println!(
+        "\nthe whole store path, {} pages through a 1 MiB memory limit to a backing file in {}:",
+        pages.len().min(8192),
+        args.tmp.display()
+    );
+    println!("{:<12} {:>14} {:>14}", "", "ns/page write", "ns/page read");
+    println!("{:<12} {:>14.0} {:>14.0}", "plaintext", ab[0][0], ab[0][1]);
+    println!("{:<12} {:>14.0} {:>14.0}", "encrypted", ab[1][0], ab[1][1]);
+    println!("{:<12} {:>13.1}% {:>13.1}%", "difference", 100.0 * (ab[1][0] / ab[0][0] - 1.0), 100.0 * (ab[1][1] / ab[0][1] - 1.0));
+
     // Fixed sizes: the first `size` bytes of the concatenated compressed stream, per record.
     let stream: Vec<u8> = records.iter().flat_map(|r| r[HEADER..].iter().copied()).collect();
     println!("\nfixed record sizes (real compressed bytes), ns per record:");
@@ -138,6 +154,54 @@ fn main() {
             size as f64 / t[2]
         );
     }
+}
+
+/// Writes then reads `pages` through a store whose pages (nearly) all live on a backing file;
+/// returns the median ns per page written and per page read, encryption off and on.
+fn store_ab(args: &Args, pages: &[&[u8]]) -> [[f64; 2]; 2] {
+    let pages = &pages[..pages.len().min(8192)];
+    let mut t = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    for round in 0..args.runs + 1 {
+        // Alternate which goes first, so that neither always meets a warmer machine.
+        for encrypt in if round % 2 == 0 { [false, true] } else { [true, false] } {
+            let path = args.tmp.join(format!("compcache-sealbench-store-{}", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let mut b = BackingConfig::new(&path);
+            b.promote = false;
+            b.encrypt = encrypt;
+            let cfg = Config { mem_limit_bytes: 1 << 20, backing: Some(b), ..Config::with_disksize((pages.len() * PAGE_SIZE) as u64) };
+            let store = Store::new(cfg).expect("a store with a backing file");
+            let mut ctx = store.context();
+            let s = Instant::now();
+            for (i, p) in pages.iter().enumerate() {
+                store.write_page(&mut ctx, i as u64, p).expect("write");
+            }
+            let w = s.elapsed();
+            let mut out = vec![0u8; PAGE_SIZE];
+            let s = Instant::now();
+            for i in 0..pages.len() {
+                store.read_page(&mut ctx, i as u64, &mut out).expect("read");
+            }
+            let r = s.elapsed();
+            assert!(store.stats().bd_count * 10 >= pages.len() as u64 * 9, "nearly every page on the file");
+            drop(store);
+            let _ = std::fs::remove_file(&path);
+            if round > 0 {
+                t[encrypt as usize][0].push(w.as_nanos() as f64 / pages.len() as f64);
+                t[encrypt as usize][1].push(r.as_nanos() as f64 / pages.len() as f64);
+            }
+        }
+    }
+    for (name, wr) in ["plaintext", "encrypted"].iter().zip(&t) {
+        let us = |v: &Vec<f64>| v.iter().map(|x| format!("{:.0}", x / 1000.0)).collect::<Vec<_>>().join(" ");
+        println!("  {name} runs, us/page: write {}; read {}", us(&wr[0]), us(&wr[1]));
+    }
+    t.map(|wr| {
+        wr.map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        })
+    })
 }
 
 /// crc32c seal and open, AES-256-GCM seal and open, ChaCha20-Poly1305 seal and open, in ns per
