@@ -20,7 +20,7 @@ use crate::failure::Failure;
 pub struct BackingArgs {
     /// Backing device: a block device or a regular file (created sparse if absent). Writes
     /// beyond --mem-limit go there instead of failing, and cold pages are written back to it
-    /// (compressed, packed, checksummed). See docs/backing.md.
+    /// (compressed, packed, encrypted with a key of this run). See docs/backing.md.
     #[arg(long, value_name = "PATH", help_heading = "Backing device")]
     pub backing: Option<PathBuf>,
 
@@ -49,6 +49,13 @@ pub struct BackingArgs {
     #[arg(long, help_heading = "Backing device")]
     pub backing_incompressible: bool,
 
+    /// Do not encrypt what goes to the backing device (records are then only checksummed).
+    /// For a device already encrypted with a throwaway key (dm-crypt with a random key, as
+    /// swap partitions are set up), where a second encryption protects nothing more, and to
+    /// measure what encryption costs. See docs/backing.md, "Encryption".
+    #[arg(long, help_heading = "Backing device")]
+    pub backing_plaintext: bool,
+
     /// Take over an existing --backing file that has no compcache signature, or that other
     /// users could read (it is set to mode 0600 and this user). Without it such a file is
     /// refused and left untouched. See docs/backing.md, "What compcache refuses".
@@ -71,9 +78,12 @@ impl BackingArgs {
                 || self.writeback_limit.is_some()
                 || self.writeback_rate.is_some()
                 || self.backing_incompressible
+                || self.backing_plaintext
                 || self.force
             {
-                return Err(Failure::usage("--backing-size, --writeback-*, --backing-incompressible and --force need --backing PATH"));
+                return Err(Failure::usage(
+                    "--backing-size, --writeback-*, --backing-incompressible, --backing-plaintext and --force need --backing PATH",
+                ));
             }
             return Ok(None);
         };
@@ -89,6 +99,7 @@ impl BackingArgs {
             writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit)?,
             writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate)?,
             incompressible: self.backing_incompressible,
+            encrypt: !self.backing_plaintext,
             force: self.force,
             ..BackingConfig::new(path)
         };
@@ -113,6 +124,9 @@ impl BackingArgs {
         }
         if self.backing_incompressible {
             v.push("--backing-incompressible".into());
+        }
+        if self.backing_plaintext {
+            v.push("--backing-plaintext".into());
         }
         if self.force {
             v.push("--force".into());
@@ -216,7 +230,11 @@ mod tests {
             (4 * GIB, 8 << 20, GIB, 80, 60, true)
         );
         assert!(!b.force);
+        assert!(b.encrypt, "encrypted by default");
         assert!(args(&["--backing", "f", "--force"]).config(8 * GIB, GIB).unwrap().unwrap().force);
+        assert!(!args(&["--backing", "f", "--backing-plaintext"]).config(8 * GIB, GIB).unwrap().unwrap().encrypt);
+        let e = args(&["--backing-plaintext"]).config(8 * GIB, GIB).unwrap_err().to_string();
+        assert!(e.contains("need --backing"), "{e}");
         let e = args(&["--force"]).config(8 * GIB, GIB).unwrap_err().to_string();
         assert!(e.contains("need --backing"), "{e}");
         let d = args(&["--backing", "f"]).config(8 * GIB, GIB).unwrap().unwrap();
@@ -250,6 +268,7 @@ mod tests {
                 "--writeback-rate",
                 "4M/s",
                 "--backing-incompressible",
+                "--backing-plaintext",
                 "--force",
             ][..],
         ] {

@@ -502,13 +502,22 @@ fn a_refused_start_leaves_no_new_backing_file() {
 
 #[test]
 fn a_stopped_server_leaves_no_page_data_in_its_backing_file() {
+    // Unencrypted, so that the marker is on the file while the server runs and can be seen
+    // going when it stops; encrypted (the default), it is never on the file.
+    for plaintext in [true, false] {
+        backing_file_after_stop(plaintext);
+    }
+}
+
+fn backing_file_after_stop(plaintext: bool) {
     let dir = TempDir::new("backing-exit");
     let backing = dir.path("backing.img");
     let marker = b"SECRET-swapped-out-password-0123456789";
-    let mut srv = ServerGuard::start(
-        &dir,
-        &["--size", "16M", "--mem-limit", "4M", "--backing", backing.to_str().unwrap(), "--backing-incompressible"],
-    );
+    let mut flags = vec!["--size", "16M", "--mem-limit", "4M", "--backing", backing.to_str().unwrap(), "--backing-incompressible"];
+    if plaintext {
+        flags.push("--backing-plaintext");
+    }
+    let mut srv = ServerGuard::start(&dir, &flags);
     let mut c = srv.client();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for i in 0..32u64 {
@@ -525,7 +534,8 @@ fn a_stopped_server_leaves_no_page_data_in_its_backing_file() {
     }
     let on_file = |p: &std::path::Path| std::fs::read(p).unwrap().windows(marker.len()).any(|w| w == marker);
     assert!(num(&srv.stat_json(), "bd_count") > 0);
-    assert!(on_file(&backing), "incompressible pages went to the backing file");
+    assert_eq!(on_file(&backing), plaintext, "incompressible pages went to the backing file, encrypted unless --backing-plaintext");
+    assert_eq!(c.read(5 * 4096, 4096).unwrap()[100..100 + marker.len()], marker[..], "and read back");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&backing).unwrap().permissions().mode() & 0o777, 0o600, "owner-only");
     c.disconnect().unwrap();

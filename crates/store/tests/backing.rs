@@ -687,14 +687,28 @@ fn a_second_store_on_the_same_backing_file_is_refused_while_the_first_is_open() 
     drop(Store::new(overflow_config(&dir.file())).unwrap());
 }
 
+/// `overflow_config` with records encrypted (the default) or not.
+fn overflow_config_sealed(backing: &Path, encrypt: bool) -> Config {
+    let mut cfg = overflow_config(backing);
+    cfg.backing.as_mut().unwrap().encrypt = encrypt;
+    cfg
+}
+
 #[test]
 fn records_written_by_another_run_fail_their_check() {
+    // Another run's key (encrypted) or identifier (checksummed): the same refusal.
+    for encrypt in [true, false] {
+        records_written_by_another_run_fail_their_check_with(encrypt);
+    }
+}
+
+fn records_written_by_another_run_fail_their_check_with(encrypt: bool) {
     use std::os::unix::fs::FileExt;
     let dir = TempDir::new("backing");
     let n = 12;
     // Run A writes versions 1 of pages 0..n; a copy of its file is what another server
     // sharing the file (or a crashed run) leaves at the same places.
-    let a = Store::new(overflow_config(&dir.file())).unwrap();
+    let a = Store::new(overflow_config_sealed(&dir.file(), encrypt)).unwrap();
     let mut ctx = a.context();
     for i in 0..n {
         a.write_page(&mut ctx, i, &page(Kind::Random, i, 1)).unwrap();
@@ -704,7 +718,7 @@ fn records_written_by_another_run_fail_their_check() {
     drop(a);
     // Run B writes the same pages, to the same places (same sizes, same order, same segment
     // generations), version 2; then the other run's bytes come back under it.
-    let b = Store::new(overflow_config(&dir.file())).unwrap();
+    let b = Store::new(overflow_config_sealed(&dir.file(), encrypt)).unwrap();
     let mut ctx = b.context();
     for i in 0..n {
         b.write_page(&mut ctx, i, &page(Kind::Random, i, 2)).unwrap();
@@ -720,15 +734,106 @@ fn records_written_by_another_run_fail_their_check() {
             Err(e) => assert!(matches!(e, StoreError::Corrupt { index, .. } if index == i) && e.errno() == libc_eio(), "{e}"),
         }
     }
+    assert_eq!(b.stats().bd_errors, n, "each failure counted (encrypt: {encrypt})");
+}
+
+#[test]
+fn with_encryption_the_backing_file_never_holds_page_data() {
+    // One body, both ways: without encryption the marker is on the file (so the grep can see
+    // it); with encryption (the default) it never is, while pages go out by overflow and
+    // writeback, are moved by GC and are read back.
+    for encrypt in [false, true] {
+        let dir = TempDir::new("backing");
+        let marker = b"SECRET-swapped-out-password-0123456789";
+        let mut cfg = config(512, 0, &dir.file(), 0);
+        let b = cfg.backing.as_mut().unwrap();
+        b.incompressible = true;
+        b.promote = false;
+        b.encrypt = encrypt;
+        assert!(BackingConfig::new("x").encrypt, "encryption is the default");
+        let store = Store::new(cfg).unwrap();
+        let mut ctx = store.context();
+        // Raw pages by overflow; compressible pages (the marker among the literals of lz4) by
+        // writeback.
+        for i in 0..40 {
+            store.write_page(&mut ctx, i, &marked_page(i, marker)).unwrap();
+        }
+        let texts: Vec<Vec<u8>> = (100..140)
+            .map(|i| {
+                let mut t = page(Kind::Text, i, 1);
+                t[200..200 + marker.len()].copy_from_slice(marker);
+                t
+            })
+            .collect();
+        for (i, t) in (100..).zip(&texts) {
+            store.write_page(&mut ctx, i, t).unwrap();
+        }
+        store.advance_clock(100);
+        assert_eq!(store.writeback_idle(10, WritebackBudget::UNLIMITED).pages, 40);
+        let on_file = |what: &str| {
+            let image = std::fs::read(dir.file()).unwrap();
+            assert_eq!(contains(&image, marker), !encrypt, "{what}: encrypt {encrypt}");
+        };
+        on_file("after overflow and writeback");
+        for i in (0..40).step_by(2).chain((100..140).step_by(2)) {
+            store.discard_page(i);
+        }
+        let gc = store.gc(u64::MAX);
+        assert!(gc.pages_moved > 0, "{gc:?}");
+        on_file("after GC");
+        for i in (1..40).step_by(2) {
+            assert_eq!(read(&store, i).unwrap(), marked_page(i, marker), "page {i} read back");
+        }
+        for i in (101..140).step_by(2) {
+            assert_eq!(read(&store, i).unwrap(), texts[i as usize - 100], "page {i} read back");
+        }
+        assert_eq!(store.stats().bd_errors, 0);
+    }
+}
+
+#[test]
+fn a_flipped_bit_in_a_sealed_record_is_an_io_error_never_data() {
+    use std::os::unix::fs::FileExt;
+    for encrypt in [true, false] {
+        let dir = TempDir::new("backing");
+        let store = Store::new(overflow_config_sealed(&dir.file(), encrypt)).unwrap();
+        let mut ctx = store.context();
+        // Incompressible pages: records of 16 + 4096 bytes, in write order, three to a
+        // segment (a record never straddles segments).
+        for i in 0..4 {
+            store.write_page(&mut ctx, i, &page(Kind::Random, i, 1)).unwrap();
+        }
+        let rec = 16 + PAGE as u64;
+        let loc = |i: u64| i / 3 * SEG + i % 3 * rec;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(dir.file()).unwrap();
+        let flip = |at: u64| {
+            let mut b = [0u8];
+            f.read_exact_at(&mut b, SUPERBLOCK_BYTES + at).unwrap();
+            f.write_all_at(&[b[0] ^ 0x04], SUPERBLOCK_BYTES + at).unwrap();
+        };
+        flip(loc(0) + 5); // page 0: the tag (or the crc's zero padding)
+        flip(loc(1) + 16 + 1000); // page 1: the payload
+        flip(loc(3) + rec - 1); // page 3: its last byte
+        let errors = store.stats().bd_errors;
+        for i in [0, 1, 3] {
+            let e = read(&store, i).unwrap_err();
+            assert!(matches!(e, StoreError::Corrupt { index, .. } if index == i) && e.errno() == libc_eio(), "page {i}: {e}");
+        }
+        assert_eq!(read(&store, 2).unwrap(), page(Kind::Random, 2, 1), "its neighbours are unharmed");
+        let s = store.stats();
+        assert_eq!((s.bd_errors - errors, s.failed_reads), (3, 3), "counted: encrypt {encrypt}");
+    }
 }
 
 #[test]
 fn after_close_the_backing_file_holds_no_page_data() {
     let dir = TempDir::new("backing");
     let marker = b"SECRET-swapped-out-password-0123456789";
-    // Overflow and writeback both put pages on the file.
+    // Overflow and writeback both put pages on the file. Unencrypted, so that the marker is
+    // on the file to be seen going: the discard must hold without encryption too.
     let mut cfg = config(512, 0, &dir.file(), 0);
     cfg.backing.as_mut().unwrap().incompressible = true;
+    cfg.backing.as_mut().unwrap().encrypt = false;
     let store = Store::new(cfg).unwrap();
     let mut ctx = store.context();
     for i in 0..40 {
@@ -747,7 +852,7 @@ fn after_close_the_backing_file_holds_no_page_data() {
     assert!(after[SUPERBLOCK_BYTES as usize..].iter().all(|&b| b == 0), "the data area is empty");
 
     // A server that cannot drop its store closes the device instead: the same, at once.
-    let store = Store::new(overflow_config(&dir.file())).unwrap();
+    let store = Store::new(overflow_config_sealed(&dir.file(), false)).unwrap();
     let mut ctx = store.context();
     store.write_page(&mut ctx, 0, &marked_page(0, marker)).unwrap();
     assert!(contains(&std::fs::read(dir.file()).unwrap(), marker));

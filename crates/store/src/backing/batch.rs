@@ -51,7 +51,7 @@ pub(super) fn flush_batch(mv: &Mover<'_>, b: &Backing, m: &mut Maint, purpose: P
     let written = if b.is_closed() {
         Err(BatchError(std::io::Error::other("the device is closed")))
     } else {
-        batch.write(head, &b.space, &*b.dev, b.run, purpose == Purpose::Gc)
+        batch.write(head, &b.space, &*b.dev, &b.run, purpose == Purpose::Gc)
     };
     match written {
         Ok((full, writes)) => {

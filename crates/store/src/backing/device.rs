@@ -33,7 +33,7 @@
 //! 4096 .. 4096 + size_bytes the data area: what `read_at`/`write_at`/`discard` offsets address
 //! ```
 //! The superblock is written when the device is opened; it holds nothing about the data (the
-//! index lives in the server's RAM, and records are useless to any other run: `log.rs`).
+//! index lives in the server's RAM, and records are useless to any other run: `seal.rs`).
 //!
 //! # Stale contents
 //! The data area is discarded when the device is opened and again by
@@ -77,10 +77,11 @@ pub trait BackingDevice: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`; a short read is an error. May allocate
     /// (GC's segment reads use it); the request path uses [`BackingDevice::read_into`].
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
-    /// Reads exactly `len` bytes at `offset` into `scratch` and returns them: the request
-    /// path's read, which allocates nothing when `len <= scratch.max_bytes()` (a larger read
-    /// grows `scratch` first). The default reads with `read_at` into the start of `scratch`.
-    fn read_into<'a>(&self, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a [u8]> {
+    /// Reads exactly `len` bytes at `offset` into `scratch` and returns them (mutable: records
+    /// are opened in place): the request path's read, which allocates nothing when `len <=
+    /// scratch.max_bytes()` (a larger read grows `scratch` first). The default reads with
+    /// `read_at` into the start of `scratch`.
+    fn read_into<'a>(&self, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a mut [u8]> {
         scratch.ensure(len);
         let buf = &mut scratch.mem[..len];
         self.read_at(buf, offset)?;
@@ -113,7 +114,10 @@ pub trait BackingDevice: Send + Sync {
 pub const SUPERBLOCK_BYTES: u64 = 4096;
 /// The signature at the start of every backing device compcache writes.
 pub const MAGIC: &[u8; 24] = b"compcache backing device";
-/// The format of the records (`log.rs`). 2: records carry the run identifier.
+/// The format of the records (`log.rs`). 2: records carry the run identifier. Records never
+/// outlive their run (the data area is discarded when the device opens), so the later change
+/// to sealed records (`seal.rs`: 16-byte headers, encrypted by default) needs no new version:
+/// a file of version 2 is taken as before.
 pub const FORMAT_VERSION: u32 = 2;
 
 /// `ioctl(BLKDISCARD)`: `_IO(0x12, 119)`, a `[u64; 2]` byte range.
@@ -492,7 +496,7 @@ impl ReadBuf {
 
 /// Reads `len` bytes at `offset` through O_DIRECT: the aligned blocks around them into
 /// `scratch`; returns the bytes asked for.
-fn read_direct<'a>(file: &File, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a [u8]> {
+fn read_direct<'a>(file: &File, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a mut [u8]> {
     let start = offset / ALIGN * ALIGN;
     let end = (offset + len as u64).div_ceil(ALIGN) * ALIGN;
     scratch.ensure(len);
@@ -500,7 +504,7 @@ fn read_direct<'a>(file: &File, scratch: &'a mut ReadBuf, offset: u64, len: usiz
     let aligned = scratch.aligned((end - start) as usize);
     file.read_exact_at(aligned, start)?;
     let from = (offset - start) as usize;
-    Ok(&aligned[from..from + len])
+    Ok(&mut aligned[from..from + len])
 }
 
 impl BackingDevice for FileDevice {
@@ -521,7 +525,7 @@ impl BackingDevice for FileDevice {
         }
     }
 
-    fn read_into<'a>(&self, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a [u8]> {
+    fn read_into<'a>(&self, scratch: &'a mut ReadBuf, offset: u64, len: usize) -> io::Result<&'a mut [u8]> {
         let offset = SUPERBLOCK_BYTES + offset;
         match &self.direct {
             Some(f) => read_direct(f, scratch, offset, len),

@@ -13,7 +13,7 @@
 //! that still fails (it stays an error, never becomes data), and is counted.
 
 use super::batch::{flush_batch, Purpose};
-use super::log::{self, HEADER};
+use super::log::HEADER;
 use super::{Backing, Maint};
 use crate::error::StoreError;
 use crate::mover::Mover;
@@ -114,8 +114,8 @@ fn collect(mv: &Mover<'_>, b: &Backing, m: &mut Maint, victims: &[u32], rep: &mu
         // segment's generation is the one it was written with.
         let gen = sp.gen(seg);
         let off = k * seg_bytes + (loc - seg as u64 * sp.seg_bytes) as usize;
-        let rec = &image[off..off + HEADER + len as usize];
-        let poison = log::verify(b.run, gen, loc, index, rec).is_err();
+        let rec = &mut image[off..off + HEADER + len as usize];
+        let poison = b.run.open(gen, loc, index, rec).is_err();
         rep.corrupt += poison as u64;
         m.batch.push(index, Entry::Backing { loc, len }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
         if m.batch.is_full() && !gc_batch(mv, b, m, rep) {

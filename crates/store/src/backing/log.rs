@@ -2,19 +2,16 @@
 //!
 //! # Record format
 //! ```text
-//! loc:  crc32c (4 bytes, little endian) | payload (len bytes: compressed page, or 4096 raw)
-//! crc = crc32c(run u64 | generation u32 | loc u64 | slot index u64 | len u16, all LE)
-//!       extended over the payload
+//! loc:  header (HEADER bytes: AES-256-GCM tag, or crc32c) | payload (len bytes: compressed
+//!       page, or 4096 raw; encrypted by default)
 //! ```
 //! Records are packed back to back inside a segment (several compressed pages per 4 KiB
 //! block; a record may straddle blocks but never segments). The record carries no length or
-//! owner: the slot entry holds both (`BACKING { loc, len }`), and both are in the checksum, as
-//! are the location, the segment's generation and the run: a random 64-bit identifier drawn
-//! from the kernel (`getrandom`) each time the device is opened (`Backing::run`), never
-//! written anywhere. So a record read for the wrong slot, from the wrong place, from an
-//! earlier life of its segment, written by another run or another server (which numbers its
-//! generations the same way), a hole, a truncated or a corrupted file never verifies: it is
-//! an error, never data (up to the checksum's 2^-32 chance of a collision per read).
+//! owner: the slot entry holds both (`BACKING { loc, len }`). `seal.rs` seals and opens
+//! records: the header binds the payload to its location, segment generation, owner, length
+//! and run (a per-run key or identifier, never written anywhere), so a record read for the
+//! wrong slot, from the wrong place, from an earlier life of its segment, written by another
+//! run or server, a hole, a truncated or a corrupted file is an error, never data.
 //!
 //! # Writers
 //! A [`LogHead`] appends to its OPEN segment and opens the next one when a record does not
@@ -26,40 +23,17 @@
 //!   i.e. one or two large sequential writes per batch.
 
 use super::device::BackingDevice;
+use super::seal::RecordSeal;
+pub(crate) use super::seal::HEADER;
 use super::space::SpaceMap;
 use crate::slot::Entry;
 use crate::PAGE_SIZE;
 
-/// Bytes before each record's payload.
-pub(crate) const HEADER: usize = 4;
 /// Bytes gathered before a batch is written.
 pub(crate) const BATCH_BYTES: usize = 256 << 10;
 /// Records a batch holds at most: a batch of pages that compress to under 128 bytes each is
 /// written before it reaches `BATCH_BYTES`.
 const BATCH_ITEMS: usize = 2048;
-
-/// The checksum a record at `loc` in a segment of generation `gen`, owned by slot `index`,
-/// written in run `run`, carries.
-pub(crate) fn record_crc(run: u64, gen: u32, loc: u64, index: u64, payload: &[u8]) -> u32 {
-    let mut h = [0u8; 30];
-    h[..8].copy_from_slice(&run.to_le_bytes());
-    h[8..12].copy_from_slice(&gen.to_le_bytes());
-    h[12..20].copy_from_slice(&loc.to_le_bytes());
-    h[20..28].copy_from_slice(&index.to_le_bytes());
-    h[28..30].copy_from_slice(&(payload.len() as u16).to_le_bytes());
-    crc32c::crc32c_append(crc32c::crc32c(&h), payload)
-}
-
-/// Checks a record (header and payload) read from `loc`.
-pub(crate) fn verify(run: u64, gen: u32, loc: u64, index: u64, record: &[u8]) -> Result<(), String> {
-    let stored = u32::from_le_bytes(record[..HEADER].try_into().expect("4-byte header"));
-    let want = record_crc(run, gen, loc, index, &record[HEADER..]);
-    if stored == want {
-        Ok(())
-    } else {
-        Err(format!("backing record at byte {loc} fails its checksum (stored {stored:#010x}, computed {want:#010x})"))
-    }
-}
 
 /// The backing device has no free segment left.
 #[derive(Debug, Clone, Copy)]
@@ -80,7 +54,7 @@ impl LogHead {
 
     /// Reserves `bytes` (a whole record) and counts them live; returns (loc, generation).
     /// `use_reserve`: GC may open the segments kept for it.
-    pub fn reserve(&mut self, space: &SpaceMap, bytes: u64, use_reserve: bool) -> Result<(u64, u32), DeviceFull> {
+    pub fn reserve(&mut self, space: &SpaceMap, bytes: u64, use_reserve: bool) -> Result<(u64, u64), DeviceFull> {
         debug_assert!(bytes <= space.seg_bytes);
         if let Some(seg) = self.seg {
             if self.fill + bytes <= space.seg_bytes {
@@ -112,8 +86,8 @@ pub(crate) struct Item {
     off: usize,
     /// Set by `write`, with the generation of its segment.
     pub loc: u64,
-    gen: u32,
-    /// Write the record with a checksum that fails (GC moving a record that was already
+    gen: u64,
+    /// Write the record with a header that fails (GC moving a record that was already
     /// corrupt: it must stay an error, not become data).
     pub poison: bool,
 }
@@ -138,7 +112,7 @@ impl Batch {
         let mut buf = super::resident_bytes(BATCH_BYTES + HEADER + PAGE_SIZE);
         buf.clear();
         // A filler with nonzero bytes in every item, so that every page is written.
-        let filler = Item { index: u64::MAX, old: Entry::Empty, len: 0, off: usize::MAX, loc: u64::MAX, gen: u32::MAX, poison: true };
+        let filler = Item { index: u64::MAX, old: Entry::Empty, len: 0, off: usize::MAX, loc: u64::MAX, gen: u64::MAX, poison: true };
         let mut items = vec![filler; BATCH_ITEMS];
         std::hint::black_box(&mut items);
         items.clear();
@@ -168,7 +142,7 @@ impl Batch {
         &mut self.buf[off + HEADER..]
     }
 
-    /// Places every record with `head`, checksums them and writes them, one `pwrite` per run
+    /// Places every record with `head`, seals them (`seal.rs`) and writes them, one `pwrite` per run
     /// of records contiguous on the device. When the device fills up, the records that did
     /// not get a place are dropped from the batch (their pages stay where they are). Returns
     /// whether the device was full and the number of `pwrite`s. On an I/O error every record's space is freed
@@ -178,7 +152,7 @@ impl Batch {
         head: &mut LogHead,
         space: &SpaceMap,
         dev: &dyn BackingDevice,
-        run: u64,
+        run: &RecordSeal,
         use_reserve: bool,
     ) -> Result<(bool, u64), BatchError> {
         let mut full = false;
@@ -198,9 +172,11 @@ impl Batch {
         self.items.truncate(placed);
         for it in &self.items {
             let rec = &mut self.buf[it.off..it.off + HEADER + it.len as usize];
-            let crc = record_crc(run, it.gen, it.loc, it.index, &rec[HEADER..]);
-            let crc = if it.poison { !crc } else { crc };
-            rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
+            run.seal(it.gen, it.loc, it.index, rec);
+            if it.poison {
+                // The first header byte is in the crc and in the tag: it never opens.
+                rec[0] ^= 0xff;
+            }
         }
         let mut i = 0;
         let mut ios = 0;
@@ -236,22 +212,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_checksum_binds_run_place_owner_generation_and_bytes() {
-        let run = 0x1234_5678_9abc_def0;
-        let c = record_crc(run, 1, 4096, 7, b"payload");
-        assert_ne!(c, record_crc(run + 1, 1, 4096, 7, b"payload"));
-        assert_ne!(c, record_crc(run, 2, 4096, 7, b"payload"));
-        assert_ne!(c, record_crc(run, 1, 4100, 7, b"payload"));
-        assert_ne!(c, record_crc(run, 1, 4096, 8, b"payload"));
-        assert_ne!(c, record_crc(run, 1, 4096, 7, b"paylOad"));
-        let mut rec = c.to_le_bytes().to_vec();
-        rec.extend_from_slice(b"payload");
-        assert!(verify(run, 1, 4096, 7, &rec).is_ok());
-        assert!(verify(run ^ 1, 1, 4096, 7, &rec).is_err(), "another run's record never verifies");
-        assert!(verify(run, 1, 4096, 7, &[0u8; 11]).is_err(), "a hole never verifies");
-    }
-
-    #[test]
     fn a_batch_written_when_full_never_grows() {
         let mut b = Batch::reserved();
         let room = (b.buf.as_ptr(), b.buf.capacity(), b.items.as_ptr(), b.items.capacity());
@@ -271,6 +231,53 @@ mod tests {
                     "sizes {sizes:?}: the batch grew"
                 );
                 b.clear();
+            }
+        }
+    }
+
+    /// A device in memory, for batches written without a file.
+    struct Mem(std::sync::Mutex<Vec<u8>>);
+
+    impl BackingDevice for Mem {
+        fn size_bytes(&self) -> u64 {
+            self.0.lock().unwrap().len() as u64
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            buf.copy_from_slice(&self.0.lock().unwrap()[offset as usize..][..buf.len()]);
+            Ok(())
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.0.lock().unwrap()[offset as usize..][..buf.len()].copy_from_slice(buf);
+            Ok(())
+        }
+        fn describe(&self) -> String {
+            "memory".into()
+        }
+    }
+
+    #[test]
+    fn a_written_batch_opens_where_it_was_placed_and_a_poisoned_record_never_does() {
+        for encrypt in [true, false] {
+            let seal = RecordSeal::new(encrypt).unwrap();
+            let space = SpaceMap::new(4 * 16384, 16384);
+            let dev = Mem(std::sync::Mutex::new(vec![0; 4 * 16384]));
+            let mut head = LogHead::default();
+            let mut b = Batch::reserved();
+            let pages: Vec<Vec<u8>> = (0..6u8).map(|k| vec![k + 1; 1000 + 600 * k as usize]).collect();
+            for (k, p) in pages.iter().enumerate() {
+                b.push(k as u64, Entry::Empty, p.len(), k == 4).copy_from_slice(p);
+            }
+            b.write(&mut head, &space, &dev, &seal, false).ok().expect("written");
+            for (k, it) in b.items.iter().enumerate() {
+                let mut rec = vec![0u8; HEADER + it.len as usize];
+                dev.read_at(&mut rec, it.loc).unwrap();
+                let opened = seal.open(space.gen(space.seg_of(it.loc)), it.loc, it.index, &mut rec);
+                if it.poison {
+                    assert!(opened.is_err(), "record {k} was poisoned (encrypt {encrypt})");
+                } else {
+                    opened.unwrap();
+                    assert_eq!(rec[HEADER..], pages[k][..], "record {k} (encrypt {encrypt})");
+                }
             }
         }
     }

@@ -49,12 +49,13 @@
 //! # Life of the device (security)
 //! The device holds other processes' memory. `device.rs` opens it private (0600, no symbolic
 //! link, no foreign file taken over, locked against a second server); each opening draws a
-//! new run identifier that every record's checksum covers (`log.rs`), so records of another
-//! run or server never verify; the data area is discarded when the device is opened and when
+//! new run key (or, unencrypted, run identifier) that seals every record (`seal.rs`), so
+//! records of another run or server never verify; the data area is discarded when the device is opened and when
 //! the tier is closed (`Backing`'s drop, or `Store::close_backing` from a server that exits
 //! without dropping the store), so no page data outlives the run. A start refused after the
 //! device was opened calls `Store::abandon_backing`, which also removes a file this run
-//! created.
+//! created. By default records are encrypted under a key of the run that lives only in a
+//! locked page of the server's memory (`seal.rs`).
 
 mod batch;
 pub mod device;
@@ -62,6 +63,7 @@ pub(crate) mod gc;
 pub(crate) mod log;
 pub(crate) mod policy;
 pub(crate) mod read;
+pub mod seal;
 pub(crate) mod space;
 
 use parking_lot::Mutex;
@@ -86,8 +88,8 @@ const LOG_EVERY: u64 = 1000;
 
 pub(crate) struct Backing {
     pub dev: Box<dyn BackingDevice>,
-    /// This run's identifier, in every record's checksum (`log.rs`).
-    pub run: u64,
+    /// This run's key (or identifier), sealing every record (`seal.rs`).
+    pub run: seal::RecordSeal,
     pub space: SpaceMap,
     pub cfg: BackingConfig,
     overflow: Mutex<LogHead>,
@@ -105,27 +107,6 @@ impl Drop for Backing {
     fn drop(&mut self) {
         self.close();
     }
-}
-
-/// A random run identifier from the kernel (`getrandom`, which blocks only until the pool is
-/// initialised at boot).
-fn run_id() -> std::io::Result<u64> {
-    let mut b = [0u8; 8];
-    let mut got = 0;
-    while got < b.len() {
-        // SAFETY: getrandom writes at most `b.len() - got` bytes into `b[got..]`, which is
-        // ours and that long.
-        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        got += n as usize;
-    }
-    Ok(u64::from_le_bytes(b))
 }
 
 /// State of the maintenance side (writeback and GC), under `Backing::maint`.
@@ -184,11 +165,11 @@ impl Backing {
             ))
         })?;
         // (FileDevice::open refused a device under MIN_SEGMENTS before writing anything.)
-        match run_id() {
+        match seal::RecordSeal::new(cfg.encrypt) {
             Ok(run) => Ok(Backing::build(cfg, Box::new(dev), run)),
             Err(e) => {
                 let _ = dev.remove_if_created();
-                Err(StoreError::Config(format!("cannot draw the backing device's run identifier (getrandom): {e}")))
+                Err(StoreError::Config(format!("cannot draw the backing device's run key (getrandom, mmap): {e}")))
             }
         }
     }
@@ -202,11 +183,12 @@ impl Backing {
                 cfg.segment_bytes
             )));
         }
-        let run = run_id().map_err(|e| StoreError::Config(format!("cannot draw the backing device's run identifier (getrandom): {e}")))?;
+        let run = seal::RecordSeal::new(cfg.encrypt)
+            .map_err(|e| StoreError::Config(format!("cannot draw the backing device's run key (getrandom, mmap): {e}")))?;
         Ok(Backing::build(cfg, dev, run))
     }
 
-    fn build(cfg: &BackingConfig, dev: Box<dyn BackingDevice>, run: u64) -> Backing {
+    fn build(cfg: &BackingConfig, dev: Box<dyn BackingDevice>, run: seal::RecordSeal) -> Backing {
         let space = SpaceMap::new(dev.size_bytes(), cfg.segment_bytes);
         Backing {
             dev,
@@ -273,8 +255,7 @@ impl Backing {
             .lock()
             .reserve(&self.space, rec.len() as u64, false)
             .map_err(|_| self.error(index, format!("the backing device {} is full", self.dev.describe())))?;
-        let crc = log::record_crc(self.run, gen, loc, index, &rec[HEADER..]);
-        rec[..HEADER].copy_from_slice(&crc.to_le_bytes());
+        self.run.seal(gen, loc, index, rec);
         let r = self.dev.write_at(rec, loc);
         self.space.written(loc);
         if let Err(e) = r {
@@ -292,15 +273,16 @@ impl Backing {
     }
 
     /// Reads `len` bytes at `loc` (one record or a run of them; `index` names the first page
-    /// for the error) into the worker's read buffer; returns them.
-    pub fn read_raw<'a>(&self, index: u64, loc: u64, len: usize, scratch: &'a mut ReadBuf) -> Result<&'a [u8], StoreError> {
+    /// for the error) into the worker's read buffer; returns them, for `check` to open.
+    pub fn read_raw<'a>(&self, index: u64, loc: u64, len: usize, scratch: &'a mut ReadBuf) -> Result<&'a mut [u8], StoreError> {
         self.dev.read_into(scratch, loc, len).map_err(|e| self.error(index, format!("read of {len} bytes at byte {loc} failed: {e}")))
     }
 
-    /// Verifies the record of slot `index` read from `loc` (its segment pinned).
-    pub fn check(&self, index: u64, loc: u64, rec: &[u8]) -> Result<(), StoreError> {
+    /// Verifies the record of slot `index` read from `loc` (its segment pinned) and leaves
+    /// its plaintext payload in `rec[HEADER..]`.
+    pub fn check(&self, index: u64, loc: u64, rec: &mut [u8]) -> Result<(), StoreError> {
         let gen = self.space.gen(self.space.seg_of(loc));
-        log::verify(self.run, gen, loc, index, rec).map_err(|reason| {
+        self.run.open(gen, loc, index, rec).map_err(|reason| {
             self.log(index, &reason);
             StoreError::Corrupt { index, reason }
         })

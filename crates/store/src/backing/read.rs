@@ -187,7 +187,7 @@ pub(crate) fn read_pending(
             }
         };
         for p in run.records.map(|i| pending.get(i)) {
-            let rec = &bytes[(p.loc - run.loc) as usize..][..HEADER + p.len as usize];
+            let rec = &mut bytes[(p.loc - run.loc) as usize..][..HEADER + p.len as usize];
             if let Err(e) = b.check(p.index, p.loc, rec) {
                 fail(e);
                 continue;

@@ -10,9 +10,10 @@
 //! A record's location (`loc`, the byte offset of its header) is what a slot's `BACKING` entry
 //! holds; `loc / seg_bytes` is its segment. A segment goes back to FREE when it is sealed, its
 //! live bytes are 0 and no reader pins it (slot.rs rule 7); whoever sees the last of those
-//! three conditions become true reclaims it. A segment's generation grows each time it is
-//! opened and is part of every record's checksum, so a stale record from an earlier life of
-//! the segment never verifies.
+//! three conditions become true reclaims it. Each opening of a segment takes the next value of
+//! one 64-bit counter as its generation, which is in every record's seal (`seal.rs`: the
+//! checksum, or the AES-GCM nonce): a stale record from an earlier life of the segment never
+//! verifies, and no two lives of any segments share a generation within a run.
 //!
 //! Locking: the free list is one mutex (a leaf, slot.rs rule 6); everything else is atomics.
 //! Live bytes grow only while a segment is OPEN (under its head's lock), so once a SEALED
@@ -36,7 +37,8 @@ struct Segment {
     /// segment with none will not be written again: only then may GC read it.
     writers: AtomicU32,
     readers: AtomicU32,
-    gen: AtomicU32,
+    /// The generation of its current (or last) life; 0: never opened.
+    gen: AtomicU64,
     state: AtomicU8,
     /// Freed since its bytes were last punched out of the file.
     dirty: AtomicBool,
@@ -49,6 +51,9 @@ pub(crate) struct SpaceMap {
     /// segments are reused before untouched ones (the file stays compact).
     free: Mutex<Vec<u32>>,
     in_use: AtomicU64,
+    /// The last generation given to a segment. Never wraps (2^64 openings), so generations
+    /// never repeat: the AES-GCM nonce relies on it (`seal.rs`).
+    last_gen: AtomicU64,
 }
 
 /// Keeps a segment from being reused while a reader reads a record in it (slot.rs rule 7).
@@ -74,12 +79,12 @@ impl SpaceMap {
                 live_bytes: AtomicU64::new(0),
                 writers: AtomicU32::new(0),
                 readers: AtomicU32::new(0),
-                gen: AtomicU32::new(0),
+                gen: AtomicU64::new(0),
                 state: AtomicU8::new(FREE),
                 dirty: AtomicBool::new(false),
             })
             .collect();
-        SpaceMap { seg_bytes, segs, free: Mutex::new((0..n).rev().collect()), in_use: AtomicU64::new(0) }
+        SpaceMap { seg_bytes, segs, free: Mutex::new((0..n).rev().collect()), in_use: AtomicU64::new(0), last_gen: AtomicU64::new(0) }
     }
 
     pub fn num_segments(&self) -> u64 {
@@ -88,7 +93,7 @@ impl SpaceMap {
     pub fn seg_of(&self, loc: u64) -> u32 {
         (loc / self.seg_bytes) as u32
     }
-    pub fn gen(&self, seg: u32) -> u32 {
+    pub fn gen(&self, seg: u32) -> u64 {
         self.segs[seg as usize].gen.load(Acquire)
     }
     pub fn live_bytes(&self, seg: u32) -> u64 {
@@ -102,7 +107,7 @@ impl SpaceMap {
         self.num_segments() - self.segments_in_use()
     }
 
-    /// Takes a FREE segment and opens it with a new generation. The last
+    /// Takes a FREE segment and opens it with a new generation, unique in the run. The last
     /// [`GC_RESERVE_SEGMENTS`] free segments go only to GC (`use_reserve`), so that a full
     /// device can always make room by moving records.
     pub fn open_segment(&self, use_reserve: bool) -> Option<u32> {
@@ -114,7 +119,8 @@ impl SpaceMap {
             free.pop()?
         };
         let s = &self.segs[seg as usize];
-        s.gen.fetch_add(1, AcqRel);
+        // A read-modify-write: two heads opening segments at once get different values.
+        s.gen.store(self.last_gen.fetch_add(1, Relaxed) + 1, Release);
         s.dirty.store(false, Relaxed);
         s.state.store(OPEN, Release);
         self.in_use.fetch_add(1, Relaxed);
@@ -251,6 +257,21 @@ mod tests {
         let again = m.open_segment(false).unwrap();
         assert_eq!(again, s, "freed segments are reused first");
         assert!(m.gen(again) > g, "with a new generation");
+    }
+
+    #[test]
+    fn no_two_lives_of_any_segments_share_a_generation() {
+        // The AES-GCM nonce is (generation, location): a generation must name one life of
+        // one segment, across segments too (a per-segment counter would repeat values).
+        let m = SpaceMap::new(4 * 65536, 65536);
+        let mut seen = std::collections::HashSet::new();
+        for round in 0..50 {
+            let segs: Vec<u32> = (0..1 + round % 4).map(|_| m.open_segment(true).unwrap()).collect();
+            for &s in &segs {
+                assert!(seen.insert(m.gen(s)), "generation {} given twice", m.gen(s));
+                m.seal(s);
+            }
+        }
     }
 
     #[test]
