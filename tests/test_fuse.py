@@ -32,8 +32,8 @@ import uuid
 
 import pytest
 
-from conftest import need, need_root, run, run_fio
-from test_swap import kill_pid, memory_cgroup_parent, swap_used_kib, write
+from conftest import FIO_ZEROES_JOB, need, need_root, run, run_fio
+from test_swap import kill_pid, memory_cgroup_parent, remove_cgroup, swap_used_kib, write
 
 MiB = 1 << 20
 PAGE = 4096
@@ -251,15 +251,7 @@ do_verify=1
 stonewall
 rw=trim
 bs=1m
-[zeroes]
-stonewall
-rw=read
-bs=64k
-iodepth=8
-verify=pattern
-verify_pattern=0x00
-verify_only=1
-""")
+""" + FIO_ZEROES_JOB)
     for j in jobs.values():
         assert j["error"] == 0, j
     stats = srv.stat()
@@ -372,12 +364,7 @@ def test_swapon_frontend_fuse(compcache_bin):
         finally:
             kill_pid(workload)
             if cgroup_made:
-                for _ in range(50):
-                    try:
-                        os.rmdir(cgroup)
-                        break
-                    except OSError:
-                        time.sleep(0.1)
+                remove_cgroup(cgroup)
             if dev:
                 p = run([compcache_bin, "swapoff", dev], check=False, timeout=600)
                 print(p.stdout, p.stderr)

@@ -73,6 +73,18 @@ def wait_for(pred, timeout_s, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def remove_cgroup(path: str) -> bool:
+    """Removes a memory cgroup whose tasks have exited (the kernel may take a moment to let
+    go of it); whether it is gone."""
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
 def kill_pid(proc):
     if proc is not None and proc.poll() is None:
         try:
@@ -174,15 +186,8 @@ def test_kernel_swaps_to_compcache(start_server, record_property):
     finally:
         errors = []
         kill_pid(workload)
-        if cgroup_made:
-            for _ in range(50):
-                try:
-                    os.rmdir(cgroup)
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            else:
-                errors.append(f"could not remove {cgroup}")
+        if cgroup_made and not remove_cgroup(cgroup):
+            errors.append(f"could not remove {cgroup}")
         if swap_on:
             p = run(["swapoff", loop], check=False, timeout=300)
             if p.returncode:
