@@ -104,26 +104,16 @@ def run(ctx: Context, p: dict, configs=CONFIGS) -> dict:
                                            ctx.compcache_bin, max(MiB, int(needed * p["fraction"]) // 4096 * 4096))
             else:
                 cfg = ctx.config(name, p["swap_size_bytes"])
-            why = cfg.unavailable()
-            if why:
-                ctx.log(f"backing scan {mib} MiB [{name}] skipped: {why}")
-                point["configs"][name] = {"skipped": why, "label": cfg.label}
-                continue
-            res = {"label": cfg.label}
-            try:
+
+            def body(res):
                 with cfg:
                     res["info"] = dict(cfg.info)
                     with ctx.cgroup(limit, True) as cg, Sampler(cfg, cg) as smp:
                         runs = _runs(ctx, cfg, cg, argv, p["runs"], p["run_timeout_s"],
                                      f"{p['mode']} {mib} MiB ({factor:g}x) x{p['passes']}")
                     res.update({"runs": runs, **summarize_runs(runs), **smp.summary()})
-            except Exception as e:  # record and go on
-                res["error"] = f"{e.__class__.__name__}: {e}"
-                ctx.log(f"backing scan [{name}] FAILED: {res['error']}")
-            left = ctx.verify_clean(f"backing scan [{name}]")
-            if left:
-                res["leftovers"] = left
-            point["configs"][name] = res
+
+            point["configs"][name] = ctx.run_config(f"backing scan {mib} MiB [{name}]", cfg, {"label": cfg.label}, body)
         disk = point["configs"].get("disk", {}).get("mean_s")
         for res in point["configs"].values():
             if disk and res.get("mean_s"):
