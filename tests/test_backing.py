@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import FIO_ZEROES_JOB, find_stat, fio_global, need_fio_nbd, run, run_fio
+from conftest import FIO_ZEROES_JOB, fio_global, need_fio_nbd, run, run_fio, stat_of, wait_for
 
 MiB = 1 << 20
 JOBS = 4
@@ -33,15 +33,6 @@ def backing_server(start_server, tmp_path, size_mib, *extra, mem_limit=MEM_LIMIT
     s = start_server(f"{size_mib}M", "--mem-limit", mem_limit, "--backing", str(path),
                      "--writeback-high", "80", "--writeback-low", "60", *extra)
     return s, path
-
-
-def wait_for(cond, what, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_fio_verify_over_a_working_set_four_times_the_memory_limit(fio_nbd, start_server, tmp_path):
@@ -63,9 +54,7 @@ do_verify=1
     st = server.stat()
 
     def v(key):
-        x = find_stat(st, key)
-        assert x is not None, f"`compcache stat --json` has no {key}"
-        return x
+        return stat_of(st, key)
 
     # 64 MiB of pages compressing about 2:1 against an 8 MiB limit: the compressed data is
     # four times the memory, so most of it is on the backing file.
@@ -101,7 +90,7 @@ iodepth=8
     assert server.stat_value("bd_count") == 0 and server.stat_value("bd_bytes") == 0
     assert server.stat_value("bd_space_bytes") <= 2 * MiB, "only the writers' open segments stay"
     # Freed segments are punched out of the sparse file by the background writer.
-    wait_for(lambda: os.stat(backing).st_blocks * 512 <= 4 * MiB, "holes punched in the backing file")
+    wait_for(lambda: os.stat(backing).st_blocks * 512 <= 4 * MiB, "holes punched in the backing file", timeout=20)
 
 
 def settle(server):
