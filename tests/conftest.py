@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools", "pagedump"))
 sys.path.insert(0, REPO)
 import pagedump  # noqa: E402
-from bench.fio_nbd import FIO_ZEROES_JOB, fio_global  # noqa: E402,F401  (shared with the soak)
+from bench.fio_nbd import FIO_ZEROES_JOB, fio_global, fio_verify_job  # noqa: E402,F401  (shared with the soak)
 
 PAGE = 4096
 EXPORT_NAME = "compcache"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import FIO_ZEROES_JOB, fio_global, need_fio_nbd, run, run_fio, stat_of, wait_for
+from conftest import FIO_ZEROES_JOB, fio_global, fio_verify_job, need_fio_nbd, run, run_fio, stat_of, wait_for
 
 MiB = 1 << 20
 JOBS = 4
@@ -41,13 +41,7 @@ def test_fio_verify_over_a_working_set_four_times_the_memory_limit(fio_nbd, star
 buffer_compress_percentage=50
 buffer_compress_chunk=4k
 """
-    jobs, _, _ = run_fio(tmp_path, "backing-randwrite", global_section + """
-[randwrite]
-rw=randwrite
-iodepth=8
-verify=crc32c
-do_verify=1
-""")
+    jobs, _, _ = run_fio(tmp_path, "backing-randwrite", global_section + fio_verify_job("randwrite", "randwrite", 8))
     total = JOBS * JOB_MIB * MiB
     assert jobs["randwrite"]["write"]["io_bytes"] == total
     assert jobs["randwrite"]["read"]["io_bytes"] == total, "every block verified"
@@ -63,13 +57,7 @@ do_verify=1
     assert v("bd_bytes") > 2 * 8 * MiB, json.dumps(st)
     assert v("bd_writes") > 0 and v("bd_reads") > 0, "the backing file served writes and reads"
 
-    jobs, _, _ = run_fio(tmp_path, "backing-trimwrite", global_section + """
-[trimwrite]
-rw=randtrimwrite
-iodepth=1
-verify=crc32c
-do_verify=1
-""")
+    jobs, _, _ = run_fio(tmp_path, "backing-trimwrite", global_section + fio_verify_job("trimwrite", "randtrimwrite", 1))
     assert jobs["trimwrite"]["trim"]["io_bytes"] > 0
     st = server.stat()
     assert v("failed_reads") == 0 and v("failed_writes") == 0 and v("bd_errors") == 0
