@@ -161,7 +161,7 @@ def markdown(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from .suite import REPO_ROOT, build_scan, machine_record, preflight
+    from .suite import REPO_ROOT, build_scan, machine_record, preflight, start_results
 
     ap = argparse.ArgumentParser(prog="python3 -m bench.exp_backing", description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="512 MiB cgroup, more points and runs")
@@ -177,13 +177,11 @@ def main(argv=None) -> int:
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     system = System()
     compcache_bin = find_compcache(REPO_ROOT)
-    problems = preflight(system, ["scan"], [c for c in configs if c != "compcache-backing"], compcache_bin)
-    if problems:
-        print("bench.exp_backing: refusing to start:\n  " + "\n  ".join(problems), file=sys.stderr)
+    started = start_results("bench.exp_backing", preflight(system, ["scan"], [c for c in configs if c != "compcache-backing"],
+                                                           compcache_bin), a.out, "backing")
+    if started is None:
         return 2
-    stamp = dt.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
-    out_dir = a.out or os.path.join(REPO_ROOT, "bench", "results", f"{stamp}-backing")
-    os.makedirs(out_dir, exist_ok=True)
+    _, out_dir = started
     system.mkdir(a.workdir)
     progress, ledger = Progress(), Ledger()
     results = {"suite": "compcache bench: backing tier", "started_utc": dt.datetime.utcnow().isoformat() + "Z",
