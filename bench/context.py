@@ -40,5 +40,26 @@ class Context:
             self.progress(f"ERROR: after {what}, left behind: {', '.join(left)}")
         return left
 
+    def run_config(self, tag: str, cfg: SwapConfig, res: dict, body) -> dict:
+        """One configuration of an experiment, the same way in every experiment: skipped with
+        the reason when it is unavailable (`res["skipped"]`); otherwise `body(res)`, whose
+        failure is recorded (`res["error"]`) so that the experiment goes on with the next
+        configuration; then the check that its teardown left nothing (`res["leftovers"]`).
+        `tag` names the configuration in the log. Returns `res`."""
+        why = cfg.unavailable()
+        if why:
+            self.log(f"{tag} skipped: {why}")
+            res["skipped"] = why
+            return res
+        try:
+            body(res)
+        except Exception as e:  # record and go on with the next configuration
+            res["error"] = f"{e.__class__.__name__}: {e}"
+            self.log(f"{tag} FAILED: {res['error']}")
+        left = self.verify_clean(tag)
+        if left:
+            res["leftovers"] = left
+        return res
+
     def log(self, msg: str) -> None:
         self.progress(msg)

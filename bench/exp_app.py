@@ -94,26 +94,14 @@ def run(ctx, p: dict, backend: str) -> dict:
         size = limit * pct // 100
         name = "noswap" if pct == 0 else backend
         cfg = ctx.config(name, size)
-        why = cfg.unavailable()
         entry = {"label": label, "percent": pct, "size_bytes": size, "config": name, "points": []}
-        out["sizes"][label] = entry
-        if why:
-            entry["skipped"] = why
-            ctx.log(f"app {label} [{name}] skipped: {why}")
-            continue
-        ctx.log(f"app {label} ({pct}% = {size >> 20} MiB {cfg.label}) setting up")
-        try:
-            _run_size(ctx, p, cfg, entry, label, limit)
-        except Exception as e:  # record and go on with the next size
-            entry["error"] = f"{e.__class__.__name__}: {e}"
-            ctx.log(f"app {label} FAILED: {entry['error']}")
-        left = ctx.verify_clean(f"app {label}")
-        if left:
-            entry["leftovers"] = left
+        out["sizes"][label] = ctx.run_config(f"app {label} [{name}]", cfg, entry,
+                                             lambda e: _run_size(ctx, p, cfg, e, label, limit))
     return out
 
 
 def _run_size(ctx, p, cfg, entry, label, limit):
+    ctx.log(f"app {label} ({entry['percent']}% = {entry['size_bytes'] >> 20} MiB {cfg.label}) setting up")
     with cfg:
         entry["info"] = dict(cfg.info)
         for n in p["counts"]:

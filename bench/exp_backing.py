@@ -104,26 +104,16 @@ def run(ctx: Context, p: dict, configs=CONFIGS) -> dict:
                                            ctx.compcache_bin, max(MiB, int(needed * p["fraction"]) // 4096 * 4096))
             else:
                 cfg = ctx.config(name, p["swap_size_bytes"])
-            why = cfg.unavailable()
-            if why:
-                ctx.log(f"backing scan {mib} MiB [{name}] skipped: {why}")
-                point["configs"][name] = {"skipped": why, "label": cfg.label}
-                continue
-            res = {"label": cfg.label}
-            try:
+
+            def body(res):
                 with cfg:
                     res["info"] = dict(cfg.info)
                     with ctx.cgroup(limit, True) as cg, Sampler(cfg, cg) as smp:
                         runs = _runs(ctx, cfg, cg, argv, p["runs"], p["run_timeout_s"],
                                      f"{p['mode']} {mib} MiB ({factor:g}x) x{p['passes']}")
                     res.update({"runs": runs, **summarize_runs(runs), **smp.summary()})
-            except Exception as e:  # record and go on
-                res["error"] = f"{e.__class__.__name__}: {e}"
-                ctx.log(f"backing scan [{name}] FAILED: {res['error']}")
-            left = ctx.verify_clean(f"backing scan [{name}]")
-            if left:
-                res["leftovers"] = left
-            point["configs"][name] = res
+
+            point["configs"][name] = ctx.run_config(f"backing scan {mib} MiB [{name}]", cfg, {"label": cfg.label}, body)
         disk = point["configs"].get("disk", {}).get("mean_s")
         for res in point["configs"].values():
             if disk and res.get("mean_s"):
@@ -171,7 +161,7 @@ def markdown(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from .suite import REPO_ROOT, build_scan, machine_record, preflight
+    from .suite import REPO_ROOT, build_scan, machine_record, preflight, start_results
 
     ap = argparse.ArgumentParser(prog="python3 -m bench.exp_backing", description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="512 MiB cgroup, more points and runs")
@@ -187,13 +177,11 @@ def main(argv=None) -> int:
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     system = System()
     compcache_bin = find_compcache(REPO_ROOT)
-    problems = preflight(system, ["scan"], [c for c in configs if c != "compcache-backing"], compcache_bin)
-    if problems:
-        print("bench.exp_backing: refusing to start:\n  " + "\n  ".join(problems), file=sys.stderr)
+    started = start_results("bench.exp_backing", preflight(system, ["scan"], [c for c in configs if c != "compcache-backing"],
+                                                           compcache_bin), a.out, "backing")
+    if started is None:
         return 2
-    stamp = dt.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
-    out_dir = a.out or os.path.join(REPO_ROOT, "bench", "results", f"{stamp}-backing")
-    os.makedirs(out_dir, exist_ok=True)
+    _, out_dir = started
     system.mkdir(a.workdir)
     progress, ledger = Progress(), Ledger()
     results = {"suite": "compcache bench: backing tier", "started_utc": dt.datetime.utcnow().isoformat() + "Z",

@@ -63,26 +63,14 @@ def run(ctx, p: dict, configs: list) -> dict:
     out = {"params": p, "configs": {}, "order": configs}
     for name in configs:
         cfg = ctx.config(name, p["swap_size_bytes"])
-        why = cfg.unavailable()
-        if why:
-            ctx.log(f"fio [{name}] skipped: {why}")
-            out["configs"][name] = {"skipped": why, "label": cfg.label}
-            continue
-        res = {"label": cfg.label, "points": []}
-        try:
-            _run_config(ctx, p, cfg, name, res)
-        except Exception as e:  # record and go on with the next configuration
-            res["error"] = f"{e.__class__.__name__}: {e}"
-            ctx.log(f"fio [{name}] FAILED: {res['error']}")
-        left = ctx.verify_clean(f"fio [{name}]")
-        if left:
-            res["leftovers"] = left
-        out["configs"][name] = res
+        out["configs"][name] = ctx.run_config(f"fio [{name}]", cfg, {"label": cfg.label},
+                                              lambda res: _run_config(ctx, p, cfg, name, res))
     return out
 
 
 def _run_config(ctx, p, cfg, name, res):
     ctx.log(f"fio [{name}] setting up ({cfg.label})")
+    res["points"] = []
     with cfg:
         res["info"] = dict(cfg.info)
         limit = p["limit_bytes"]

@@ -68,28 +68,15 @@ def run(ctx, p: dict) -> dict:
     out = {"params": p, "configs": {}}
     for name in ctx.configs:
         cfg = ctx.config(name, p["swap_size_bytes"])
-        why = cfg.unavailable()
-        if why:
-            ctx.log(f"scan [{name}] skipped: {why}")
-            out["configs"][name] = {"skipped": why, "label": cfg.label}
-            continue
-        ctx.log(f"scan [{name}] setting up ({cfg.label}, {p['swap_size_bytes'] >> 20} MiB)")
-        res = {"label": cfg.label}
-        try:
-            _run_config(ctx, p, cfg, res)
-        except Exception as e:  # record and go on with the next configuration
-            res["error"] = f"{e.__class__.__name__}: {e}"
-            ctx.log(f"scan [{name}] FAILED: {res['error']}")
-        left = ctx.verify_clean(f"scan [{name}]")
-        if left:
-            res["leftovers"] = left
-        out["configs"][name] = res
+        out["configs"][name] = ctx.run_config(f"scan [{name}]", cfg, {"label": cfg.label},
+                                              lambda res: _run_config(ctx, p, cfg, name, res))
     out["speedup_vs_disk"] = speedups(out["configs"])
     out["pressure_speedup_vs_disk"] = speedups(out["configs"], "pressure")
     return out
 
 
-def _run_config(ctx, p, cfg, res):
+def _run_config(ctx, p, cfg, name, res):
+    ctx.log(f"scan [{name}] setting up ({cfg.label}, {p['swap_size_bytes'] >> 20} MiB)")
     with cfg:
         res["info"] = dict(cfg.info)
         limit = p["recipe_limit_bytes"]

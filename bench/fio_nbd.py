@@ -18,6 +18,17 @@ randrepeat=0
 """
 
 
+def fio_verify_job(name, rw, iodepth):
+    """A fio job `name` that writes (`rw`) and then reads back and checks every block it
+    wrote (crc32c)."""
+    return f"""[{name}]
+rw={rw}
+iodepth={iodepth}
+verify=crc32c
+do_verify=1
+"""
+
+
 # A fio job that, after the jobs before it, reads everything back and checks it is zeroes.
 FIO_ZEROES_JOB = """[zeroes]
 stonewall

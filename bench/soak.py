@@ -596,11 +596,7 @@ def run_scan(cg, argv: list, mib: int, deadline: float, seed: int) -> dict:
                     err_tail = (err_tail + [line])[-20:]
         out = proc.stdout.read().decode(errors="replace")
     finally:
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        proc.kill()  # (Popen sends nothing to a process it has already reaped)
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
@@ -760,7 +756,7 @@ def preflight(system: System, compcache_bin) -> list:
 
 
 def main(argv=None) -> int:
-    from .suite import REPO_ROOT, Interrupted, _on_sigterm, build_scan, machine_record
+    from .suite import REPO_ROOT, Interrupted, _on_sigterm, build_scan, machine_record, start_results
 
     ap = argparse.ArgumentParser(prog="python3 -m bench.soak", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes-per-phase", type=float, default=DEFAULTS["minutes_per_phase"],
@@ -788,13 +784,10 @@ def main(argv=None) -> int:
         ap.error(f"--pages {a.pages}: no such file (tools/pagedump/ensure-data.sh makes data/pages-*.bin)")
     system = System()
     compcache_bin = find_compcache(REPO_ROOT)
-    problems = preflight(system, compcache_bin)
-    if problems:
-        print("bench.soak: refusing to start:\n  " + "\n  ".join(problems), file=sys.stderr)
+    started = start_results("bench.soak", preflight(system, compcache_bin), a.out, "soak")
+    if started is None:
         return 2
-    stamp = dt.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
-    out_dir = a.out or os.path.join(REPO_ROOT, "bench", "results", f"{stamp}-soak")
-    os.makedirs(out_dir, exist_ok=True)
+    stamp, out_dir = started
     workdir = os.path.join(a.workdir, stamp)
     system.mkdir(workdir)
     progress, ledger = Progress(), Ledger()

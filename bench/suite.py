@@ -8,6 +8,7 @@ import os
 import platform
 import signal
 import subprocess
+import sys
 
 from . import cgroup as cgroup_mod
 from . import exp_app, exp_fio, exp_scan, params as params_mod
@@ -23,6 +24,19 @@ BASE_TOOLS = ("mkswap", "swapon", "swapoff", "make", "gcc")
 EXPERIMENT_TOOLS = {"fio": ("fio",), "app": ("/usr/bin/python3",), "scan": ()}
 APT_HINT = {"fio": "fio", "nbdkit": "nbdkit", "nbdfuse": "libnbd-bin", "fusermount3": "fuse3", "gcc": "gcc",
             "make": "make", "losetup": "mount", "fallocate": "util-linux", "/usr/bin/python3": "python3"}
+
+
+def start_results(prog: str, problems: list, out: str | None, kind: str) -> tuple[str, str] | None:
+    """The start of a standalone experiment (`bench.exp_backing`, `bench.soak`): None, after
+    saying why on stderr, when the preflight found `problems`; else the run's UTC stamp and
+    its results directory (`out`, or bench/results/<stamp>-<kind>), made."""
+    if problems:
+        print(f"{prog}: refusing to start:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return None
+    stamp = dt.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
+    out_dir = out or os.path.join(REPO_ROOT, "bench", "results", f"{stamp}-{kind}")
+    os.makedirs(out_dir, exist_ok=True)
+    return stamp, out_dir
 
 
 class Interrupted(BaseException):

@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools", "pagedump"))
 sys.path.insert(0, REPO)
 import pagedump  # noqa: E402
-from bench.fio_nbd import FIO_ZEROES_JOB, fio_global  # noqa: E402,F401  (shared with the soak)
+from bench.fio_nbd import FIO_ZEROES_JOB, fio_global, fio_verify_job  # noqa: E402,F401  (shared with the soak)
 
 PAGE = 4096
 EXPORT_NAME = "compcache"
@@ -75,6 +75,43 @@ def run_fio(tmp_path, name, text, expect_ok=True, timeout=600):
     return {j["jobname"]: j for j in result["jobs"]}, p.stderr, p.returncode
 
 
+def wait_for(cond, what, timeout=30.0):
+    """Polls `cond` until it holds; fails with `what` after `timeout` seconds (a safety net,
+    not a measurement: the waits in these tests normally end within a second or two)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def qemu_io(image, *cmds, check=True, timeout=300):
+    """Runs qemu-io with the commands `cmds` on `image`: an NBD URI (a raw image), or the list
+    of qemu-io options that name one (`--object ... --image-opts ...`). With `check`, a
+    non-zero exit or "failed" in the output (a failed I/O or pattern check) fails the test.
+    Returns (return code, output)."""
+    argv = ["qemu-io", *(["-f", "raw", image] if isinstance(image, str) else image)]
+    for c in cmds:
+        argv += ["-c", c]
+    p = run(argv, check=False, timeout=timeout)
+    out = p.stdout + p.stderr
+    if check:
+        assert p.returncode == 0 and "failed" not in out, out
+    return p.returncode, out
+
+
+def recv_exactly(s, n):
+    """`n` bytes from socket `s`; fewer only when the peer closed the connection."""
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
 def need_root(why):
     if os.geteuid() != 0:
         pytest.skip(f"needs root: {why}")
@@ -94,16 +131,11 @@ def file_sha256(path, length=None):
     return h.hexdigest()
 
 
-def find_stat(stats, key):
-    """A statistic by its zram name, wherever `compcache stat --json` nests it."""
-    if isinstance(stats, dict):
-        if key in stats:
-            return stats[key]
-        for v in stats.values():
-            found = find_stat(v, key)
-            if found is not None:
-                return found
-    return None
+def stat_of(stats, key):
+    """A statistic of `compcache stat --json` (one flat object, zram's names), failing the
+    test when the server has none of that name."""
+    assert key in stats, f"`compcache stat --json` has no {key}"
+    return stats[key]
 
 
 class Server:
@@ -185,9 +217,7 @@ class Server:
         return json.loads(p.stdout)
 
     def stat_value(self, key):
-        v = find_stat(self.stat(), key)
-        assert v is not None, f"`compcache stat --json` has no {key}"
-        return v
+        return stat_of(self.stat(), key)
 
     def stop(self):
         """Kills the server by its PID (TERM, then KILL) and removes its files."""

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import FIO_ZEROES_JOB, find_stat, fio_global, need_fio_nbd, run, run_fio
+from conftest import FIO_ZEROES_JOB, fio_global, fio_verify_job, need_fio_nbd, run, run_fio, stat_of, wait_for
 
 MiB = 1 << 20
 JOBS = 4
@@ -35,37 +35,20 @@ def backing_server(start_server, tmp_path, size_mib, *extra, mem_limit=MEM_LIMIT
     return s, path
 
 
-def wait_for(cond, what, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_fio_verify_over_a_working_set_four_times_the_memory_limit(fio_nbd, start_server, tmp_path):
     server, backing = backing_server(start_server, tmp_path, JOBS * JOB_MIB)
     global_section = fio_global(server.uri, JOB_MIB, JOBS) + """bs=4k
 buffer_compress_percentage=50
 buffer_compress_chunk=4k
 """
-    jobs, _, _ = run_fio(tmp_path, "backing-randwrite", global_section + """
-[randwrite]
-rw=randwrite
-iodepth=8
-verify=crc32c
-do_verify=1
-""")
+    jobs, _, _ = run_fio(tmp_path, "backing-randwrite", global_section + fio_verify_job("randwrite", "randwrite", 8))
     total = JOBS * JOB_MIB * MiB
     assert jobs["randwrite"]["write"]["io_bytes"] == total
     assert jobs["randwrite"]["read"]["io_bytes"] == total, "every block verified"
     st = server.stat()
 
     def v(key):
-        x = find_stat(st, key)
-        assert x is not None, f"`compcache stat --json` has no {key}"
-        return x
+        return stat_of(st, key)
 
     # 64 MiB of pages compressing about 2:1 against an 8 MiB limit: the compressed data is
     # four times the memory, so most of it is on the backing file.
@@ -74,13 +57,7 @@ do_verify=1
     assert v("bd_bytes") > 2 * 8 * MiB, json.dumps(st)
     assert v("bd_writes") > 0 and v("bd_reads") > 0, "the backing file served writes and reads"
 
-    jobs, _, _ = run_fio(tmp_path, "backing-trimwrite", global_section + """
-[trimwrite]
-rw=randtrimwrite
-iodepth=1
-verify=crc32c
-do_verify=1
-""")
+    jobs, _, _ = run_fio(tmp_path, "backing-trimwrite", global_section + fio_verify_job("trimwrite", "randtrimwrite", 1))
     assert jobs["trimwrite"]["trim"]["io_bytes"] > 0
     st = server.stat()
     assert v("failed_reads") == 0 and v("failed_writes") == 0 and v("bd_errors") == 0
@@ -101,7 +78,7 @@ iodepth=8
     assert server.stat_value("bd_count") == 0 and server.stat_value("bd_bytes") == 0
     assert server.stat_value("bd_space_bytes") <= 2 * MiB, "only the writers' open segments stay"
     # Freed segments are punched out of the sparse file by the background writer.
-    wait_for(lambda: os.stat(backing).st_blocks * 512 <= 4 * MiB, "holes punched in the backing file")
+    wait_for(lambda: os.stat(backing).st_blocks * 512 <= 4 * MiB, "holes punched in the backing file", timeout=20)
 
 
 def settle(server):

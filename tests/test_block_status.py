@@ -10,20 +10,10 @@ import json
 import os
 import random
 
-from conftest import PAGE, file_sha256, need, run
+from conftest import PAGE, file_sha256, need, qemu_io, run
 
 MiB = 1 << 20
 SIZE = 64 * MiB
-
-
-def qemu_io(uri, *cmds):
-    argv = ["qemu-io", "-f", "raw", uri]
-    for c in cmds:
-        argv += ["-c", c]
-    p = run(argv, check=False)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0 and "failed" not in out, out
-    return out
 
 
 def write_layout(uri):

@@ -23,7 +23,6 @@ import fcntl
 import json
 import os
 import random
-import select
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 import uuid
 
 import pytest
+from bench.ready import read_ready_line  # (conftest puts the repository on the path)
 
 from conftest import FIO_ZEROES_JOB, need, need_root, run, run_fio
 from test_swap import kill_pid, memory_cgroup_parent, remove_cgroup, swap_used_kib, write
@@ -75,16 +75,7 @@ class FuseServer:
         os.close(w)
         self.mount_dir = f"/run/compcache/fuse-{self.proc.pid}"
         self.file = os.path.join(self.mount_dir, "device")
-        line = b""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not line.endswith(b"\n"):
-            ready, _, _ = select.select([r], [], [], 0.5)
-            if ready:
-                chunk = os.read(r, 256)
-                if not chunk:
-                    break
-                line += chunk
-        os.close(r)
+        line = read_ready_line(r)
         if not line.startswith(b"READY "):
             self.stop()
             raise AssertionError(f"compcache fuse did not come up: {self.argv}\n{self.log()}")

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import need, need_root, run
+from conftest import need, need_root, run, wait_for
 
 # A Python every user can run (the test's own may live under /root).
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -49,17 +49,6 @@ while True:
     finally:
         c.close()
 """ % (FAKE_ORIG, FAKE_ORIG)
-
-
-def wait_for(cond, what, timeout=30.0):
-    """Polls `cond` until it holds; fails with `what` after `timeout` (a safety net, not a
-    measurement: every wait here normally ends within a second)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def open_fds(pid):

@@ -5,7 +5,7 @@ import os
 import socket
 import struct
 
-from conftest import need, run
+from conftest import need, recv_exactly, run
 
 NBDMAGIC = b"NBDMAGIC"
 IHAVEOPT = b"IHAVEOPT"
@@ -18,16 +18,6 @@ def raw_connect(path):
     return s
 
 
-def read_exactly(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            break
-        buf += chunk
-    return buf
-
-
 def test_garbage_clients_do_not_hurt(server):
     need("nbdinfo", "qemu-io")
     ok = run(["qemu-io", "-f", "raw", server.uri, "-c", "write -P 0x9e 12345 100000"])
@@ -35,14 +25,14 @@ def test_garbage_clients_do_not_hurt(server):
 
     # 1. Garbage instead of the client flags.
     s = raw_connect(server.socket)
-    hello = read_exactly(s, 18)
+    hello = recv_exactly(s, 18)
     assert hello[:16] == NBDMAGIC + IHAVEOPT, hello
     s.sendall(os.urandom(4096))
     s.close()
 
     # 2. Valid client flags, then an option with a huge length and garbage.
     s = raw_connect(server.socket)
-    read_exactly(s, 18)
+    recv_exactly(s, 18)
     s.sendall(struct.pack(">I", 3))  # FIXED_NEWSTYLE | NO_ZEROES
     s.sendall(IHAVEOPT + struct.pack(">II", 7, 0xFFFFFFF0) + os.urandom(1000))
     s.close()
@@ -50,18 +40,18 @@ def test_garbage_clients_do_not_hurt(server):
     # 3. A full handshake (NBD_OPT_GO "compcache"), then a transmission request with bad
     #    magic, and one with a bad command type and range.
     s = raw_connect(server.socket)
-    read_exactly(s, 18)
+    recv_exactly(s, 18)
     s.sendall(struct.pack(">I", 3))
     name = b"compcache"
     data = struct.pack(">I", len(name)) + name + struct.pack(">H", 0)
     s.sendall(IHAVEOPT + struct.pack(">II", 7, len(data)) + data)
     try:
         for _ in range(8):  # option replies up to NBD_REP_ACK
-            hdr = read_exactly(s, 20)
+            hdr = recv_exactly(s, 20)
             if len(hdr) < 20:
                 break
             _, _, rtype, rlen = struct.unpack(">QIII", hdr)
-            read_exactly(s, rlen)
+            recv_exactly(s, rlen)
             if rtype == 1:  # NBD_REP_ACK
                 break
         s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 77, 1, 1 << 62, 4096))  # bad type

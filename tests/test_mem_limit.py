@@ -3,19 +3,11 @@ reports an error), data written before the limit still reads back intact, and di
 frees room for new writes."""
 import os
 
-from conftest import file_sha256, need, run
+from conftest import file_sha256, need, qemu_io, run
 
 MiB = 1 << 20
 LIMIT = 4 * MiB
 SIZE = 64 * MiB
-
-
-def qemu_io(uri, *cmds):
-    argv = ["qemu-io", "-f", "raw", uri]
-    for c in cmds:
-        argv += ["-c", c]
-    p = run(argv, check=False)
-    return p.returncode, p.stdout + p.stderr
 
 
 def test_writes_fail_with_enospc_and_earlier_data_survives(start_server, page_files, tmp_path):
@@ -27,13 +19,13 @@ def test_writes_fail_with_enospc_and_earlier_data_survives(start_server, page_fi
     real = tmp_path / "real.bin"
     with open(page_files["python"], "rb") as f:
         real.write_bytes(f.read(MiB))
-    rc, out = qemu_io(srv.uri, f"write -s {real} 0 {MiB}")
+    rc, out = qemu_io(srv.uri, f"write -s {real} 0 {MiB}", check=False)
     assert rc == 0, out
 
     # Then incompressible data, far more than the limit: must fail with ENOSPC.
     rand = tmp_path / "rand.bin"
     rand.write_bytes(os.urandom(SIZE - MiB))
-    rc, out = qemu_io(srv.uri, f"write -s {rand} {MiB} {SIZE - MiB}")
+    rc, out = qemu_io(srv.uri, f"write -s {rand} {MiB} {SIZE - MiB}", check=False)
     assert rc != 0 and "No space left on device" in out, out
     assert srv.stat_value("failed_writes") > 0
     assert srv.stat_value("mem_used_total") <= LIMIT
@@ -44,9 +36,9 @@ def test_writes_fail_with_enospc_and_earlier_data_survives(start_server, page_fi
     assert file_sha256(out_file, MiB) == file_sha256(real)
 
     # Discarding the random data frees the pool; then writes succeed again.
-    rc, out = qemu_io(srv.uri, f"discard {MiB} {SIZE - MiB}")
+    rc, out = qemu_io(srv.uri, f"discard {MiB} {SIZE - MiB}", check=False)
     assert rc == 0, out
-    rc, out = qemu_io(srv.uri, f"write -P 0x42 {8 * MiB} {MiB}", f"read -P 0x42 {8 * MiB} {MiB}")
+    rc, out = qemu_io(srv.uri, f"write -P 0x42 {8 * MiB} {MiB}", f"read -P 0x42 {8 * MiB} {MiB}", check=False)
     assert rc == 0 and "failed" not in out, out
     run(["nbdcopy", srv.uri, str(out_file)])
     assert file_sha256(out_file, MiB) == file_sha256(real)

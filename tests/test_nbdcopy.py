@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import PAGE, file_sha256, find_stat, need, page_file_meta, run
+from conftest import PAGE, file_sha256, need, page_file_meta, run, stat_of
 
 
 @pytest.mark.parametrize("program", ["python", "node", "java", "mixed"])
@@ -27,9 +27,7 @@ def test_real_pages_round_trip(start_server, page_files, tmp_path, program):
     st = srv.stat()
 
     def g(key):
-        v = find_stat(st, key)
-        assert v is not None, f"`compcache stat --json` has no {key}"
-        return v
+        return stat_of(st, key)
 
     pages, same_filled, zero = meta["pages"], meta["same_filled_pages"], meta["zero_pages"]
     orig, same = g("orig_data_size"), g("same_pages")

@@ -3,19 +3,9 @@ verification, FUA, flush, write-zeroes and discard. qemu-io exits non-zero when 
 check or an I/O fails; the output is checked as well."""
 import json
 
-from conftest import need, run
+from conftest import need, qemu_io, run
 
 MiB = 1 << 20
-
-
-def qemu_io(uri, *cmds):
-    argv = ["qemu-io", "-f", "raw", uri]
-    for c in cmds:
-        argv += ["-c", c]
-    p = run(argv, check=False)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0 and "verification failed" not in out and "failed" not in out, out
-    return out
 
 
 def test_qemu_img_info(server):

@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 
-from conftest import need, need_root, run
+from conftest import need, need_root, run, wait_for
 
 MiB = 1 << 20
 WORKLOAD_MIB = 192
@@ -64,13 +64,6 @@ def swap_used_kib(dev):
     return 0
 
 
-def wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def remove_cgroup(path: str) -> bool:
@@ -115,7 +108,7 @@ def test_kernel_swaps_to_compcache(start_server, record_property):
         fuse = subprocess.Popen(["nbdfuse", fuse_file, srv.uri], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(lambda: os.path.exists(fuse_file) and os.path.getsize(fuse_file) > 0
-                 or fuse.poll() is not None, 30, "nbdfuse to mount")
+                 or fuse.poll() is not None, "nbdfuse to mount")
         assert fuse.poll() is None, f"nbdfuse exited: {fuse.stdout.read().decode()}"
         steps.append("nbdfuse")
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import EXPORT_NAME, need, run
+from conftest import EXPORT_NAME, need, qemu_io, recv_exactly, run
 
 MiB = 1 << 20
 NBDMAGIC = b"NBDMAGIC"
@@ -72,27 +72,10 @@ def nbdinfo_size(uri):
 
 
 def qemu_io_tls(port, client_dir, *cmds, check=True):
-    argv = ["qemu-io", "--object", f"tls-creds-x509,id=tls0,dir={client_dir},endpoint=client",
-            "--image-opts",
-            f"driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},"
-            f"export={EXPORT_NAME},tls-creds=tls0"]
-    for c in cmds:
-        argv += ["-c", c]
-    p = run(argv, check=False, timeout=120)
-    out = p.stdout + p.stderr
-    if check:
-        assert p.returncode == 0 and "failed" not in out, out
-    return p.returncode, out
-
-
-def recv_exactly(s, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            break
-        buf += chunk
-    return buf
+    image = ["--object", f"tls-creds-x509,id=tls0,dir={client_dir},endpoint=client", "--image-opts",
+             f"driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},"
+             f"export={EXPORT_NAME},tls-creds=tls0"]
+    return qemu_io(image, *cmds, check=check, timeout=120)
 
 
 def test_nbdinfo_over_tls_on_tcp_and_unix(start_server, creds):

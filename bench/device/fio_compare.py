@@ -139,7 +139,7 @@ class CompcacheTarget(NbdTarget):
     def memory(self):
         st = self.stat()
         m = super().memory()
-        m.update({k: pagedump_find(st, k) for k in
+        m.update({k: st.get(k) for k in
                   ("mem_used_total", "orig_data_size", "compr_data_size", "same_pages",
                    "huge_pages", "pages_stored")})
         m["mem_bytes"] = m["mem_used_total"]
@@ -217,17 +217,6 @@ class ZramTarget:
         with open("/sys/class/zram-control/hot_remove", "w") as f:
             f.write(str(self.index))
         self.index = None
-
-
-def pagedump_find(stats, key):
-    if isinstance(stats, dict):
-        if key in stats:
-            return stats[key]
-        for v in stats.values():
-            r = pagedump_find(v, key)
-            if r is not None:
-                return r
-    return None
 
 
 def run_fio(target, rw, iodepth, region_bytes, runtime_s, compress_pct, tmp):

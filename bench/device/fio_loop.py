@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -28,6 +27,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO)
+from bench.ready import read_ready_line  # noqa: E402
+
 WORKLOADS = [("randread-qd32", "randread", 32), ("randwrite-qd32", "randwrite", 32)]
 
 
@@ -70,15 +72,7 @@ class FuseTarget:
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
                                      pass_fds=(w,), start_new_session=True)
         os.close(w)
-        line = b""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not line.endswith(b"\n"):
-            if select.select([r], [], [], 0.5)[0]:
-                chunk = os.read(r, 256)
-                if not chunk:
-                    break
-                line += chunk
-        os.close(r)
+        line = read_ready_line(r)
         if not line.startswith(b"READY "):
             raise RuntimeError("compcache fuse did not come up; see " + self.log.name)
         self.dev = line.decode().split()[1]

@@ -76,22 +76,23 @@ def round_trip(binary, kind):
         d.close()
 
 
-def test_ublk_round_trip_or_says_why(compcache_bin):
-    if not has_ublk():
-        p = run([compcache_bin, "ublk", "--size", "16M"], check=False, timeout=60)
-        assert p.returncode != 0
-        assert "ublk is not available" in p.stderr and "modprobe ublk_drv" in p.stderr, p.stderr
-        pytest.skip("this kernel has no ublk (no /dev/ublk-control): checked the message; the VM test covers it")
-    round_trip(compcache_bin, "ublk")
+# Each front end: whether the kernel has it, what the server says when it does not, and the
+# skip's reason then.
+FRONT_ENDS = {
+    "ublk": (has_ublk, ("ublk is not available", "modprobe ublk_drv"), "no ublk (no /dev/ublk-control)"),
+    "nbd-attach": (has_nbd, ("kernel NBD is not available", "modprobe nbd"), "no nbd driver (no /sys/block/nbd0)"),
+}
 
 
-def test_nbd_attach_round_trip_or_says_why(compcache_bin):
-    if not has_nbd():
-        p = run([compcache_bin, "nbd-attach", "--size", "16M"], check=False, timeout=60)
+@pytest.mark.parametrize("command", list(FRONT_ENDS))
+def test_round_trip_or_says_why(compcache_bin, command):
+    present, says, missing = FRONT_ENDS[command]
+    if not present():
+        p = run([compcache_bin, command, "--size", "16M"], check=False, timeout=60)
         assert p.returncode != 0
-        assert "kernel NBD is not available" in p.stderr and "modprobe nbd" in p.stderr, p.stderr
-        pytest.skip("this kernel has no nbd driver (no /sys/block/nbd0): checked the message; the VM test covers it")
-    round_trip(compcache_bin, "nbd-attach")
+        assert all(s in p.stderr for s in says), p.stderr
+        pytest.skip(f"this kernel has {missing}: checked the message; the VM test covers it")
+    round_trip(compcache_bin, command)
 
 
 def test_swapon_explains_what_is_missing(compcache_bin):

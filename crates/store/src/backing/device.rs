@@ -14,8 +14,8 @@
 //!   [`BackingDevice::remove_if_created`] removes it (only if the path still names it) when the
 //!   start it was made for is refused.
 //! - An existing path is opened with `O_NOFOLLOW` (a symbolic link is refused, unless it
-//!   leads to a block device and belongs to root or this user, as udev's `/dev/disk/by-*`
-//!   links do) and `O_EXCL`, which for a block device is the kernel's exclusive claim: a mounted
+//!   leads to a block device and it, and every link after it, belongs to root or this user,
+//!   as udev's `/dev/disk/by-*` links do) and `O_EXCL`, which for a block device is the kernel's exclusive claim: a mounted
 //!   device, an active swap device or one another program holds gives EBUSY, refused with a
 //!   message that says so (for a regular file Linux ignores `O_EXCL` without `O_CREAT`).
 //! - A regular file is locked with `flock(LOCK_EX | LOCK_NB)` for as long as it is open: a
@@ -340,17 +340,29 @@ fn open_existing(path: &Path) -> io::Result<File> {
 }
 
 /// Where a symbolic link at `path` leads, if compcache may follow it: to a block device, and
-/// the link belongs to root or to this user (udev's /dev/disk/by-* links). A link someone else
-/// planted is never followed.
+/// every link on the way belongs to root or to this user (udev's /dev/disk/by-* links, and
+/// chains of them such as LVM's). A link someone else planted is never followed, also not as
+/// the second link of a chain that starts with a trusted one.
 fn trusted_link_to_block_device(path: &Path) -> Option<PathBuf> {
-    let link = std::fs::symlink_metadata(path).ok()?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
-    if !link.file_type().is_symlink() || (link.uid() != 0 && link.uid() != uid) {
-        return None;
+    let mut at = path.to_path_buf();
+    // At most 40 links, the kernel's MAXSYMLINKS.
+    for _ in 0..40 {
+        let meta = std::fs::symlink_metadata(&at).ok()?;
+        if !meta.file_type().is_symlink() {
+            return meta.file_type().is_block_device().then_some(at);
+        }
+        if meta.uid() != 0 && meta.uid() != uid {
+            return None;
+        }
+        let target = std::fs::read_link(&at).ok()?;
+        at = match at.parent() {
+            Some(dir) if target.is_relative() => dir.join(target),
+            _ => target,
+        };
     }
-    let real = std::fs::canonicalize(path).ok()?;
-    std::fs::metadata(&real).ok()?.file_type().is_block_device().then_some(real)
+    None
 }
 
 /// One server per backing file: an exclusive, non-blocking `flock` held as long as the file
