@@ -26,7 +26,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
