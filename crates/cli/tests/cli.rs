@@ -519,16 +519,8 @@ fn backing_file_after_stop(plaintext: bool) {
     }
     let mut srv = ServerGuard::start(&dir, &flags);
     let mut c = srv.client();
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for i in 0..32u64 {
-        let mut p: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let mut p = compcache_store::testing::noise(0x9E37_79B9_7F4A_7C15 + i, 4096);
         p[100..100 + marker.len()].copy_from_slice(marker);
         c.write(i * 4096, &p).unwrap();
     }

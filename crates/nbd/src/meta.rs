@@ -166,20 +166,24 @@ pub fn encode_extents(out: &mut [u8], extents: impl Iterator<Item = Extent>) -> 
     n
 }
 
+/// The option data [`parse_request`] reads, for tests (the server never sends one).
+#[cfg(test)]
+pub(crate) fn encode_request(export: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (export.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(export.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn request(export: &str, queries: &[&str]) -> Vec<u8> {
-        let mut d = (export.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(export.as_bytes());
-        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            d.extend_from_slice(q.as_bytes());
-        }
-        d
-    }
+    use super::encode_request as request;
 
     #[test]
     fn requests_parse_and_malformed_ones_are_refused() {

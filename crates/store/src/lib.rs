@@ -40,7 +40,7 @@ mod mover;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod zeroed;
 pub(crate) mod zspool;

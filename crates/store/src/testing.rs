@@ -10,6 +10,20 @@ use std::sync::Arc;
 
 use crate::backing::{BackingDevice, DeviceOptions, FileDevice};
 
+/// `len` bytes of incompressible noise from `seed` (xorshift64): the same bytes for the same
+/// seed, different bytes for different seeds (a seed of 0 is taken as 1: xorshift stays at 0).
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.max(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// A temporary directory, removed on drop (also when a test fails).
 pub struct TempDir(PathBuf);
 

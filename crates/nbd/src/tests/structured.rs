@@ -35,16 +35,7 @@ fn error_payload(p: &[u8]) -> ErrorReply {
 }
 
 /// LIST/SET_META_CONTEXT option data.
-fn meta_request(export: &str, queries: &[&str]) -> Vec<u8> {
-    let mut d = (export.len() as u32).to_be_bytes().to_vec();
-    d.extend_from_slice(export.as_bytes());
-    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-    for q in queries {
-        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-        d.extend_from_slice(q.as_bytes());
-    }
-    d
-}
+use crate::meta::encode_request as meta_request;
 
 /// Sends a meta context option; Ok with the contexts (id, name) replied before ACK, or Err
 /// with the error reply and its message.
@@ -310,15 +301,7 @@ fn structured_reads_are_one_data_chunk_and_errors_are_error_chunks() {
     assert_eq!(error_payload(&payload).0, ENOSPC);
     let mut enospc = None;
     for i in 16..200u64 {
-        let mut x = i.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
-        let noise: Vec<u8> = (0..4096)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let noise = compcache_store::testing::noise(i.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1, 4096);
         c.send(CMD_WRITE, 0, i * 4096, 4096, &noise).unwrap();
         match recv_wire(c.stream()) {
             Wire::Simple { error: 0, .. } => {}

@@ -102,15 +102,7 @@ mod tests {
             text.extend_from_slice(b"compcache keeps swapped pages compressed in RAM. ");
         }
         text.truncate(PAGE_SIZE);
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let noise: Vec<u8> = (0..PAGE_SIZE)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let noise = crate::testing::noise(0x9E37_79B9_7F4A_7C15, PAGE_SIZE);
         vec![vec![0u8; PAGE_SIZE], text, noise]
     }
 
