@@ -47,7 +47,18 @@ impl Level {
 
 /// Writes one line: `who: <level word>msg`. Never panics.
 pub fn log(level: Level, who: &str, msg: &str) {
-    let line = format_line(level, who, msg, journal_stream());
+    write_line(format_line(level, who, msg, journal_stream()));
+}
+
+/// Writes one line at `level` in the caller's own words, `who: text`, without the level
+/// word: for the few lines whose wording is fixed (`WARNING:` in capitals for a server open to
+/// everyone).
+pub fn log_verbatim(level: Level, who: &str, text: &str) {
+    let priority = if journal_stream() { format!("<{}>", level as u8) } else { String::new() };
+    write_line(format!("{priority}{who}: {text}\n"));
+}
+
+fn write_line(line: String) {
     // One write call per line, so that lines of concurrent threads do not interleave.
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
