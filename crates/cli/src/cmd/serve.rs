@@ -13,7 +13,7 @@ use compcache_nbd::control::{self, ControlState, DeviceInfo};
 use compcache_nbd::listener::{self, SocketFileGuard};
 use compcache_nbd::tls::{self, TlsOptions};
 use compcache_nbd::{Export, Server, ServerOptions};
-use compcache_store::Store;
+use compcache_store::{Config, Store};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -91,28 +91,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let signals = StopSignals::block()?;
 
     let cfg = args.store.config()?;
-    let socket = match (&args.socket, &args.listen) {
-        (Some(p), _) => Some(p.clone()),
-        (None, Some(_)) => None,
-        (None, None) => {
-            let path = paths::default_socket();
-            // The default place is made private (0700) and must be ours: bound there, nobody
-            // else can reach or replace the socket.
-            if std::env::var_os(paths::SOCKET_ENV).filter(|p| !p.is_empty()).is_none() {
-                paths::private_dir(&paths::default_dir()).map_err(Failure::new)?;
-            }
-            Some(path)
-        }
-    };
-    let tcp = args.listen.as_deref().map(parse_listen).transpose()?;
-    let tls = tls_options(&args, tcp)?;
-    let control_path = args.control.clone().unwrap_or_else(|| match &socket {
-        Some(s) => paths::control_for(s),
-        None => paths::default_control(),
-    });
-    if socket.as_deref() == Some(control_path.as_path()) {
-        return Err(Failure::usage("--control must differ from --socket"));
-    }
+    let Endpoints { socket, tcp, tls, control: control_path } = endpoints(&args)?;
 
     if args.mlock {
         process::lock_memory("--mlock")?;
@@ -180,26 +159,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
     spawn("control", tx, move || control::serve(state, control_listener));
     start.started();
 
-    let mut places: Vec<String> = Vec::new();
-    if let Some(p) = &device.nbd_socket {
-        places.push(format!("unix:{p}"));
-    }
-    if let Some(a) = &device.nbd_tcp {
-        places.push(format!("tcp:{a}"));
-    }
     // A closed stdout (a supervisor that stopped reading) must not kill a running device.
-    let _ = writeln!(
-        std::io::stdout(),
-        "compcache: serving {} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
-        human(store.disksize_bytes()),
-        store.disksize_bytes(),
-        cfg.algorithm,
-        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
-        args.name,
-        places.join(" and "),
-        device.control_socket,
-        device.pid
-    );
+    let _ = writeln!(std::io::stdout(), "{}", ready_line(&store, &cfg, &device));
 
     let result = match events.recv() {
         Ok(Event::Signal(sig)) => {
@@ -222,6 +183,63 @@ pub fn run(args: Args) -> Result<(), Failure> {
         std::process::exit(f.exit_code());
     }
     std::process::exit(0);
+}
+
+/// Where the server answers, from the flags: the NBD Unix socket (the default one unless
+/// `--listen` alone), the TCP address with its TLS, and the control socket.
+struct Endpoints {
+    socket: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    tls: Option<TlsOptions>,
+    control: PathBuf,
+}
+
+fn endpoints(args: &Args) -> Result<Endpoints, Failure> {
+    let socket = match (&args.socket, &args.listen) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(_)) => None,
+        (None, None) => {
+            let path = paths::default_socket();
+            // The default place is made private (0700) and must be ours: bound there, nobody
+            // else can reach or replace the socket.
+            if std::env::var_os(paths::SOCKET_ENV).filter(|p| !p.is_empty()).is_none() {
+                paths::private_dir(&paths::default_dir()).map_err(Failure::new)?;
+            }
+            Some(path)
+        }
+    };
+    let tcp = args.listen.as_deref().map(parse_listen).transpose()?;
+    let tls = tls_options(args, tcp)?;
+    let control_path = args.control.clone().unwrap_or_else(|| match &socket {
+        Some(s) => paths::control_for(s),
+        None => paths::default_control(),
+    });
+    if socket.as_deref() == Some(control_path.as_path()) {
+        return Err(Failure::usage("--control must differ from --socket"));
+    }
+    Ok(Endpoints { socket, tcp, tls, control: control_path })
+}
+
+/// The line printed on stdout once everything is bound and served.
+fn ready_line(store: &Store, cfg: &Config, device: &DeviceInfo) -> String {
+    let mut places: Vec<String> = Vec::new();
+    if let Some(p) = &device.nbd_socket {
+        places.push(format!("unix:{p}"));
+    }
+    if let Some(a) = &device.nbd_tcp {
+        places.push(format!("tcp:{a}"));
+    }
+    format!(
+        "compcache: serving {} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
+        human(store.disksize_bytes()),
+        store.disksize_bytes(),
+        cfg.algorithm,
+        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
+        device.export_name,
+        places.join(" and "),
+        device.control_socket,
+        device.pid
+    )
 }
 
 /// TLS from the flags; refuses a TCP listener that would let clients in without TLS unless
@@ -340,8 +358,8 @@ impl Drop for PidFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use compcache_store::Algorithm;
     use clap::Parser;
+    use compcache_store::Algorithm;
 
     #[derive(Parser)]
     struct T {
