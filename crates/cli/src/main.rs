@@ -5,9 +5,13 @@
 mod backing;
 mod cmd;
 mod failure;
+mod frontend;
+mod log;
 mod maintenance;
 mod paths;
 mod private_file;
+mod process;
+mod store_args;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -46,7 +50,7 @@ fn main() {
         Command::Fuse(a) => cmd::fuse::run_fuse(a),
     };
     if let Err(f) = result {
-        eprintln!("compcache: error: {f}");
+        log::error(&f.to_string());
         std::process::exit(f.exit_code());
     }
 }

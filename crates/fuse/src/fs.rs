@@ -6,6 +6,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use compcache_log::Rejects;
 use compcache_store::{Context, Store, PAGE_SIZE};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
@@ -82,6 +83,8 @@ pub struct DeviceFs {
     uid: u32,
     gid: u32,
     started: SystemTime,
+    /// Refused and failed requests are logged through this (the front ends' one policy).
+    rejects: Rejects,
 }
 
 impl DeviceFs {
@@ -90,7 +93,17 @@ impl DeviceFs {
         let workers = Workers::new(&store, workers, max_request);
         // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        DeviceFs { store, size, workers, max_request, max_background, uid, gid, started: SystemTime::now() }
+        DeviceFs {
+            store,
+            size,
+            workers,
+            max_request,
+            max_background,
+            uid,
+            gid,
+            started: SystemTime::now(),
+            rejects: Rejects::new("compcache-fuse"),
+        }
     }
 
     fn attr(&self, ino: INodeNo) -> FileAttr {
@@ -121,11 +134,22 @@ impl DeviceFs {
         ino == INodeNo::ROOT || ino == FILE_INO
     }
 
-    /// Counts a refused request as zram counts `invalid_io`, and returns its errno.
-    fn refuse(&self, errno: i32) -> Errno {
+    /// Counts a refused request as zram counts `invalid_io` and logs it (`Rejects`: a few
+    /// lines a minute), and returns its errno. Only EINVAL is invalid I/O: ENOSPC past the end
+    /// and EOPNOTSUPP for a fallocate mode are a file's ordinary answers.
+    fn refuse(&self, op: &str, offset: u64, len: u64, errno: i32) -> Errno {
         if errno == libc::EINVAL {
             self.store.note_invalid_io();
+            self.rejects.refused(|| format!("{op} at offset {offset} length {len}: {}", std::io::Error::from_raw_os_error(errno)));
         }
+        Errno::from_i32(errno)
+    }
+
+    /// Logs a request the store failed (`Rejects`; the store counts it), and returns its errno.
+    fn failed(&self, req: &request::Request, errno: i32) -> Errno {
+        self.rejects.failed(|| {
+            format!("{:?} at offset {} length {} failed: {}", req.op, req.offset, req.len, std::io::Error::from_raw_os_error(errno))
+        });
         Errno::from_i32(errno)
     }
 }
@@ -218,13 +242,13 @@ impl Filesystem for DeviceFs {
         }
         let req = match request::decode_read(offset, size, self.size, self.max_request) {
             Ok(r) => r,
-            Err(e) => return reply.error(self.refuse(e)),
+            Err(e) => return reply.error(self.refuse("read", offset, u64::from(size), e)),
         };
         // The reply is written to /dev/fuse from the worker's buffer, so it is sent while
         // the worker is held.
         self.workers.with(|w| match request::execute(&self.store, &mut w.ctx, &req, Io::Out(&mut w.buf)) {
             Ok(n) => reply.data(&w.buf[..n]),
-            Err(e) => reply.error(Errno::from_i32(e)),
+            Err(e) => reply.error(self.failed(&req, e)),
         });
     }
 
@@ -246,11 +270,11 @@ impl Filesystem for DeviceFs {
         }
         let req = match request::decode_write(offset, data.len(), self.size) {
             Ok(r) => r,
-            Err(e) => return reply.error(self.refuse(e)),
+            Err(e) => return reply.error(self.refuse("write", offset, data.len() as u64, e)),
         };
         match self.workers.with(|w| request::execute(&self.store, &mut w.ctx, &req, Io::In(data))) {
             Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(Errno::from_i32(e)),
+            Err(e) => reply.error(self.failed(&req, e)),
         }
     }
 
@@ -268,11 +292,11 @@ impl Filesystem for DeviceFs {
         }
         let req = match request::decode_fallocate(offset, length, mode, self.size) {
             Ok(r) => r,
-            Err(e) => return reply.error(self.refuse(e)),
+            Err(e) => return reply.error(self.refuse("fallocate", offset, length, e)),
         };
         match self.workers.with(|w| request::execute(&self.store, &mut w.ctx, &req, Io::None)) {
             Ok(_) => reply.ok(),
-            Err(e) => reply.error(Errno::from_i32(e)),
+            Err(e) => reply.error(self.failed(&req, e)),
         }
     }
 

@@ -17,6 +17,9 @@ use thiserror::Error;
 
 use crate::ioctl::*;
 
+/// How this crate's log lines start.
+const WHO: &str = "compcache-kernel-nbd";
+
 /// The block size given to the kernel: one page, the unit the store works in and swap uses.
 pub const BLOCK_BYTES: u64 = 4096;
 
@@ -241,7 +244,12 @@ where
         // Before `while_up` (which puts the device to use): no request larger than this comes.
         let knob = format!("/sys/block/nbd{index}/queue/max_sectors_kb");
         if let Err(e) = std::fs::write(&knob, format!("{}\n", (max / 1024).max(4))) {
-            eprintln!("compcache-kernel-nbd: cannot cap {name}'s requests at {max} bytes ({knob}: {e}); larger requests are served with buffers grown on demand");
+            compcache_log::warning(
+                WHO,
+                &format!(
+                    "cannot cap {name}'s requests at {max} bytes ({knob}: {e}); larger requests are served with buffers grown on demand"
+                ),
+            );
         }
     }
     if up {
@@ -254,13 +262,13 @@ where
     let mut waited = false;
     while !done.load(Ordering::SeqCst) && listed_in_proc_swaps(&dev_path) {
         if !std::mem::replace(&mut waited, true) {
-            eprintln!("compcache-kernel-nbd: {name} is still swap: it stays attached until `swapoff {name}` succeeds");
+            compcache_log::warning(WHO, &format!("{name} is still swap: it stays attached until `swapoff {name}` succeeds"));
         }
         thread::sleep(Duration::from_secs(1));
     }
     if !done.load(Ordering::SeqCst) {
         if let Err(e) = nbd_ioctl(&*dev, NBD_DISCONNECT, 0) {
-            eprintln!("compcache-kernel-nbd: NBD_DISCONNECT on {name}: {e}");
+            compcache_log::error(WHO, &format!("NBD_DISCONNECT on {name}: {e}"));
         }
     }
     let ran = doit.join().unwrap_or_else(|_| Err(io::Error::other("NBD_DO_IT thread panicked")));

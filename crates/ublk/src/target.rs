@@ -15,10 +15,16 @@
 //! are still running while `while_up` runs). If the device is stopped from outside (e.g.
 //! `ublk del`), the queue threads end and the `alive` function passed to `while_up` turns
 //! false.
+//!
+//! Rejects and failures: a request `decode` refuses is counted in the store's `invalid_io`
+//! and one that the store fails in its `failed_reads`/`failed_writes`; both are logged through
+//! one `compcache_log::Rejects` per device (at most a few lines a minute, the rest counted in
+//! the next line), the policy every front end follows.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use compcache_log::Rejects;
 use compcache_store::{Context, Store, PAGE_SIZE};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
@@ -26,7 +32,10 @@ use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
 
 use crate::error::Error;
 use crate::params::device_params;
-use crate::request::{decode, execute};
+use crate::request::{decode, execute, Request};
+
+/// How this crate's log lines start.
+const WHO: &str = "compcache-ublk";
 
 /// The ublk control device node; present once `ublk_drv` is loaded.
 pub const CONTROL_PATH: &str = "/dev/ublk-control";
@@ -142,8 +151,9 @@ where
 
     let q_store = Arc::clone(&store);
     let q_live = Arc::clone(&live_queues);
+    let rejects = Arc::new(Rejects::new(WHO));
     let queue_fn = move |qid: u16, dev: &UblkDev| {
-        serve_queue(qid, dev, &q_store);
+        serve_queue(qid, dev, &q_store, &rejects);
         q_live.fetch_sub(1, Ordering::SeqCst);
     };
 
@@ -169,7 +179,7 @@ where
 
 /// One queue thread: fetch requests, run each against the store, complete, until the device
 /// stops. Everything the loop needs is allocated here, before the first fetch.
-fn serve_queue(qid: u16, dev: &UblkDev, store: &Store) {
+fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects) {
     let mut ctx: Context = store.context();
     let mut bufs = dev.alloc_queue_io_bufs();
     let dev_bytes = dev.tgt.dev_size;
@@ -178,7 +188,7 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store) {
     let queue = match UblkQueue::new(qid, dev).and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs)))) {
         Ok(q) => q,
         Err(e) => {
-            eprintln!("compcache-ublk: queue {qid} failed to start: {e}");
+            compcache_log::error(WHO, &format!("queue {qid} failed to start: {e}"));
             return;
         }
     };
@@ -187,12 +197,41 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store) {
         let iod = q.get_iod(tag);
         let buf = bufs[tag as usize].as_mut_slice();
         let res = match decode(iod.op_flags, iod.start_sector, iod.nr_sectors, dev_bytes, io_buf_bytes) {
-            Ok(req) => execute(store, &mut ctx, &req, buf),
-            Err(errno) => errno,
+            Ok(req) => {
+                let res = execute(store, &mut ctx, &req, buf);
+                if res < 0 {
+                    rejects.failed(|| store_failure(qid, &req, res));
+                }
+                res
+            }
+            Err(errno) => {
+                store.note_invalid_io();
+                rejects.refused(|| {
+                    format!(
+                        "queue {qid}: op_flags {:#x} sector {} sectors {}: {}",
+                        iod.op_flags,
+                        iod.start_sector,
+                        iod.nr_sectors,
+                        std::io::Error::from_raw_os_error(-errno)
+                    )
+                });
+                errno
+            }
         };
         let desc = BufDesc::Slice(bufs[tag as usize].as_slice());
         if let Err(e) = q.complete_io_cmd_unified(tag, desc, Ok(UblkIORes::Result(res))) {
-            eprintln!("compcache-ublk: queue {qid} tag {tag}: completion failed: {e}");
+            rejects.failed(|| format!("queue {qid} tag {tag}: completion failed: {e}"));
         }
     });
+}
+
+/// The log line of a request the store failed (`res` is `-errno`).
+fn store_failure(qid: u16, req: &Request, res: i32) -> String {
+    format!(
+        "queue {qid}: {:?} at offset {} length {} failed: {}",
+        req.op,
+        req.offset_bytes,
+        req.len_bytes,
+        std::io::Error::from_raw_os_error(-res)
+    )
 }

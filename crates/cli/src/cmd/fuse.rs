@@ -3,12 +3,12 @@
 //! `compcache swapon --frontend fuse` starts; it can be run by hand too.
 //!
 //! Up: the swap server's guarantees (memory locked, I/O flusher, OOM-exempt, a reserve; see
-//! `swapdev::pin_server_memory` and `reserve`), then the store is mounted as
+//! `process::pin_swap_server` and `reserve`), then the store is mounted as
 //! `/run/compcache/fuse-<pid>/device` (a directory of mode 0700), attached with
 //! `losetup --find --direct-io=on --sector-size 4096` (buffered, with a log line, if the
 //! kernel refuses direct I/O), and "READY /dev/loopN" goes to `--ready-fd`.
 //!
-//! Down, on SIGINT/SIGTERM/SIGHUP: as for ublk and nbd (`device.rs`'s `Session`, which this
+//! Down, on SIGINT/SIGTERM/SIGHUP: as for ublk and nbd (`session.rs`'s `Session`, which this
 //! server shares): if the loop device is still swap, swapoff first, and while that fails the
 //! server keeps serving and retries (a device still in swap use is never torn down); the final
 //! statistics are written. Then the loop device is detached, the filesystem unmounted once
@@ -20,8 +20,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::device::{ServerArgs, Session, StoreArgs};
+use super::session::{ServerArgs, Session};
 use crate::failure::Failure;
+use crate::frontend::{modprobe, Frontend};
+use crate::log;
+use crate::store_args::StoreArgs;
 
 /// How long the loop driver may take to let go of the file after `losetup -d`.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -46,9 +49,6 @@ pub struct FuseArgs {
 /// Whether this machine can run the FUSE front end (FUSE, loop, losetup), loading the
 /// modules if needed; the error says what is missing.
 pub fn kernel_support() -> Result<(), String> {
-    let modprobe = |m: &str| {
-        let _ = Command::new("modprobe").args(["-q", m]).status();
-    };
     if compcache_fuse::kernel_support().is_err() {
         modprobe("fuse");
     }
@@ -100,13 +100,13 @@ impl Loop {
         let dev = match run(true) {
             Ok(dev) => dev,
             Err(e) => {
-                eprintln!("compcache: direct I/O refused ({e}); attaching the loop device buffered");
+                log::warning(&format!("direct I/O refused ({e}); attaching the loop device buffered"));
                 run(false).map_err(Failure::new)?
             }
         };
         let direct_io = std::fs::read_to_string(Self::sys(&dev, "dio")).is_ok_and(|s| s.trim() == "1");
         if !direct_io {
-            eprintln!("compcache: {} runs without direct I/O (buffered through the page cache)", dev.display());
+            log::warning(&format!("{} runs without direct I/O (buffered through the page cache)", dev.display()));
         }
         Ok(Loop { dev, direct_io })
     }
@@ -151,7 +151,7 @@ fn unmount(m: &compcache_fuse::Mounted) {
             }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::ENOENT) => return, // unmounted already
             Err(e) => {
-                eprintln!("compcache: unmounting {}: {e}; detaching it lazily (users of the file will see errors)", m.dir.display());
+                log::error(&format!("unmounting {}: {e}; detaching it lazily (users of the file will see errors)", m.dir.display()));
                 let _ = m.unmount(true);
                 return;
             }
@@ -165,7 +165,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         return Err(Failure::new("compcache fuse needs root (mount, losetup, mlock)"));
     }
     kernel_support().map_err(Failure::new)?;
-    let session = Session::start(&args.store, &args.server, "fuse")?;
+    let session = Session::start(&args.store, &args.server, Frontend::Fuse)?;
     let store = Arc::clone(&session.store);
     let dir = make_mount_dir()?;
     let mut opts = compcache_fuse::Options::default();
@@ -209,12 +209,12 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     session.while_up_named(&dev, &name, &detail, &alive);
     if let Some(l) = &lo {
         if let Err(e) = l.detach() {
-            eprintln!("compcache: {e}");
+            log::error(&e);
         }
     }
     unmount(&mounted);
     if let Err(e) = mounted.join() {
-        eprintln!("compcache: the FUSE session ended with: {e}");
+        log::error(&format!("the FUSE session ended with: {e}"));
     }
     let _ = std::fs::remove_dir(&dir);
     // Dropping the session empties the backing device (no page data outlives the server).

@@ -1,13 +1,14 @@
-//! One module per subcommand.
+//! One module per subcommand, and what the swap servers share.
 
 pub mod compact;
 pub mod serve;
 pub mod stat;
-// Swap set-up (swapon/swapoff) and the ublk / kernel-NBD servers it starts.
+// Swap set-up (swapon/swapoff), the servers it starts (ublk and nbd-attach in device.rs, fuse)
+// and what they share around the device (session.rs).
 pub mod device;
+pub mod fuse;
 pub mod reserve;
+pub mod session;
 pub mod swapdev;
 pub mod swapon;
 pub mod zramconf;
-// The FUSE front end's server (compcache fuse).
-pub mod fuse;

@@ -1,17 +1,20 @@
 //! `compcache serve`: create a compressed RAM device and serve it over NBD until SIGINT,
 //! SIGTERM or SIGHUP, with a control socket for `compcache stat`.
 
-use crate::backing::{spawn_writeback, BackingArgs, StartGuard};
+use crate::backing::{spawn_writeback, StartGuard};
 use crate::failure::Failure;
+use crate::log;
 use crate::paths;
 use crate::private_file;
+use crate::process::{self, StopSignals};
+use crate::store_args::StoreArgs;
 use crate::units::human;
 use compcache_control::socket::{bind_unix, SocketFileGuard};
 use compcache_control::{self as control, ControlState, DeviceInfo};
 use compcache_nbd::listener;
 use compcache_nbd::tls::{self, TlsOptions};
 use compcache_nbd::{Export, Server, ServerOptions};
-use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, Store, PAGE_SIZE};
+use compcache_store::{Config, Store};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -22,22 +25,9 @@ use std::sync::{mpsc, Arc};
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Use --mlock when the device is used as swap: see docs/cli.md.")]
 pub struct Args {
-    /// Device size: bytes with an optional K/M/G/T suffix, or a share of RAM such as 25%.
-    #[arg(long, default_value = "25%", value_name = "SIZE")]
-    size: String,
-
-    /// Compression algorithm.
-    #[arg(long, default_value = "lz4", value_name = "lz4|zstd")]
-    algorithm: String,
-
-    /// Compression level (zstd: 1..=22 or -7..=-1; lz4 ignores it).
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    level: Option<i32>,
-
-    /// Most memory the compressed data may take (SIZE or %; 0 or none: no limit). Writes
-    /// beyond it fail with ENOSPC.
-    #[arg(long, default_value = "0", value_name = "SIZE")]
-    mem_limit: String,
+    /// The store flags, as every server takes them (`crate::store_args`).
+    #[command(flatten)]
+    store: StoreArgs,
 
     /// NBD Unix socket [default: $COMPCACHE_SOCKET, /run/compcache/compcache.sock as root,
     /// else $XDG_RUNTIME_DIR/compcache.sock or /tmp/compcache-$UID.sock].
@@ -73,7 +63,7 @@ pub struct Args {
     #[arg(long, default_value = "compcache", value_name = "NAME")]
     name: String,
 
-    /// Lock the server's memory (mlockall with MCL_ONFAULT) so it is never swapped out: use
+    /// Lock the server's memory (its program whole, the rest as it is touched) so it is never swapped out: use
     /// it when serving swap, or the kernel can deadlock swapping out the swap server.
     #[arg(long)]
     mlock: bool,
@@ -89,9 +79,6 @@ pub struct Args {
     /// Log each client connecting and disconnecting (errors are always logged).
     #[arg(long, short)]
     verbose: bool,
-
-    #[command(flatten)]
-    backing: BackingArgs,
 }
 
 /// What the main thread waits for. (Listeners never end: they retry after accept errors.)
@@ -102,35 +89,13 @@ enum Event {
 pub fn run(args: Args) -> Result<(), Failure> {
     // Before any thread exists, so that every thread inherits the mask and only the signal
     // thread below receives SIGINT/SIGTERM/SIGHUP.
-    let signals = block_shutdown_signals()?;
+    let signals = StopSignals::block()?;
 
-    let ram = physical_ram_bytes();
-    let cfg = config_from(&args, ram)?;
-    let socket = match (&args.socket, &args.listen) {
-        (Some(p), _) => Some(p.clone()),
-        (None, Some(_)) => None,
-        (None, None) => {
-            let path = paths::default_socket();
-            // The default place is made private (0700) and must be ours: bound there, nobody
-            // else can reach or replace the socket.
-            if std::env::var_os(paths::SOCKET_ENV).filter(|p| !p.is_empty()).is_none() {
-                paths::private_dir(&paths::default_dir()).map_err(Failure::new)?;
-            }
-            Some(path)
-        }
-    };
-    let tcp = args.listen.as_deref().map(parse_listen).transpose()?;
-    let tls = tls_options(&args, tcp)?;
-    let control_path = args.control.clone().unwrap_or_else(|| match &socket {
-        Some(s) => paths::control_for(s),
-        None => paths::default_control(),
-    });
-    if socket.as_deref() == Some(control_path.as_path()) {
-        return Err(Failure::usage("--control must differ from --socket"));
-    }
+    let cfg = args.store.config()?;
+    let Endpoints { socket, tcp, tls, control: control_path } = endpoints(&args)?;
 
     if args.mlock {
-        lock_memory()?;
+        process::lock_memory("--mlock")?;
     }
     let store = Store::new(cfg.clone()).map_err(|e| {
         let hint =
@@ -178,7 +143,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let server = Arc::new(Server::new(Export { name: args.name.clone(), description, store: store.clone() }, options));
 
     let (tx, events) = mpsc::channel::<Event>();
-    spawn("signals", tx.clone(), move || Event::Signal(wait_for_signal(&signals)));
+    spawn("signals", tx.clone(), move || Event::Signal(signals.wait(&|| true).unwrap_or(0)));
     if let Some(l) = unix {
         let s = server.clone();
         spawn("nbd-unix", tx.clone(), move || listener::serve_unix(s, l));
@@ -195,31 +160,13 @@ pub fn run(args: Args) -> Result<(), Failure> {
     spawn("control", tx, move || control::serve(state, control_listener));
     start.started();
 
-    let mut places: Vec<String> = Vec::new();
-    if let Some(p) = &device.nbd_socket {
-        places.push(format!("unix:{p}"));
-    }
-    if let Some(a) = &device.nbd_tcp {
-        places.push(format!("tcp:{a}"));
-    }
     // A closed stdout (a supervisor that stopped reading) must not kill a running device.
-    let _ = writeln!(
-        std::io::stdout(),
-        "compcache: serving {} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
-        human(store.disksize_bytes()),
-        store.disksize_bytes(),
-        cfg.algorithm,
-        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
-        args.name,
-        places.join(" and "),
-        device.control_socket,
-        device.pid
-    );
+    let _ = writeln!(std::io::stdout(), "{}", ready_line(&store, &cfg, &device));
 
     let result = match events.recv() {
         Ok(Event::Signal(sig)) => {
             let files: Vec<String> = guards.iter().map(|g| g.path().display().to_string()).collect();
-            let _ = writeln!(std::io::stderr(), "compcache: {} received: stopping, removing {}", signal_name(sig), files.join(" and "));
+            log::info(&format!("{} received: stopping, removing {}", process::signal_name(sig), files.join(" and ")));
             Ok(())
         }
         Err(_) => Err(Failure::new("every listener stopped; stopping")),
@@ -233,58 +180,67 @@ pub fn run(args: Args) -> Result<(), Failure> {
     // that `exit` stops, so it is never dropped; empty the backing device now.
     store.close_backing();
     if let Err(f) = result {
-        eprintln!("compcache: error: {f}");
+        log::error(&f.to_string());
         std::process::exit(f.exit_code());
     }
     std::process::exit(0);
 }
 
-/// Builds and checks the store configuration from the flags.
-fn config_from(args: &Args, ram: u64) -> Result<Config, Failure> {
-    let size = parse_size(&args.size, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?;
-    if size < PAGE_SIZE as u64 {
-        return Err(Failure::usage(format!("--size {}: the device needs at least one {PAGE_SIZE}-byte page", args.size)));
-    }
-    let algorithm: Algorithm = args.algorithm.parse().map_err(|e: String| Failure::usage(format!("--algorithm: {e}")))?;
-    let mem_limit = match args.mem_limit.trim() {
-        "0" | "none" | "" => 0,
-        text => parse_size(text, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
+/// Where the server answers, from the flags: the NBD Unix socket (the default one unless
+/// `--listen` alone), the TCP address with its TLS, and the control socket.
+struct Endpoints {
+    socket: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    tls: Option<TlsOptions>,
+    control: PathBuf,
+}
+
+fn endpoints(args: &Args) -> Result<Endpoints, Failure> {
+    let socket = match (&args.socket, &args.listen) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(_)) => None,
+        (None, None) => {
+            let path = paths::default_socket();
+            // The default place is made private (0700) and must be ours: bound there, nobody
+            // else can reach or replace the socket.
+            if std::env::var_os(paths::SOCKET_ENV).filter(|p| !p.is_empty()).is_none() {
+                paths::private_dir(&paths::default_dir()).map_err(Failure::new)?;
+            }
+            Some(path)
+        }
     };
-    // Printed once every other check has passed (an error is the one line then).
-    let warning = super::device::check_store_limits(size, &args.mem_limit, mem_limit)?;
-    if ram > 0 && mem_limit > ram {
-        return Err(Failure::usage(format!(
-            "--mem-limit {} is above physical RAM ({}): it could never take effect; give at most {} or 0 for no limit",
-            args.mem_limit,
-            human(ram),
-            human(ram)
-        )));
+    let tcp = args.listen.as_deref().map(parse_listen).transpose()?;
+    let tls = tls_options(args, tcp)?;
+    let control_path = args.control.clone().unwrap_or_else(|| match &socket {
+        Some(s) => paths::control_for(s),
+        None => paths::default_control(),
+    });
+    if socket.as_deref() == Some(control_path.as_path()) {
+        return Err(Failure::usage("--control must differ from --socket"));
     }
-    // The slot table costs 16 bytes per page whether or not it is used; a device whose table
-    // alone would take half of RAM cannot be what was meant.
-    let slot_table = size / PAGE_SIZE as u64 * 16;
-    if ram > 0 && slot_table > ram / 2 {
-        return Err(Failure::usage(format!(
-            "--size {} needs a {} slot table, more than half of RAM ({}): choose a smaller size (25%-200% of RAM is usual)",
-            args.size,
-            human(slot_table),
-            human(ram)
-        )));
+    Ok(Endpoints { socket, tcp, tls, control: control_path })
+}
+
+/// The line printed on stdout once everything is bound and served.
+fn ready_line(store: &Store, cfg: &Config, device: &DeviceInfo) -> String {
+    let mut places: Vec<String> = Vec::new();
+    if let Some(p) = &device.nbd_socket {
+        places.push(format!("unix:{p}"));
     }
-    if ram > 0 && size > 2 * ram {
-        eprintln!(
-            "compcache: warning: --size {} is more than twice RAM ({}): compressed memory rarely holds more than 2-3x",
-            human(size),
-            human(ram)
-        );
+    if let Some(a) = &device.nbd_tcp {
+        places.push(format!("tcp:{a}"));
     }
-    let backing = args.backing.config(ram, mem_limit)?;
-    let cfg = Config { algorithm, level: args.level, mem_limit_bytes: mem_limit, backing, ..Config::with_disksize(size) };
-    cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
-    if let Some(warning) = warning {
-        eprintln!("compcache: warning: {warning}");
-    }
-    Ok(cfg)
+    format!(
+        "compcache: serving {} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
+        human(store.disksize_bytes()),
+        store.disksize_bytes(),
+        cfg.algorithm,
+        if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },
+        device.export_name,
+        places.join(" and "),
+        device.control_socket,
+        device.pid
+    )
 }
 
 /// TLS from the flags; refuses a TCP listener that would let clients in without TLS unless
@@ -302,9 +258,13 @@ fn tls_options(args: &Args, tcp: Option<SocketAddr>) -> Result<Option<TlsOptions
     };
     if let Some(addr) = tcp {
         if args.insecure_plain_tcp {
-            eprintln!(
-                "compcache: WARNING: --insecure-plain-tcp: NBD on {addr} accepts clients without TLS: anyone who can reach it{} can read and write this device (for swap: other processes' memory)",
+            // In capitals: a device anyone on the network path can read and write.
+            log::verbatim(
+                log::Level::Warning,
+                &format!(
+                "WARNING: --insecure-plain-tcp: NBD on {addr} accepts clients without TLS: anyone who can reach it{} can read and write this device (for swap: other processes' memory)",
                 if addr.ip().is_loopback() { " (every local user)" } else { "" }
+            ),
             );
         } else if tls.is_none() {
             return Err(Failure::usage(format!(
@@ -331,68 +291,9 @@ fn spawn(name: &str, tx: mpsc::Sender<Event>, f: impl FnOnce() -> Event + Send +
         let _ = tx.send(f());
     });
     if let Err(e) = spawned {
-        eprintln!("compcache: error: cannot start the {name} thread: {e}");
+        log::error(&format!("cannot start the {name} thread: {e}"));
         std::process::exit(1);
     }
-}
-
-/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and so in every thread it starts). A
-/// hangup (the terminal closed) stops the server cleanly instead of killing it with its
-/// socket files left behind. SIGHUP is left alone when it is ignored (`nohup`): Linux keeps a
-/// blocked signal pending even when its action is to ignore it, so `sigwait` would see it.
-fn block_shutdown_signals() -> Result<libc::sigset_t, Failure> {
-    // SAFETY: `set` and `old` are plain C structs; `set` is initialised by sigemptyset before
-    // any other use and `old` is only written by sigaction (a null new action changes
-    // nothing). pthread_sigmask only reads `set`. No Rust invariant depends on signal state.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        let mut old: libc::sigaction = std::mem::zeroed();
-        let hup_ignored = libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN;
-        if !hup_ignored {
-            libc::sigaddset(&mut set, libc::SIGHUP);
-        }
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(Failure::new(format!("cannot block SIGINT/SIGTERM/SIGHUP: {}", std::io::Error::from_raw_os_error(rc))));
-        }
-        Ok(set)
-    }
-}
-
-/// Waits for one of the blocked signals; returns its number.
-fn wait_for_signal(set: &libc::sigset_t) -> i32 {
-    loop {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: `set` was initialised by block_shutdown_signals and `sig` is a valid out
-        // pointer for the duration of the call.
-        let rc = unsafe { libc::sigwait(set, &mut sig) };
-        if rc == 0 {
-            return sig;
-        }
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGHUP => "SIGHUP",
-        _ => "signal",
-    }
-}
-
-/// `--mlock`: the server's memory locked as a swap server's is (`swapdev::lock_server_memory`):
-/// what is mapped now whole, the rest as it is touched, so untouched reservations (the store's
-/// address space) cost nothing.
-fn lock_memory() -> Result<(), Failure> {
-    super::swapdev::lock_server_memory().map_err(|e| {
-        Failure::new(format!(
-            "--mlock: mlockall failed: {e}: run as root (or with CAP_IPC_LOCK), or raise the locked-memory limit (`ulimit -l`)"
-        ))
-    })
 }
 
 /// The PID file: created exclusively, owner-only, never through a symbolic link
@@ -411,7 +312,7 @@ impl PidFile {
         let mut f = match private_file::create_new(path) {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 match stale_pid(path) {
-                    Ok(pid) => eprintln!("compcache: --pid-file {}: replacing a stale PID file (process {pid} is gone)", path.display()),
+                    Ok(pid) => log::warning(&format!("--pid-file {}: replacing a stale PID file (process {pid} is gone)", path.display())),
                     Err(why) => return Err(fail(format!("{why}: remove it or choose another path"))),
                 }
                 std::fs::remove_file(path).map_err(|e| fail(e.to_string()))?;
@@ -459,6 +360,7 @@ impl Drop for PidFile {
 mod tests {
     use super::*;
     use clap::Parser;
+    use compcache_store::Algorithm;
 
     #[derive(Parser)]
     struct T {
@@ -474,7 +376,7 @@ mod tests {
 
     #[test]
     fn defaults_are_a_quarter_of_ram_lz4_no_limit() {
-        let cfg = config_from(&args(&[]), 8 * GIB).unwrap();
+        let cfg = args(&[]).store.config_for_ram(8 * GIB).unwrap();
         assert_eq!(cfg.disksize_bytes, 2 * GIB);
         assert_eq!(cfg.algorithm, Algorithm::Lz4);
         assert_eq!(cfg.mem_limit_bytes, 0);
@@ -482,7 +384,8 @@ mod tests {
 
     #[test]
     fn flags_reach_the_config() {
-        let cfg = config_from(&args(&["--size", "1G", "--algorithm", "zstd", "--level", "-3", "--mem-limit", "10%"]), 8 * GIB).unwrap();
+        let cfg =
+            args(&["--size", "1G", "--algorithm", "zstd", "--level", "-3", "--mem-limit", "10%"]).store.config_for_ram(8 * GIB).unwrap();
         assert_eq!(cfg.disksize_bytes, GIB);
         assert_eq!(cfg.algorithm, Algorithm::Zstd);
         assert_eq!(cfg.level, Some(-3));
@@ -491,26 +394,26 @@ mod tests {
 
     #[test]
     fn impossible_sizes_say_what_to_do() {
-        let e = config_from(&args(&["--mem-limit", "16G"]), 8 * GIB).unwrap_err().to_string();
+        let e = args(&["--mem-limit", "16G"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.contains("above physical RAM") && e.contains("0 for no limit"), "{e}");
-        let e = config_from(&args(&["--size", "2T"]), 8 * GIB).unwrap_err().to_string();
+        let e = args(&["--size", "2T"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.contains("slot table"), "{e}");
-        let e = config_from(&args(&["--size", "12Q"]), 8 * GIB).unwrap_err().to_string();
+        let e = args(&["--size", "12Q"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.starts_with("--size"), "{e}");
-        let e = config_from(&args(&["--algorithm", "lzo"]), 8 * GIB).unwrap_err().to_string();
+        let e = args(&["--algorithm", "lzo"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.contains("lz4 or zstd"), "{e}");
-        let e = config_from(&args(&["--algorithm", "zstd", "--level", "99"]), 8 * GIB).unwrap_err().to_string();
+        let e = args(&["--algorithm", "zstd", "--level", "99"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.contains("level 99"), "{e}");
     }
 
     #[test]
     fn backing_flags_reach_the_config() {
         // The flags themselves are tested in crate::backing; here, that serve takes them.
-        let cfg = config_from(&args(&["--mem-limit", "1G", "--backing", "/tmp/b", "--writeback-rate", "8M/s"]), 8 * GIB).unwrap();
+        let cfg = args(&["--mem-limit", "1G", "--backing", "/tmp/b", "--writeback-rate", "8M/s"]).store.config_for_ram(8 * GIB).unwrap();
         let b = cfg.backing.unwrap();
         assert_eq!((b.path.to_str(), b.writeback_rate_bytes), (Some("/tmp/b"), 8 << 20));
-        assert!(config_from(&args(&[]), 8 * GIB).unwrap().backing.is_none());
-        let e = config_from(&args(&["--backing", "/tmp/b", "--writeback-low", "95"]), 8 * GIB).unwrap_err().to_string();
+        assert!(args(&[]).store.config_for_ram(8 * GIB).unwrap().backing.is_none());
+        let e = args(&["--backing", "/tmp/b", "--writeback-low", "95"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.contains("watermarks"), "{e}");
     }
 

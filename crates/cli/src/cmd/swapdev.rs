@@ -1,19 +1,18 @@
-//! What the swap commands share: writing a swap header, the swapon/swapoff system calls,
-//! `/proc/swaps`, keeping a swap server's memory resident, waiting for a stop signal, and
-//! the state files that let `compcache swapoff` find what `compcache swapon` started.
+//! The kernel's swap, as the swap commands use it: writing a swap header, the swapon/swapoff
+//! system calls, `/proc/swaps`, and taking a device out of swap use before its server removes
+//! it. (Signals and memory locking are `crate::process`; `swapon`'s state files are
+//! `swapon/state.rs`.)
 
 use std::fs::OpenOptions;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use crate::failure::Failure;
 
 /// The page size swap works in (x86-64, arm64 with 4K pages).
 pub const PAGE_BYTES: u64 = 4096;
-/// Where `compcache swapon` records its devices (one JSON file each) and the servers' logs.
-pub const STATE_DIR: &str = "/run/compcache/swap";
 
 /// `swapon(2)` flags (linux/swap.h).
 const SWAP_FLAG_PREFER: libc::c_int = 0x8000;
@@ -105,7 +104,7 @@ pub fn is_active_swap(dev: &Path) -> bool {
     match std::fs::read_to_string("/proc/swaps") {
         Ok(swaps) => swaps_list(&swaps, dev),
         Err(e) => {
-            eprintln!("compcache: cannot read /proc/swaps ({e}): taking {} to be swap", dev.display());
+            crate::log::warning(&format!("cannot read /proc/swaps ({e}): taking {} to be swap", dev.display()));
             true
         }
     }
@@ -185,200 +184,6 @@ pub fn take_out_of_swap(
         delay = (delay * 2).min(SWAPOFF_RETRY_MAX);
     }
     failures
-}
-
-/// Keeps a swap server's memory resident and out of reclaim's I/O:
-/// - [`lock_server_memory`]: what is mapped now is read in whole and locked, and every page
-///   the server touches later stays in RAM (a swapped-out swap server deadlocks the machine);
-/// - `PR_SET_IO_FLUSHER` on this thread, inherited by every thread started afterwards: memory
-///   reclaim entered by the server never waits for I/O, so it cannot wait on itself;
-/// - `oom_score_adj = -1000`: the OOM killer never picks the server, whose death would take
-///   every swapped-out page with it (zram's memory is the kernel's, which it cannot kill
-///   either). nbd-client does the same with `-swap`.
-pub fn pin_server_memory(mlock: bool) -> Result<(), Failure> {
-    if mlock {
-        lock_server_memory().map_err(|e| Failure::new(format!("mlockall: {e}: run as root (CAP_IPC_LOCK) or raise `ulimit -l`")))?;
-    }
-    const PR_SET_IO_FLUSHER: libc::c_int = 57;
-    // SAFETY: prctl with integer arguments only; affects this thread's reclaim flags.
-    if unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) } != 0 {
-        eprintln!("compcache: warning: PR_SET_IO_FLUSHER: {} (needs CAP_SYS_RESOURCE)", io::Error::last_os_error());
-    }
-    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
-        eprintln!("compcache: warning: oom_score_adj: {e} (needs CAP_SYS_RESOURCE)");
-    }
-    Ok(())
-}
-
-/// Locks a server's memory, before the store's big sparse mappings exist:
-/// - `mlockall(MCL_CURRENT)`: everything mapped now (the program's text and data, the shared
-///   libraries, the heap, the stack) is faulted in whole and locked. Not on fault: a page of
-///   code the server has not run yet would otherwise be read in the first time it runs, and
-///   that may be under memory pressure, in the middle of a swap-out. Where the program lives
-///   on tmpfs (an initramfs, a container's root), its untouched pages are tmpfs pages that
-///   the kernel may swap out *to this very device*, and the fault that reads one back waits
-///   for a swap-in only this server can serve: the VM test's `global` step hung so, a queue
-///   thread in `shmem_swapin_folio` (docs/swap.md). From disk it is only slow. Costs the
-///   program's size in RAM (about 5 MiB of text), as zram's code costs the kernel's.
-/// - then `mlockall(MCL_FUTURE | MCL_ONFAULT)`: every mapping made later is locked page by
-///   page as it is touched, so the store's reserved but untouched address space costs nothing
-///   (without `MCL_ONFAULT`, `MCL_FUTURE` would populate the whole reservation at once).
-///   `swapdev::lock_future_mappings` later drops `MCL_ONFAULT` for the I/O threads' mappings.
-pub fn lock_server_memory() -> io::Result<()> {
-    // SAFETY: mlockall takes flags only and changes no Rust-visible state.
-    if unsafe { libc::mlockall(libc::MCL_CURRENT) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above. Without MCL_CURRENT this only sets the flags of future mappings and
-    // leaves the ones just locked as they are.
-    if unsafe { libc::mlockall(libc::MCL_FUTURE | libc::MCL_ONFAULT) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Stack size of every thread started after [`lock_future_mappings`]: their stacks are then
-/// populated and locked whole when created, so keep them small (lz4 needs 16 KiB of stack).
-pub const SERVER_THREAD_STACK_BYTES: usize = 512 << 10;
-
-/// The second half of pinning, once the store's big sparse mappings exist (locked on fault):
-/// from now on every new mapping (thread stacks, heap growth) is populated and locked when it
-/// is made, so the I/O threads never take a page fault on their stacks or buffers, which
-/// under memory pressure would wait in reclaim for the swap-outs they are serving.
-pub fn lock_future_mappings(mlock: bool) {
-    // std reads this once, at the first thread spawn: set it before any thread exists.
-    std::env::set_var("RUST_MIN_STACK", SERVER_THREAD_STACK_BYTES.to_string());
-    if mlock {
-        // SAFETY: mlockall takes flags only. MCL_FUTURE without MCL_CURRENT leaves the existing
-        // mappings (the store's reservations, locked on fault) as they are.
-        if unsafe { libc::mlockall(libc::MCL_FUTURE) } != 0 {
-            eprintln!("compcache: warning: mlockall(MCL_FUTURE): {}", io::Error::last_os_error());
-        }
-    }
-}
-
-/// SIGINT, SIGTERM and SIGHUP, blocked in the calling thread (and so in every thread started
-/// after) and collected by [`StopSignals::wait`].
-pub struct StopSignals {
-    set: libc::sigset_t,
-}
-
-// SAFETY: sigset_t is plain data (a bit array) with no pointers or thread affinity.
-unsafe impl Send for StopSignals {}
-// SAFETY: as above; it is never written after construction.
-unsafe impl Sync for StopSignals {}
-
-impl StopSignals {
-    pub fn block() -> Result<StopSignals, Failure> {
-        // SAFETY: an all-zero sigset_t is valid storage, initialised by sigemptyset before use;
-        // each call gets a valid exclusive pointer to it.
-        let (set, rc) = unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGHUP);
-            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            (set, rc)
-        };
-        if rc != 0 {
-            return Err(Failure::new(format!("blocking stop signals: {}", io::Error::from_raw_os_error(rc))));
-        }
-        Ok(StopSignals { set })
-    }
-
-    /// Waits up to `timeout` for a stop signal; returns it, or `None` when none came.
-    pub fn wait_timeout(&self, timeout: Duration) -> Option<i32> {
-        let t = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-        // SAFETY: `self.set` is initialised, `t` is a valid timespec, and a null siginfo
-        // pointer is allowed.
-        let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &t) };
-        (sig > 0).then_some(sig)
-    }
-
-    /// Returns the signal that arrived, or `None` once `alive()` turns false.
-    pub fn wait(&self, alive: &dyn Fn() -> bool) -> Option<i32> {
-        let tick = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
-        loop {
-            // SAFETY: `self.set` is initialised, `tick` is a valid timespec, and a null
-            // siginfo pointer is allowed.
-            let sig = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &tick) };
-            if sig > 0 {
-                return Some(sig);
-            }
-            if !alive() {
-                return None;
-            }
-        }
-    }
-}
-
-/// What `compcache swapon` records about a device it set up, in `STATE_DIR/<dev>.json`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SwapState {
-    pub device: PathBuf,
-    pub frontend: String,
-    pub pid: u32,
-    pub log: PathBuf,
-    pub stats: PathBuf,
-    pub control: PathBuf,
-}
-
-impl SwapState {
-    pub fn path_for(device: &Path) -> PathBuf {
-        let name = device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "device".into());
-        Path::new(STATE_DIR).join(format!("{name}.json"))
-    }
-
-    pub fn save(&self) -> Result<(), Failure> {
-        let v = serde_json::json!({
-            "device": self.device, "frontend": self.frontend, "pid": self.pid,
-            "log": self.log, "stats": self.stats, "control": self.control,
-        });
-        let path = Self::path_for(&self.device);
-        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
-        crate::private_file::write_replacing_own(&path, format!("{v:#}\n").as_bytes())
-            .map_err(|e| Failure::new(format!("{}: {e}", path.display())))
-    }
-
-    pub fn load(path: &Path) -> Result<SwapState, Failure> {
-        let text = std::fs::read_to_string(path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
-        let s = |k: &str| PathBuf::from(v.get(k).and_then(|x| x.as_str()).unwrap_or_default());
-        Ok(SwapState {
-            device: s("device"),
-            frontend: v.get("frontend").and_then(|x| x.as_str()).unwrap_or_default().to_string(),
-            pid: v.get("pid").and_then(|x| x.as_u64()).unwrap_or(0) as u32,
-            log: s("log"),
-            stats: s("stats"),
-            control: s("control"),
-        })
-    }
-
-    /// Every recorded device.
-    pub fn all() -> Vec<PathBuf> {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(STATE_DIR)
-            .map(|d| {
-                d.filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.to_string_lossy().ends_with(".json") && !p.to_string_lossy().ends_with(".stats.json"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    }
-}
-
-/// Writes `text` to the readiness file descriptor `fd` (a pipe from `compcache swapon`) and
-/// closes it.
-pub fn signal_ready(fd: Option<i32>, text: &str) {
-    if let Some(fd) = fd {
-        use std::os::fd::FromRawFd;
-        // SAFETY: the parent passed this descriptor to us for exactly this use; nothing else
-        // in this process owns it, so taking ownership (and closing it on drop) is sound.
-        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
-        let _ = f.write_all(text.as_bytes());
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,272 @@
+//! What every swap server (`ublk`, `nbd-attach`, `fuse`) does around its device, whatever
+//! the front end: the flags they share besides the store's ([`ServerArgs`]), the readiness
+//! line `compcache swapon` waits for, and the [`Session`]: the store and its threads before
+//! the device is up, then the control socket, the wait for a stop signal, taking the device
+//! out of swap use, and the final statistics.
+//!
+//! On a stop signal the device is first taken out of swap use if the kernel still swaps to
+//! it, then removed. It is never removed while it is swap: a failed swapoff is logged with
+//! what to do, the device keeps serving, and swapoff is retried with a growing pause and at
+//! each further stop signal (`swapdev::take_out_of_swap`). The final statistics go to
+//! `--stats-dir/<device>.stats.json` and a control socket (`/run/compcache/<device>.ctl`)
+//! answers `compcache stat --control` while the device is up.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use compcache_control::{self as control, ControlState, DeviceInfo};
+use compcache_store::{parse_size, physical_ram_bytes, Config, Store};
+
+use super::reserve;
+use super::swapdev::{take_out_of_swap, KernelSwap};
+use crate::backing::{spawn_writeback, StartGuard};
+use crate::failure::Failure;
+use crate::frontend::Frontend;
+use crate::log;
+use crate::private_file;
+use crate::process::{lock_future_mappings, pin_swap_server, StopSignals};
+use crate::store_args::StoreArgs;
+use crate::units::human;
+
+/// What both servers take besides the store.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// Do not lock the server's memory. Only for experiments: a swap server that can itself be
+    /// swapped out can deadlock the machine.
+    #[arg(long)]
+    pub no_mlock: bool,
+
+    /// Write the final statistics to DIR/<device>.stats.json on exit.
+    #[arg(long, value_name = "DIR")]
+    pub stats_dir: Option<PathBuf>,
+
+    /// Memory kept resident and free for the I/O path, so that storing a swapped-out page
+    /// never waits for memory (see docs/swap.md): a SIZE, `auto` (1/128 of RAM, 8..=128 MiB)
+    /// or 0 for none [default: auto] (`swapon` passes its own).
+    #[arg(long, value_name = "SIZE|auto|0")]
+    pub reserve: Option<String>,
+
+    /// File descriptor to write "READY <device>" to once the device is up (used by swapon).
+    #[arg(long, value_name = "FD", hide = true, value_parser = parse_ready_fd)]
+    pub ready_fd: Option<i32>,
+}
+
+/// Parses `--ready-fd`: the write end of the pipe `compcache swapon` passes. Anything else (a
+/// closed descriptor, stdin/stdout/stderr, a regular file, a terminal, a socket) is refused,
+/// so that the readiness line can never land in a file or on a descriptor the server uses.
+pub fn parse_ready_fd(text: &str) -> Result<i32, String> {
+    let fd: i32 = text.parse().map_err(|_| format!("{text:?} is not a descriptor number"))?;
+    if fd <= 2 {
+        return Err(format!("{fd} is stdin, stdout or stderr: give the pipe `compcache swapon` passes"));
+    }
+    // SAFETY: stat is plain data; all-zero is valid storage for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only into `st`, which is valid for writes; a bad descriptor is an
+    // error (EBADF), not undefined behaviour.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(format!("descriptor {fd}: {} (it must be open: the pipe `compcache swapon` passes)", std::io::Error::last_os_error()));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => "a regular file",
+            libc::S_IFCHR => "a character device (a terminal?)",
+            libc::S_IFSOCK => "a socket",
+            libc::S_IFDIR => "a directory",
+            _ => "not a pipe",
+        };
+        return Err(format!("descriptor {fd} is {kind}: it must be the pipe `compcache swapon` passes"));
+    }
+    Ok(fd)
+}
+
+/// Writes `text` to the readiness file descriptor `fd` (a pipe from `compcache swapon`) and
+/// closes it.
+pub fn signal_ready(fd: Option<i32>, text: &str) {
+    if let Some(fd) = fd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: the parent passed this descriptor to us for exactly this use; nothing else
+        // in this process owns it, so taking ownership (and closing it on drop) is sound.
+        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
+/// Everything a running swap server needs around the device, shared by the front ends (ublk
+/// and nbd in `device.rs`, fuse in `fuse.rs`).
+pub(super) struct Session {
+    pub(super) store: Arc<Store>,
+    pub(super) cfg: Config,
+    /// The size the front end exposes.
+    pub(super) size_bytes: u64,
+    server: ServerArgs,
+    signals: StopSignals,
+    frontend: Frontend,
+    /// Until the device is up: a refused start gives the backing device up (`StartGuard`).
+    start: std::sync::Mutex<Option<StartGuard>>,
+}
+
+impl Session {
+    pub(super) fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: Frontend) -> Result<Session, Failure> {
+        // Before any thread exists: every thread inherits the blocked mask and the flags.
+        let signals = StopSignals::block()?;
+        pin_swap_server(!server.no_mlock)?;
+        let cfg = store_args.config()?;
+        let size_bytes = cfg.disksize_bytes;
+        let reserve_bytes = match server.reserve.as_deref().unwrap_or("auto") {
+            "auto" => reserve::default_high_bytes(physical_ram_bytes()),
+            "0" | "none" => 0,
+            t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
+        };
+        let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
+        let start = StartGuard::new(&store);
+        lock_future_mappings(!server.no_mlock);
+        if reserve_bytes > 0 {
+            let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
+            keeper.prime();
+            std::thread::Builder::new()
+                .name("reserve".into())
+                .spawn(move || keeper.keep())
+                .map_err(|e| Failure::new(format!("starting the reserve keeper: {e}")))?;
+        }
+        // With the store fault-free, a write that finds no resident pool page overflows to
+        // the backing device; this thread keeps the pool under its watermarks meanwhile.
+        if store.has_backing() {
+            spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
+        }
+        let start = std::sync::Mutex::new(Some(start));
+        Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend, start })
+    }
+
+    /// Runs while the device is up: announce it, serve `compcache stat`, wait for a stop
+    /// signal, and take the device out of swap use before it goes.
+    pub(super) fn while_up(&self, dev: &Path, detail: &str, alive: &dyn Fn() -> bool) {
+        let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        self.while_up_named(dev, &name, detail, alive)
+    }
+
+    /// The same, with the control socket and statistics named `name` (`/run/compcache/<name>.ctl`)
+    /// rather than after the device.
+    pub(super) fn while_up_named(&self, dev: &Path, name: &str, detail: &str, alive: &dyn Fn() -> bool) {
+        if let Some(start) = self.start.lock().ok().and_then(|mut s| s.take()) {
+            start.started();
+        }
+        let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
+        let _ = std::fs::create_dir_all("/run/compcache");
+        let _ = std::fs::remove_file(&ctl);
+        match control::bind(&ctl) {
+            Ok(listener) => {
+                let state = Arc::new(ControlState {
+                    store: Arc::clone(&self.store),
+                    device: DeviceInfo {
+                        export_name: dev.display().to_string(),
+                        nbd_socket: None,
+                        nbd_tcp: None,
+                        control_socket: ctl.display().to_string(),
+                        pid: std::process::id(),
+                        version: env!("CARGO_PKG_VERSION").to_string(),
+                    },
+                });
+                let _ = std::thread::Builder::new().name("control".into()).spawn(move || {
+                    control::serve(state, listener);
+                });
+            }
+            Err(e) => log::warning(&format!("no control socket {}: {e}", ctl.display())),
+        }
+        // A closed stdout (a supervisor that stopped reading) must not kill a running device.
+        let _ = writeln!(
+            std::io::stdout(),
+            "compcache: {} is up: {}, {} {}{}{}, {detail}; control {}; pid {}",
+            dev.display(),
+            self.frontend,
+            human(self.cfg.disksize_bytes),
+            self.cfg.algorithm,
+            if self.cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(self.cfg.mem_limit_bytes)) } else { String::new() },
+            self.cfg.backing.as_ref().map_or(String::new(), |b| format!(", backing {}", b.path.display())),
+            ctl.display(),
+            std::process::id()
+        );
+        signal_ready(self.server.ready_fd, &format!("READY {}\n", dev.display()));
+        match self.signals.wait(alive) {
+            Some(sig) => log::info(&format!("signal {sig}: removing {}", dev.display())),
+            None => log::info(&format!("{} was stopped by the kernel or another program", dev.display())),
+        }
+        // The front end removes the device once this returns: not while it is swap.
+        let mut pause = |d: std::time::Duration| self.signals.wait_timeout(d);
+        take_out_of_swap(dev, &KernelSwap, &mut pause, &mut |line: &str| log::info(line));
+        let _ = std::fs::remove_file(&ctl);
+        self.write_stats(name);
+    }
+
+    /// The final statistics, to the log and to `--stats-dir` (a private file, replacing only
+    /// this user's own: `private_file`).
+    fn write_stats(&self, name: &str) {
+        let stats = serde_json::to_value(self.store.stats()).unwrap_or_default();
+        log::info(&format!("final statistics of {name}: {stats}"));
+        if let Some(dir) = &self.server.stats_dir {
+            let path = dir.join(format!("{name}.stats.json"));
+            let written = private_file::create_private_dir_all(dir)
+                .and_then(|_| private_file::write_replacing_own(&path, format!("{stats:#}\n").as_bytes()));
+            if let Err(e) = written {
+                log::error(&format!("{}: {e}", path.display()));
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    /// The front end has removed the device (or never made it): empty the backing device,
+    /// so that no page data outlives the server (docs/backing.md); the store itself is
+    /// shared with threads that outlive the session. A start refused before the device was
+    /// up then also removes a backing file it created (`start`, dropped after this).
+    fn drop(&mut self) {
+        self.store.close_backing();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        server: ServerArgs,
+    }
+
+    fn parse(v: &[&str]) -> Result<T, clap::Error> {
+        T::try_parse_from(std::iter::once("ublk").chain(v.iter().copied()))
+    }
+
+    #[test]
+    fn ready_fd_must_be_a_pipe() {
+        use std::os::fd::AsRawFd;
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let w = fds[1].to_string();
+        assert_eq!(parse(&["--ready-fd", &w]).unwrap().server.ready_fd, Some(fds[1]));
+        // SAFETY: both descriptors came from pipe() above and are closed once.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        // (Not the pipe's number: another test's thread may open a file under it meanwhile.)
+        let e = parse(&["--ready-fd", "987654"]).err().expect("a closed descriptor is refused").to_string();
+        assert!(e.contains("must be open"), "{e}");
+        for fd in ["0", "1", "2"] {
+            let e = parse(&["--ready-fd", fd]).err().expect("stdio is refused").to_string();
+            assert!(e.contains("stdin, stdout or stderr"), "{e}");
+        }
+        let path = std::env::temp_dir().join(format!("compcache-ready-fd-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        let fd = file.as_raw_fd().to_string();
+        let e = parse(&["--ready-fd", &fd]).err().expect("a regular file is refused").to_string();
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.contains("regular file"), "{e}");
+        assert!(parse(&["--ready-fd", "x"]).is_err());
+    }
+}

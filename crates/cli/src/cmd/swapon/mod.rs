@@ -1,0 +1,180 @@
+//! `compcache swapon` and `compcache swapoff`: compressed swap in one step, in the manner of
+//! systemd's zram-generator.
+//!
+//! swapon: the settings (`settings.rs`: the flags over the zram-generator configuration, if
+//! there is one, or `--config`, checked as every server checks them), the front end
+//! (`crate::frontend`: the one asked for, else ublk, else the NBD driver, else FUSE through a
+//! loop device), the server process for it (`server.rs`: `compcache ublk`, `compcache
+//! nbd-attach` or `compcache fuse`, detached, memory locked, its log in `/run/compcache/swap/`,
+//! waited for until the device is up), then a swap header (mkswap) and swapon with the
+//! priority. What it started is recorded in `/run/compcache/swap/<device>.json` (`state.rs`).
+//!
+//! swapoff: for each recorded device (or the ones named) takes the swap away (the kernel
+//! reads every page back), stops the server (which removes the device), and prints the
+//! device's final statistics.
+
+mod server;
+mod settings;
+mod state;
+
+use std::path::{Path, PathBuf};
+
+use compcache_store::physical_ram_bytes;
+
+use super::swapdev::{is_active_swap, mkswap, swapoff, swapon};
+use crate::failure::Failure;
+use crate::frontend::{Frontend, Wanted};
+use crate::log;
+use crate::store_args::StoreArgs;
+use crate::units::human;
+use server::{stop_server, ServerProcess};
+use settings::settings;
+use state::SwapState;
+
+/// Set up a compressed RAM swap device in one step (mkswap and swapon included).
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Settings come from the flags, else from a zram-generator configuration \
+(/etc/systemd/zram-generator.conf and the other places zram-generator reads, or --config), \
+else zram-generator's defaults: size min(ram / 2, 4096) MiB, priority 100. See docs/swap.md.")]
+pub struct SwaponArgs {
+    /// The store flags, as every server takes them; what they leave open comes from the
+    /// zram-generator configuration. The backing device is `--backing` or else the
+    /// configuration's writeback-device.
+    #[command(flatten)]
+    pub(super) store: StoreArgs,
+
+    /// Swap priority, 0..=32767 (zram-generator: swap-priority; default 100).
+    #[arg(long, value_name = "N")]
+    pub(super) priority: Option<i32>,
+
+    /// Front end: ublk (Linux 6.0+, ublk_drv), nbd (the kernel's NBD driver), fuse (a file on
+    /// a FUSE mount through a loop device), or auto (the first of these the kernel has, in
+    /// that order, loading the module if needed).
+    #[arg(long, default_value = "auto", value_name = "auto|ublk|nbd|fuse")]
+    pub(super) frontend: Wanted,
+
+    /// Read this zram-generator configuration file instead of the system's.
+    #[arg(long, value_name = "FILE")]
+    pub(super) config: Option<PathBuf>,
+
+    /// Ignore any zram-generator configuration.
+    #[arg(long, conflicts_with = "config")]
+    pub(super) no_config: bool,
+
+    /// The configuration section to use [default: the first, usually zram0].
+    #[arg(long, value_name = "NAME")]
+    pub(super) section: Option<String>,
+
+    /// Memory reserved up front for storing swapped-out pages (SIZE or auto; see
+    /// docs/swap.md): make it about the compressed size you expect under memory pressure.
+    #[arg(long, default_value = "auto", value_name = "SIZE|auto")]
+    pub(super) reserve: String,
+
+    /// Do not discard freed swap slots (discard is what frees the device's memory when pages
+    /// are swapped back in and freed; zram-generator's default is discard too).
+    #[arg(long)]
+    pub(super) no_discard: bool,
+}
+
+/// Take compcache swap devices out of use and remove them (all of them by default).
+#[derive(clap::Args, Debug)]
+pub struct SwapoffArgs {
+    /// Devices to take down (e.g. /dev/ublkb0) [default: every device `compcache swapon` set up].
+    devices: Vec<PathBuf>,
+}
+
+pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Failure::new("swapon needs root (creating block devices, mlock, swapon(2))"));
+    }
+    let Some(s) = settings(&args, physical_ram_bytes())? else {
+        println!("compcache: the configuration asks for no device on this machine (host-memory-limit)");
+        return Ok(());
+    };
+    let frontend = Frontend::choose(args.frontend).map_err(Failure::new)?;
+    let (server, dev) = ServerProcess::start(frontend, &s, &args.reserve)?;
+    let state = SwapState::new(dev.clone(), frontend, server.pid(), server.log().to_path_buf());
+    state.save()?;
+    let enabled = mkswap(&dev, s.size_bytes).and_then(|_| swapon(&dev, s.priority, !args.no_discard));
+    if let Err(e) = enabled {
+        let _ = stop_server(&state);
+        let _ = std::fs::remove_file(SwapState::path_for(&dev));
+        return Err(e);
+    }
+    println!(
+        "compcache: swapon {}: {} {}{}{}, priority {}, {} (server pid {}, log {}; settings from {})",
+        dev.display(),
+        human(s.size_bytes),
+        s.algorithm,
+        if s.mem_limit_bytes > 0 { format!(", mem-limit {}", human(s.mem_limit_bytes)) } else { String::new() },
+        s.backing.backing.as_ref().map_or(String::new(), |p| format!(", backing {}", p.display())),
+        s.priority,
+        frontend,
+        state.pid,
+        state.log.display(),
+        s.source
+    );
+    // The server runs on, re-parented to init; `compcache swapoff` stops it.
+    server.detach();
+    Ok(())
+}
+
+pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
+    let states: Vec<PathBuf> =
+        if args.devices.is_empty() { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(d)).collect() };
+    if states.is_empty() {
+        println!("compcache: no compcache swap devices");
+        return Ok(());
+    }
+    let mut failed = Vec::new();
+    for path in states {
+        let state = SwapState::load(&path)?;
+        let dev = state.device.clone();
+        let result = (|| {
+            if is_active_swap(&dev) {
+                swapoff(&dev)?;
+            }
+            stop_server(&state)
+        })();
+        match result {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&path);
+                println!("compcache: swapoff {}: done ({})", dev.display(), state.frontend);
+                match std::fs::read_to_string(&state.stats) {
+                    Ok(stats) => print_stats(&dev, &stats),
+                    Err(_) => println!("compcache: no final statistics for {} (see {})", dev.display(), state.log.display()),
+                }
+            }
+            Err(e) => {
+                log::error(&e.to_string());
+                failed.push(dev.display().to_string());
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::new(format!("could not take down {}", failed.join(", "))))
+    }
+}
+
+/// The final statistics, one summary line (zramctl's columns) and the JSON.
+fn print_stats(dev: &Path, json: &str) {
+    // The one summary (`Stats::summary`): its ratio is orig_data_size / mem_used_total, as
+    // `compcache stat` shows it; fields missing from an older server's file read as 0.
+    let stats: compcache_store::Stats = serde_json::from_str(json).unwrap_or_default();
+    let sum = stats.summary();
+    let ratio = sum.ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.2}"));
+    println!(
+        "compcache: {} statistics: DATA {} COMPR {} TOTAL {} (mem_used_max {}), ratio {ratio}, same_pages {}, huge_pages {}",
+        dev.display(),
+        human(sum.data_bytes),
+        human(sum.compr_bytes),
+        human(sum.total_bytes),
+        human(sum.mem_used_max),
+        sum.same_pages,
+        sum.huge_pages,
+    );
+    println!("{}", json.trim_end());
+}

@@ -1,0 +1,246 @@
+//! The server process `compcache swapon` starts (`compcache ublk`, `nbd-attach` or `fuse`):
+//! its command line, its log file, the readiness pipe it reports the device on, and stopping
+//! it again (`swapoff`, or a swapon that failed after the device was up).
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::settings::Settings;
+use super::state::{SwapState, STATE_DIR};
+use crate::failure::Failure;
+use crate::frontend::Frontend;
+
+/// How long the server may take to bring the device up (generous for emulated machines).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a stopped server may take to exit after swapoff.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A started server whose device is up.
+pub(super) struct ServerProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    /// Starts `frontend`'s server with the settings, detached (its own process group, so a
+    /// Ctrl-C meant for swapon does not reach it; stdout and stderr to a new private log in
+    /// `STATE_DIR`), and waits until it reports its device (returned). A server that fails or
+    /// takes longer than `READY_TIMEOUT` is killed and its log is the error.
+    pub(super) fn start(frontend: Frontend, s: &Settings, reserve: &str) -> Result<(ServerProcess, PathBuf), Failure> {
+        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let log = PathBuf::from(format!("{STATE_DIR}/{frontend}-{stamp}.log"));
+        let log_file = crate::private_file::create_new(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
+        let (ready_r, ready_w) = ready_pipe()?;
+
+        let exe = std::env::current_exe().map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(server_command(frontend, s, reserve, ready_w.as_raw_fd()));
+        cmd.stdin(Stdio::null()).stdout(log_file.try_clone().map_err(|e| Failure::new(e.to_string()))?).stderr(log_file).process_group(0);
+        let mut child = cmd.spawn().map_err(|e| Failure::new(format!("starting the {frontend} server: {e}")))?;
+        drop(ready_w);
+
+        match wait_ready(ready_r) {
+            Some(dev) => Ok((ServerProcess { child, log }, dev)),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                Err(Failure::new(format!(
+                    "the {frontend} server did not bring a device up; its log ({}):\n{}",
+                    log.display(),
+                    tail.trim_end()
+                )))
+            }
+        }
+    }
+
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(super) fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Leaves the server running on its own (re-parented to init; `compcache swapoff` stops
+    /// it): it is not waited for.
+    pub(super) fn detach(self) {
+        std::mem::forget(self.child);
+    }
+}
+
+/// The arguments of the server `swapon` starts for `frontend`: the settings, the reserve, where
+/// its final statistics go and the descriptor it reports readiness on.
+fn server_command(frontend: Frontend, s: &Settings, reserve: &str, ready_fd: i32) -> Vec<OsString> {
+    let mut v: Vec<OsString> = vec![frontend.server_command().into()];
+    let pairs = [
+        ("--size", s.size_bytes.to_string()),
+        ("--algorithm", s.algorithm.clone()),
+        ("--mem-limit", s.mem_limit_bytes.to_string()),
+        ("--reserve", reserve.to_string()),
+        ("--stats-dir", STATE_DIR.to_string()),
+        ("--ready-fd", ready_fd.to_string()),
+    ];
+    v.extend(pairs.into_iter().flat_map(|(flag, value)| [flag.into(), value.into()]));
+    if let Some(l) = s.level {
+        v.extend(["--level".into(), l.to_string().into()]);
+    }
+    v.extend(s.backing.to_args());
+    v
+}
+
+/// A pipe whose write end the child inherits (no close-on-exec) and whose read end we keep.
+fn ready_pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Failure::new(format!("pipe: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: F_SETFD on a descriptor we own; clears FD_CLOEXEC so the server inherits it.
+    if unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFD, 0) } != 0 {
+        return Err(Failure::new(format!("fcntl: {}", std::io::Error::last_os_error())));
+    }
+    Ok((r, w))
+}
+
+/// Reads the server's readiness line; `None` if it closed the pipe (it failed) or timed out.
+fn wait_ready(r: OwnedFd) -> Option<PathBuf> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(std::fs::File::from(r)).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(READY_TIMEOUT).ok()?;
+    line.trim().strip_prefix("READY ").map(PathBuf::from)
+}
+
+/// Whether `pid` is a live (not zombie) process.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Sends SIGTERM to the recorded server (if it is still ours) and waits for it to exit.
+pub(super) fn stop_server(state: &SwapState) -> Result<(), Failure> {
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", state.pid)).unwrap_or_default();
+    if state.pid == 0 || !alive(state.pid) || !String::from_utf8_lossy(&cmdline).contains("compcache") {
+        return Ok(());
+    }
+    // SAFETY: kill with a pid and a signal number has no memory-safety preconditions; the pid
+    // was checked above to be a live compcache process.
+    unsafe { libc::kill(state.pid as libc::pid_t, libc::SIGTERM) };
+    let start = Instant::now();
+    while alive(state.pid) {
+        if start.elapsed() > EXIT_TIMEOUT {
+            return Err(Failure::new(format!("server {} did not exit within {EXIT_TIMEOUT:?}; see {}", state.pid, state.log.display())));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::settings::settings;
+    use super::super::SwaponArgs;
+    use super::*;
+    use crate::frontend::Wanted;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        args: SwaponArgs,
+    }
+
+    fn args(v: &[&str]) -> SwaponArgs {
+        T::parse_from(std::iter::once("swapon").chain(v.iter().copied())).args
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_server_gets_every_setting() {
+        use crate::cmd::device::{NbdAttachArgs, UblkArgs};
+        #[derive(Parser)]
+        enum Server {
+            Ublk(UblkArgs),
+            NbdAttach(NbdAttachArgs),
+        }
+        let s = settings(
+            &args(&[
+                "--no-config",
+                "--size",
+                "1G",
+                "--mem-limit",
+                "16M",
+                "--algorithm",
+                "zstd",
+                "--level",
+                "3",
+                "--backing",
+                "/dev/vdb",
+                "--writeback-high",
+                "80",
+                "--backing-incompressible",
+            ]),
+            2 * GIB,
+        )
+        .unwrap()
+        .unwrap();
+        // The descriptor must be a pipe, as the one swapon makes (the server checks).
+        let (_r, w) = ready_pipe().unwrap();
+        let fd = w.as_raw_fd();
+        let cmd = server_command(Frontend::Ublk, &s, "8M", fd);
+        let Server::Ublk(u) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else {
+            panic!("not ublk")
+        };
+        let cfg = u.store.config().unwrap();
+        assert_eq!(
+            (cfg.disksize_bytes, cfg.mem_limit_bytes, cfg.level, u.server.reserve.as_deref(), u.server.ready_fd),
+            (GIB, 16 << 20, Some(3), Some("8M"), Some(fd))
+        );
+        let b = cfg.backing.unwrap();
+        assert_eq!((b.path.as_path(), b.high_pct, b.incompressible), (Path::new("/dev/vdb"), 80, true));
+        let cmd = server_command(Frontend::Nbd, &s, "0", fd);
+        let Server::NbdAttach(n) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap() else {
+            panic!("not nbd")
+        };
+        assert_eq!(n.store.backing, s.backing);
+    }
+
+    #[test]
+    fn the_fuse_server_gets_every_setting() {
+        use crate::cmd::fuse::FuseArgs;
+        #[derive(Parser)]
+        enum Server {
+            Fuse(FuseArgs),
+        }
+        assert_eq!(args(&["--frontend", "fuse"]).frontend, Wanted::One(Frontend::Fuse));
+        let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd"]), 2 * GIB).unwrap().unwrap();
+        // The descriptor must be a pipe, as the one swapon makes (the server checks).
+        let (_r, w) = ready_pipe().unwrap();
+        let fd = w.as_raw_fd();
+        let cmd = server_command(Frontend::Fuse, &s, "8M", fd);
+        assert_eq!(cmd[0], "fuse");
+        let Server::Fuse(f) = Server::try_parse_from(std::iter::once(OsString::from("compcache")).chain(cmd)).unwrap();
+        let cfg = f.store.config().unwrap();
+        assert_eq!(
+            (cfg.disksize_bytes, cfg.mem_limit_bytes, f.server.reserve.as_deref(), f.server.ready_fd, f.no_loop),
+            (GIB, 16 << 20, Some("8M"), Some(fd), false)
+        );
+    }
+}
