@@ -435,6 +435,24 @@ fn mlock_keeps_the_server_locked_without_committing_the_device() {
     };
     assert!(kib("VmLck:") > 0, "memory is locked: {status}");
     assert!(kib("VmRSS:") < 128 << 10, "MCL_ONFAULT: the 256M device is not committed up front");
+    // The program's code is in RAM and locked whole, not page by page as it runs: an untouched
+    // page of it could be swapped out (from tmpfs) to the very device the server serves, and
+    // the fault on it would wait for that server (docs/swap.md, the `global` step's hang).
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", srv.pid())).unwrap();
+    let exe = std::fs::read_link(format!("/proc/{}/exe", srv.pid())).unwrap();
+    let mut text_kib = 0;
+    for block in smaps.split_inclusive("VmFlags:").filter(|b| b.lines().any(|l| l.contains(" r-xp ") && l.ends_with(exe.to_str().unwrap())))
+    {
+        let field = |key: &str| -> u64 {
+            let line = block.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key} in {block}"));
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        assert_eq!(field("Rss:"), field("Size:"), "the program's text is resident whole: {block}");
+        // (Locked counts shared pages in proportion, as Pss does.)
+        assert_eq!(field("Locked:"), field("Pss:"), "and locked: {block}");
+        text_kib += field("Size:");
+    }
+    assert!(text_kib > 0, "found the program's text mapping ({}) in smaps", exe.display());
     let mut c = srv.client();
     c.write(0, &text_page(1)).unwrap();
     assert_eq!(c.read(0, 4096).unwrap(), text_page(1));
