@@ -17,30 +17,14 @@
 //!   `KEEP_SIZE`; without it, a zeroed range past the end would grow the file: ENOSPC.
 //!   (The loop driver sends `PUNCH_HOLE | KEEP_SIZE` for discard and `ZERO_RANGE | KEEP_SIZE`
 //!   or `PUNCH_HOLE | KEEP_SIZE` for write-zeroes.)
-//! - fsync and flush: `Store::flush` (nothing for RAM; the backing device is synced).
+//! - fsync and flush: `Store::flush` (every completed write is already kept: nothing to do).
+//!
+//! The request and its execution are the store's (`compcache_store::request`), shared with ublk.
 
-use compcache_store::{Context, Store, PAGE_SIZE};
+pub use compcache_store::request::{execute, Io, Op, Request};
+use compcache_store::PAGE_SIZE;
 
 const PAGE: u64 = PAGE_SIZE as u64;
-
-/// What the kernel asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Read,
-    Write,
-    Flush,
-    Discard,
-    WriteZeroes,
-}
-
-/// A validated request: inside the device (after cutting at its end), and for reads no
-/// larger than the worker's buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Request {
-    pub op: Op,
-    pub offset: u64,
-    pub len: u64,
-}
 
 /// A read of `size` bytes at `offset` of a file of `dev_bytes`, into a buffer of `buf_bytes`.
 /// The kernel never sends a read larger than the `max_pages` we declared at INIT, which is
@@ -90,37 +74,10 @@ pub fn decode_fallocate(offset: u64, length: u64, mode: i32, dev_bytes: u64) -> 
     Ok(Request { op, offset: offset.min(dev_bytes), len })
 }
 
-/// The data a request carries: where a read's bytes go, where a write's come from.
-pub enum Io<'a> {
-    None,
-    Out(&'a mut [u8]),
-    In(&'a [u8]),
-}
-
-/// Carries out a validated request: one store call. Returns the bytes read or written (0 for
-/// the others) or an errno. `io` must be `Out` for a read (at least `req.len` bytes) and `In`
-/// for a write (at least `req.len` bytes); anything else is a defect in the caller (EINVAL).
-pub fn execute(store: &Store, ctx: &mut Context, req: &Request, io: Io<'_>) -> Result<usize, i32> {
-    let len = req.len as usize;
-    let done = match (req.op, io) {
-        (Op::Read, Io::Out(buf)) if buf.len() >= len => store.read(ctx, req.offset, &mut buf[..len]),
-        (Op::Write, Io::In(data)) if data.len() >= len => store.write(ctx, req.offset, &data[..len]),
-        (Op::Flush, _) => store.flush(),
-        (Op::Discard, _) => store.discard(req.offset, req.len),
-        (Op::WriteZeroes, _) => store.write_zeroes(ctx, req.offset, req.len),
-        (Op::Read | Op::Write, _) => return Err(libc::EINVAL),
-    };
-    match done {
-        Ok(()) if matches!(req.op, Op::Read | Op::Write) => Ok(len),
-        Ok(()) => Ok(0),
-        Err(e) => Err(e.errno()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use compcache_store::Config;
+    use compcache_store::{Config, Store};
 
     const DEV: u64 = 1 << 20;
     const BUF: usize = 128 << 10;

@@ -16,6 +16,8 @@
 //!   who locks and who frees what. With the RAM path, the only code touching slots and pool;
 //! - `zspool`: the allocator for compressed objects (size classes, zspages, handles, compaction);
 //! - [`compress`]: the compressor front end and one file per backend;
+//! - [`request`]: one block request (operation, range, data) and its execution, for the front
+//!   ends that decode their own protocol (ublk, FUSE);
 //! - [`stats`]: the counters, with zram's and ramzswap's names, the snapshot, the unit table and
 //!   the summary;
 //! - [`config`]: configuration and size expressions;
@@ -37,6 +39,7 @@ pub mod compress;
 pub mod config;
 pub mod error;
 mod mover;
+pub mod request;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;

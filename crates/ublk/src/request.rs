@@ -2,29 +2,12 @@
 //! the store in one `match`, each arm one call. Results follow the ublk completion
 //! convention: bytes transferred for READ and WRITE, 0 for the others, `-errno` on failure.
 
+use compcache_store::request::{self as store_request, Io};
+pub use compcache_store::request::{Op, Request};
 use compcache_store::{Context, Store, PAGE_SIZE};
 use libublk::sys;
 
 use crate::params::SECTOR_SHIFT;
-
-/// What the kernel asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Read,
-    Write,
-    Flush,
-    Discard,
-    WriteZeroes,
-}
-
-/// A validated request: page-aligned, inside the device, and (for data transfers) no larger
-/// than the queue's I/O buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Request {
-    pub op: Op,
-    pub offset_bytes: u64,
-    pub len_bytes: u64,
-}
 
 /// Decodes one descriptor. `op_flags` is `ublksrv_io_desc.op_flags` (operation in the low 8
 /// bits, `UBLK_IO_F_*` above), sectors are 512-byte units whatever the block size.
@@ -39,43 +22,40 @@ pub fn decode(op_flags: u32, start_sector: u64, nr_sectors: u32, dev_bytes: u64,
         _ => return Err(-libc::EOPNOTSUPP),
     };
     if op == Op::Flush {
-        return Ok(Request { op, offset_bytes: 0, len_bytes: 0 });
+        return Ok(Request { op, offset: 0, len: 0 });
     }
-    let offset_bytes = start_sector.checked_shl(SECTOR_SHIFT).ok_or(-libc::EINVAL)?;
-    if offset_bytes >> SECTOR_SHIFT != start_sector {
+    let offset = start_sector.checked_shl(SECTOR_SHIFT).ok_or(-libc::EINVAL)?;
+    if offset >> SECTOR_SHIFT != start_sector {
         return Err(-libc::EINVAL);
     }
-    let len_bytes = u64::from(nr_sectors) << SECTOR_SHIFT;
+    let len = u64::from(nr_sectors) << SECTOR_SHIFT;
     let page = PAGE_SIZE as u64;
-    if offset_bytes % page != 0 || len_bytes % page != 0 {
+    if offset % page != 0 || len % page != 0 {
         // The declared 4 KiB logical block size makes the block layer refuse these first.
         return Err(-libc::EINVAL);
     }
-    match offset_bytes.checked_add(len_bytes) {
+    match offset.checked_add(len) {
         Some(end) if end <= dev_bytes => {}
         _ => return Err(-libc::EIO),
     }
-    if matches!(op, Op::Read | Op::Write) && len_bytes > io_buf_bytes as u64 {
+    if matches!(op, Op::Read | Op::Write) && len > io_buf_bytes as u64 {
         return Err(-libc::EINVAL);
     }
-    Ok(Request { op, offset_bytes, len_bytes })
+    Ok(Request { op, offset, len })
 }
 
 /// Carries out a validated request against the store. `buf` is the tag's I/O buffer: the
 /// kernel copies WRITE data into it before, and READ data out of it after, this call.
 pub fn execute(store: &Store, ctx: &mut Context, req: &Request, buf: &mut [u8]) -> i32 {
-    let len = req.len_bytes as usize;
-    let done = match req.op {
-        Op::Read => store.read(ctx, req.offset_bytes, &mut buf[..len]),
-        Op::Write => store.write(ctx, req.offset_bytes, &buf[..len]),
-        Op::Flush => store.flush(),
-        Op::Discard => store.discard(req.offset_bytes, req.len_bytes),
-        Op::WriteZeroes => store.write_zeroes(ctx, req.offset_bytes, req.len_bytes),
+    let len = req.len as usize;
+    let io = match req.op {
+        Op::Read => Io::Out(&mut buf[..len]),
+        Op::Write => Io::In(&buf[..len]),
+        Op::Flush | Op::Discard | Op::WriteZeroes => Io::None,
     };
-    match done {
-        Ok(()) if matches!(req.op, Op::Read | Op::Write) => len as i32,
-        Ok(()) => 0,
-        Err(e) => -e.errno(),
+    match store_request::execute(store, ctx, req, io) {
+        Ok(n) => n as i32,
+        Err(errno) => -errno,
     }
 }
 
@@ -94,7 +74,7 @@ mod tests {
     #[test]
     fn decodes_each_operation() {
         let r = decode(op(sys::UBLK_IO_OP_READ), 8, 8, DEV, BUF).unwrap();
-        assert_eq!(r, Request { op: Op::Read, offset_bytes: 4096, len_bytes: 4096 });
+        assert_eq!(r, Request { op: Op::Read, offset: 4096, len: 4096 });
         assert_eq!(decode(sys::UBLK_IO_OP_WRITE, 0, 16, DEV, BUF).unwrap().op, Op::Write);
         assert_eq!(decode(sys::UBLK_IO_OP_FLUSH, 0, 0, DEV, BUF).unwrap().op, Op::Flush);
         assert_eq!(decode(sys::UBLK_IO_OP_DISCARD, 0, 2048, DEV, BUF).unwrap().op, Op::Discard);

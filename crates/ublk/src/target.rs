@@ -227,11 +227,5 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects) {
 
 /// The log line of a request the store failed (`res` is `-errno`).
 fn store_failure(qid: u16, req: &Request, res: i32) -> String {
-    format!(
-        "queue {qid}: {:?} at offset {} length {} failed: {}",
-        req.op,
-        req.offset_bytes,
-        req.len_bytes,
-        std::io::Error::from_raw_os_error(-res)
-    )
+    format!("queue {qid}: {:?} at offset {} length {} failed: {}", req.op, req.offset, req.len, std::io::Error::from_raw_os_error(-res))
 }
