@@ -178,3 +178,16 @@ fn print_stats(dev: &Path, json: &str) {
     );
     println!("{}", json.trim_end());
 }
+
+/// `compcache swapon` parsed from `v` (its arguments, without the command name), for the tests
+/// of its parts.
+#[cfg(test)]
+pub(crate) fn parse_args(v: &[&str]) -> SwaponArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        args: SwaponArgs,
+    }
+    T::parse_from(std::iter::once("swapon").chain(v.iter().copied())).args
+}

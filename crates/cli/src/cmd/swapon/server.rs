@@ -155,20 +155,11 @@ pub(super) fn stop_server(state: &SwapState) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::super::settings::settings;
-    use super::super::SwaponArgs;
     use super::*;
     use crate::frontend::Wanted;
     use clap::Parser;
 
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        args: SwaponArgs,
-    }
-
-    fn args(v: &[&str]) -> SwaponArgs {
-        T::parse_from(std::iter::once("swapon").chain(v.iter().copied())).args
-    }
+    use super::super::parse_args as args;
 
     const GIB: u64 = 1 << 30;
 

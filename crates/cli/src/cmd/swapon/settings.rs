@@ -79,18 +79,9 @@ pub(super) fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Setti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use std::path::{Path, PathBuf};
 
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        args: SwaponArgs,
-    }
-
-    fn args(v: &[&str]) -> SwaponArgs {
-        T::parse_from(std::iter::once("swapon").chain(v.iter().copied())).args
-    }
+    use super::super::parse_args as args;
 
     const GIB: u64 = 1 << 30;
 
