@@ -129,15 +129,18 @@ def refused_start(compcache_bin, backing, *extra):
     return p.stderr
 
 
-# The whole device, and a part of it that is no whole number of sectors.
-@pytest.mark.parametrize("backing_size", [None, 50_000_000])
-def test_spills_to_a_block_device_and_leaves_nothing_on_it(loop, start_server, tmp_path, backing_size):
+# The whole device, and a part of it that is no whole number of sectors; records sealed under
+# the run's key (the default) and in plaintext (where the pages' bytes are visible on the
+# device, which shows that they really went there).
+@pytest.mark.parametrize("backing_size,plaintext", [(None, False), (50_000_000, False), (None, True)])
+def test_spills_to_a_block_device_and_leaves_nothing_on_it(loop, start_server, tmp_path, backing_size, plaintext):
     need("nbdcopy")
     stale = b"STALE-" + os.urandom(8).hex().encode()
     loop.attach(stale=stale)
     assert loop.file_holds(stale) == 3
 
-    server = start_on(start_server, loop.dev, *(["--backing-size", str(backing_size)] if backing_size else []))
+    extra = (["--backing-size", str(backing_size)] if backing_size else []) + (["--backing-plaintext"] if plaintext else [])
+    server = start_on(start_server, loop.dev, *extra)
     # Opened: the superblock is written and the data area discarded (stale bytes gone).
     with open(loop.dev, "rb") as f:
         assert f.read(len(SIGNATURE)) == SIGNATURE
@@ -152,9 +155,13 @@ def test_spills_to_a_block_device_and_leaves_nothing_on_it(loop, start_server, t
     st = server.stat()
     assert st["bd_writes"] >= pages // 2 and st["bd_count"] >= pages // 2, st
     assert st["bd_errors"] == 0, st
-    # The pages' bytes are on the device (incompressible pages are stored as they are).
     on_device = loop.file_holds(marker)
-    assert on_device == pages, f"{on_device} of {pages} marked pages reached the loop device's file"
+    if plaintext:
+        # The pages' bytes are on the device (incompressible pages are stored as they are).
+        assert on_device == pages, f"{on_device} of {pages} marked pages reached the loop device's file"
+    else:
+        # Sealed under the run's key: the pages went to the device, their bytes are not there.
+        assert on_device == 0, f"{on_device} of {pages} marked pages readable on the device despite encryption"
 
     out = tmp_path / "out.bin"
     run(["nbdcopy", server.uri, str(out)])
@@ -174,7 +181,8 @@ def test_spills_to_a_block_device_and_leaves_nothing_on_it(loop, start_server, t
 def test_a_second_server_on_the_device_is_refused_while_the_first_runs(loop, start_server, compcache_bin, tmp_path):
     need("nbdcopy")
     loop.attach()
-    first = start_on(start_server, loop.dev)
+    # In plaintext, so that the first server's pages can be seen on the device.
+    first = start_on(start_server, loop.dev, "--backing-plaintext")
     marker = b"compcache-first-server-" + os.urandom(8).hex().encode() + b"-"
     src = tmp_path / "pages.bin"
     marker_pages(src, marker, DATA_MIB * MiB // PAGE)

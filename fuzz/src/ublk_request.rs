@@ -80,13 +80,13 @@ pub fn run(data: &[u8]) {
             let nr = u32::from(input.u8() % 40) * 8 + u32::from(head & 0x20 != 0);
             (op, start, nr)
         };
-        let got = decode(op_flags, start_sector, nr_sectors, DEV, BUF).map(|r| (r.op, r.offset_bytes, r.len_bytes));
+        let got = decode(op_flags, start_sector, nr_sectors, DEV, BUF).map(|r| (r.op, r.offset, r.len));
         assert_eq!(got, expected(op_flags, start_sector, nr_sectors), "decode({op_flags:#x}, {start_sector}, {nr_sectors})");
         let Ok(req) = decode(op_flags, start_sector, nr_sectors, DEV, BUF) else {
             continue;
         };
 
-        let (off, len) = (req.offset_bytes as usize, req.len_bytes as usize);
+        let (off, len) = (req.offset as usize, req.len as usize);
         if req.op == Op::Write {
             fill(&mut buf[..len], head & 0x1f, n);
         } else {

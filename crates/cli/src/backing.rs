@@ -14,6 +14,7 @@ use compcache_store::config::{DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_
 use compcache_store::{parse_size, BackingConfig, Store};
 
 use crate::failure::Failure;
+use crate::log;
 
 /// The backing-device flags.
 #[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
@@ -88,9 +89,7 @@ impl BackingArgs {
             return Ok(None);
         };
         if mem_limit == 0 && !self.backing_incompressible {
-            eprintln!(
-                "compcache: warning: --backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it"
-            );
+            log::warning("--backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it");
         }
         let cfg = BackingConfig {
             size_bytes: size("--backing-size", &self.backing_size)?,
@@ -183,7 +182,7 @@ pub fn spawn_writeback(store: Arc<Store>) -> std::io::Result<std::thread::JoinHa
             last = Instant::now();
             if r.writeback.device_full != full {
                 full = r.writeback.device_full;
-                eprintln!("compcache: backing device {}", if full { "full: writeback paused" } else { "has room again" });
+                log::info(&format!("backing device {}", if full { "full: writeback paused" } else { "has room again" }));
             }
         }
     })

@@ -17,6 +17,7 @@
 //! Writing never panics: a closed stderr (a supervisor gone) is ignored, where `eprintln!`
 //! would panic and take the thread that logs with it.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, TryLockError};
@@ -169,24 +170,33 @@ pub const REJECT_INTERVAL: Duration = Duration::from_secs(60);
 /// line. One `Rejects` per source (a device, a connection): a flood from one does not hide
 /// the others.
 pub struct Rejects {
-    who: &'static str,
+    who: Cow<'static, str>,
     refused: RateLimit,
     failed: RateLimit,
 }
 
 impl Rejects {
     pub const fn new(who: &'static str) -> Rejects {
-        Rejects { who, refused: RateLimit::new(REJECT_INTERVAL, REJECT_BURST), failed: RateLimit::new(REJECT_INTERVAL, REJECT_BURST) }
+        Rejects {
+            who: Cow::Borrowed(who),
+            refused: RateLimit::new(REJECT_INTERVAL, REJECT_BURST),
+            failed: RateLimit::new(REJECT_INTERVAL, REJECT_BURST),
+        }
+    }
+
+    /// The same for a source named at run time (an NBD connection: `compcache-nbd: <peer>`).
+    pub fn named(who: String) -> Rejects {
+        Rejects { who: Cow::Owned(who), ..Rejects::new("") }
     }
 
     /// A request refused before it reached the store (already counted in `invalid_io`).
     pub fn refused(&self, reason: impl FnOnce() -> String) {
-        self.refused.log(Level::Warning, self.who, || format!("rejected request: {} (counted in invalid_io)", reason()));
+        self.refused.log(Level::Warning, &self.who, || format!("rejected request: {} (counted in invalid_io)", reason()));
     }
 
     /// A request the store failed (counted by the store in `failed_reads`/`failed_writes`).
     pub fn failed(&self, what: impl FnOnce() -> String) {
-        self.failed.log(Level::Error, self.who, what);
+        self.failed.log(Level::Error, &self.who, what);
     }
 }
 

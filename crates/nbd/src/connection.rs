@@ -8,7 +8,7 @@
 use crate::handshake::{self, HandshakeError, Outcome, Resume};
 use crate::listener::{Deadline, Stream};
 use crate::transmission::{self, READ_BUFFER_BYTES};
-use crate::{log, Server, Transport};
+use crate::{log, warn, Server, Transport};
 use std::io::BufReader;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,12 +27,12 @@ pub(crate) fn serve<S: Stream + AsFd>(server: &Server, stream: S, peer: &str, tr
     };
     if open as usize > limit {
         let kind = if transport == Transport::Tcp { " for TCP clients (the rest are kept for local ones)" } else { "" };
-        log(&label, &format!("refused: {} connections already open (the limit{kind})", open - 1));
+        warn(&label, &format!("refused: {} connections already open (the limit{kind})", open - 1));
         stream.shutdown_both();
         return;
     }
     let Some(tls) = server.tls_mode(transport) else {
-        log(&label, "refused: TCP without TLS is not allowed (no TLS credentials, no allow_plain_tcp)");
+        warn(&label, "refused: TCP without TLS is not allowed (no TLS credentials, no allow_plain_tcp)");
         stream.shutdown_both();
         return;
     };
@@ -74,7 +74,7 @@ impl<S: Stream> Handles<S> {
         match (stream.try_clone_stream(), stream.try_clone_stream()) {
             (Ok(writer), Ok(shutdown)) => Some(Handles { reader: BufReader::with_capacity(READ_BUFFER_BYTES, stream), writer, shutdown }),
             (Err(e), _) | (_, Err(e)) => {
-                log(label, &format!("cannot set up the connection ({e}); closing it"));
+                warn(label, &format!("cannot set up the connection ({e}); closing it"));
                 None
             }
         }
@@ -85,14 +85,14 @@ impl<S: Stream> Handles<S> {
 fn start_tls<S: Stream + AsFd>(server: &Server, h: Handles<S>, resume: Resume, deadline: Instant, label: &str) {
     let Some(config) = server.options.tls.as_ref().map(|t| t.config.clone()) else {
         // Unreachable: STARTTLS is accepted only in the modes that need TLS options.
-        log(label, "STARTTLS accepted without TLS credentials; closing the connection");
+        warn(label, "STARTTLS accepted without TLS credentials; closing the connection");
         h.shutdown.shutdown_both();
         return;
     };
     let stream = match crate::tls::accept(h.reader, config, deadline) {
         Ok(stream) => stream,
         Err(e) => {
-            log(label, &format!("TLS handshake failed: {e}; closing the connection"));
+            warn(label, &format!("TLS handshake failed: {e}; closing the connection"));
             h.shutdown.shutdown_both();
             return;
         }
@@ -115,7 +115,7 @@ fn transmit<S: Stream>(server: &Server, outcome: Result<Outcome, HandshakeError>
         Ok(Outcome::Transmission(negotiated)) => negotiated,
         Ok(Outcome::StartTls(_)) => {
             // Only a plain connection starts TLS (see `serve`).
-            log(label, "STARTTLS inside TLS; closing the connection");
+            warn(label, "STARTTLS inside TLS; closing the connection");
             h.shutdown.shutdown_both();
             return;
         }
@@ -127,7 +127,7 @@ fn transmit<S: Stream>(server: &Server, outcome: Result<Outcome, HandshakeError>
             return;
         }
         Err(e) => {
-            log(label, &format!("{e}; closing the connection"));
+            warn(label, &format!("{e}; closing the connection"));
             h.shutdown.shutdown_both();
             return;
         }

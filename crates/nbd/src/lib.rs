@@ -250,9 +250,15 @@ pub enum Transport {
     Tcp,
 }
 
-/// The one way this crate logs: one line on stderr, prefixed with who it is about. A closed
-/// stderr is ignored (`eprintln!` would panic and take a connection down with it).
+/// The one way this crate logs: through the servers' log sink (`compcache_log`: levels, the
+/// journal's priorities, never a panic on a closed stderr), as `compcache-nbd: <who>: ...`.
+/// What a connection does (connected, disconnected, TLS in use) is information.
 pub(crate) fn log(who: &str, msg: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "compcache-nbd: {who}: {msg}");
+    compcache_log::info(&format!("compcache-nbd: {who}"), msg);
+}
+
+/// The same for what went wrong: a refused or failed connection, a reply that could not be
+/// sent, a listener that had to pause.
+pub(crate) fn warn(who: &str, msg: &str) {
+    compcache_log::warning(&format!("compcache-nbd: {who}"), msg);
 }

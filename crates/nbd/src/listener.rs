@@ -6,7 +6,7 @@
 //! [`AcceptBackoff`]: no accept error ends a listener (a server that is swap must not stop
 //! because a moment's descriptor shortage made one `accept` fail).
 
-use crate::{log, Server, Transport};
+use crate::{log, warn, Server, Transport};
 use compcache_control::socket::{AcceptBackoff, BindError};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -84,7 +84,7 @@ pub fn serve_unix(server: Arc<Server>, listener: UnixListener) -> ! {
                 let server = server.clone();
                 spawn_connection(move || server.serve_connection_over(stream, "unix", Transport::Unix));
             }
-            Err(e) => backoff.pause_after(&e, |line| log("unix listener", line)),
+            Err(e) => backoff.pause_after(&e, |line| warn("unix listener", line)),
         }
     }
 }
@@ -104,14 +104,14 @@ pub fn serve_tcp(server: Arc<Server>, listener: TcpListener) -> ! {
                 let server = server.clone();
                 spawn_connection(move || server.serve_connection_over(stream, &peer.to_string(), Transport::Tcp));
             }
-            Err(e) => backoff.pause_after(&e, |line| log("tcp listener", line)),
+            Err(e) => backoff.pause_after(&e, |line| warn("tcp listener", line)),
         }
     }
 }
 
 fn spawn_connection(f: impl FnOnce() + Send + 'static) {
     if let Err(e) = std::thread::Builder::new().name("nbd-conn".into()).spawn(f) {
-        log("listener", &format!("cannot start a thread for a new client ({e}); it is disconnected"));
+        warn("listener", &format!("cannot start a thread for a new client ({e}); it is disconnected"));
     }
 }
 

@@ -104,18 +104,16 @@ use crate::handshake::Negotiated;
 use crate::listener::Stream;
 use crate::reply::{self, ErrorChunk};
 use crate::wire::*;
-use crate::{log, meta, Server};
+use crate::{log, meta, warn, Server};
 use buffer::RequestBuffer;
+use compcache_log::Rejects;
 use compcache_store::{Context, Store, StoreError};
 use inflight::Inflight;
 use parking_lot::Mutex;
 use request::{execute, Job};
 use std::io::BufReader;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use turn::{keep_turn, next_request, Next, ReadTurn, TurnGuard};
-
-/// Rejected requests logged per connection; the rest are only counted (`invalid_io`).
-const LOGGED_REJECTS: u32 = 8;
 
 /// The state a connection's workers share.
 struct Conn<S: Stream> {
@@ -133,8 +131,8 @@ struct Conn<S: Stream> {
     failed: AtomicBool,
     /// A line about how this connection ends has been logged: log no more (rule 6).
     quiet: AtomicBool,
-    rejects_logged: AtomicU32,
-    store_error_logged: AtomicBool,
+    /// Rejected and failed requests' log lines, rate-limited per connection.
+    rejects: Rejects,
     /// `ServerOptions::request_buffer_bytes`.
     request_buffer_bytes: usize,
     /// What the handshake negotiated: structured replies, metadata contexts.
@@ -152,7 +150,7 @@ impl<S: Stream> Conn<S> {
             Ok(()) => true,
             Err(e) => {
                 if !self.failed.load(Ordering::Acquire) && !self.quiet.swap(true, Ordering::AcqRel) {
-                    log(&self.label, &format!("cannot send a reply ({e}); closing the connection"));
+                    warn(&self.label, &format!("cannot send a reply ({e}); closing the connection"));
                 }
                 self.fail();
                 false
@@ -180,31 +178,20 @@ impl<S: Stream> Conn<S> {
 
     fn log_once(&self, msg: &str) {
         if !self.quiet.swap(true, Ordering::AcqRel) {
-            log(&self.label, msg);
+            warn(&self.label, msg);
         }
     }
 
+    /// A rejected request (already counted in `invalid_io`), through the one reject policy
+    /// of every front end (`compcache_log::Rejects`: a few lines a minute per connection, the
+    /// rest counted in the next line let through).
     fn log_reject(&self, req: &Request, r: &Reject) {
-        let n = self.rejects_logged.fetch_add(1, Ordering::Relaxed);
-        if n < LOGGED_REJECTS {
-            log(&self.label, &format!("rejected request (handle {:#x}, error {}): {}", req.handle, r.error, r.reason));
-        } else if n == LOGGED_REJECTS {
-            log(&self.label, "further rejected requests are counted in invalid_io, not logged");
-        }
+        self.rejects.refused(|| format!("handle {:#x}, error {}: {}", req.handle, r.error, r.reason));
     }
 
+    /// A request the store failed (counted by the store), under the same policy.
     fn log_store_error(&self, req: &Request, e: &StoreError) {
-        if !self.store_error_logged.swap(true, Ordering::Relaxed) {
-            log(
-                &self.label,
-                &format!(
-                    "{} at offset {} length {} failed: {e} (further store errors on this connection are only counted)",
-                    command_name(req.cmd),
-                    req.offset,
-                    req.len
-                ),
-            );
-        }
+        self.rejects.failed(|| format!("{} at offset {} length {} failed: {e}", command_name(req.cmd), req.offset, req.len));
     }
 }
 
@@ -223,8 +210,7 @@ pub(crate) fn run<S: Stream>(server: &Server, negotiated: Negotiated, reader: Bu
             .sharing(server.budget.clone()),
         failed: AtomicBool::new(false),
         quiet: AtomicBool::new(false),
-        rejects_logged: AtomicU32::new(0),
-        store_error_logged: AtomicBool::new(false),
+        rejects: Rejects::named(format!("compcache-nbd: {label}")),
         request_buffer_bytes: server.options.request_buffer_bytes,
         negotiated,
     };

@@ -263,9 +263,12 @@ impl FileDevice {
         match e.raw_os_error() {
             Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::EINVAL) => {
                 if !self.no_discard.swap(true, Relaxed) {
-                    eprintln!(
-                        "compcache: backing device {}: no discard support ({e}): freed space keeps its old bytes until overwritten (records of another run never verify)",
-                        self.path.display()
+                    compcache_log::warning(
+                        "compcache",
+                        &format!(
+                            "backing device {}: no discard support ({e}): freed space keeps its old bytes until overwritten (records of another run never verify)",
+                            self.path.display()
+                        ),
                     );
                 }
                 Ok(())
@@ -419,7 +422,7 @@ fn check_existing(path: &Path, file: &File, meta: &std::fs::Metadata, force: boo
         None => Ok(()),
         Some(p) if !force => Err(refuse(path, io::ErrorKind::PermissionDenied, p)),
         Some(p) => {
-            eprintln!("compcache: warning: backing file {}: {p}; taking it over (--force)", path.display());
+            compcache_log::warning("compcache", &format!("backing file {}: {p}; taking it over (--force)", path.display()));
             if meta.uid() != uid {
                 std::os::unix::fs::fchown(file, Some(uid), None)
                     .map_err(|e| refuse(path, e.kind(), format!("--force: cannot make it this user's: {e}")))?;

@@ -232,7 +232,10 @@ impl Backing {
     pub fn abandon(&self) {
         self.close();
         if let Err(e) = self.dev.remove_if_created() {
-            eprintln!("compcache: backing device {}: cannot remove the file made for this run: {e}", self.dev.describe());
+            compcache_log::error(
+                "compcache",
+                &format!("backing device {}: cannot remove the file made for this run: {e}", self.dev.describe()),
+            );
         }
     }
 
@@ -303,7 +306,7 @@ impl Backing {
         let n = self.ctr.errors.fetch_add(1, Relaxed);
         if n < LOG_FIRST || n % LOG_EVERY == 0 {
             let page = if index == u64::MAX { String::new() } else { format!(" (page {index})") };
-            eprintln!("compcache: backing device {}: {reason}{page} [error {} so far]", self.dev.describe(), n + 1);
+            compcache_log::error("compcache", &format!("backing device {}: {reason}{page} [error {} so far]", self.dev.describe(), n + 1));
         }
     }
 }

@@ -242,9 +242,12 @@ impl KeyPage {
             libc::mlock(p, KEY_PAGE_BYTES)
         };
         if locked != 0 {
-            eprintln!(
-                "compcache: warning: cannot lock the backing device's key in memory (mlock: {}): it could be written to swap",
-                io::Error::last_os_error()
+            compcache_log::warning(
+                "compcache",
+                &format!(
+                    "cannot lock the backing device's key in memory (mlock: {}): it could be written to swap",
+                    io::Error::last_os_error()
+                ),
             );
         }
         // SAFETY: the last 32 bytes of our mapping, writable, not aliased; the mapping is
