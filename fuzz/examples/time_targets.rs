@@ -49,7 +49,7 @@ fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
 
 fn main() {
     // As the fuzz targets do (malloc's thresholds), so that the figures match theirs.
-    compcache_fuzz::init();
+    compcache_fuzz::init(|_| {});
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut rounds = 5;
     if args.first().map(String::as_str) == Some("--rounds") {

@@ -86,6 +86,8 @@ pub fn go_prefix() -> Vec<u8> {
 }
 
 pub fn run(data: &[u8]) {
+    // Nothing for the empty input: `init` runs it before the fork server, where no thread
+    // may be started.
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
