@@ -25,6 +25,34 @@ pub mod store_ops;
 pub mod ublk_request;
 pub mod zramconf;
 
+/// Sets up the process for fuzzing `run`: called by each target's `main` before `afl::fuzz!`,
+/// so once, before AFL's fork server starts, and inherited by every child it forks (AFL's
+/// deferred fork server: `afl::fuzz!` starts it).
+///
+/// - glibc's malloc serves blocks of 128 KiB and more with their own mmap and unmaps them when
+///   freed, and gives the top of the heap back above 128 KiB free: a harness whose code under
+///   test allocates such a buffer per input (the store's 1 MiB backing-read buffer, the NBD
+///   server's request buffers) then pays a mmap, a munmap and a page fault per 4 KiB every
+///   time. Keeping such memory in the process lets the next input reuse it. Only the
+///   allocator's policy changes; what the code under test does with the memory it gets is the
+///   same.
+/// - `run` is called once with the empty input: what a harness and the code under test set up
+///   once per process (thread-local buffers, the store's huge threshold) is then set up in the
+///   fork server, not by the first input of every child, which AFL would see as an input whose
+///   path changes from run to run (instability). So a harness must start no thread for the
+///   empty input: threads do not survive the fork.
+pub fn init(run: fn(&[u8])) {
+    // SAFETY: mallopt only changes malloc's thresholds; it is called before any other thread
+    // exists (at the start of main), and glibc takes its own lock for it in any case.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+    // A Config computes the store's huge threshold (once per process, `OnceLock`).
+    let _ = compcache_store::Config::with_disksize(PAGE as u64);
+    run(&[]);
+}
+
 /// The page size of the store.
 pub const PAGE: usize = compcache_store::PAGE_SIZE;
 

@@ -34,7 +34,7 @@ pub fn run(data: &[u8]) {
     let export = export();
     let mut r = data;
     let mut w = Vec::new();
-    let tls = if data.len() % 2 == 0 { TlsMode::Off } else { TlsMode::Required };
+    let tls = if data.len().is_multiple_of(2) { TlsMode::Off } else { TlsMode::Required };
     let outcome = negotiate(&mut r, &mut w, export, tls);
 
     // The greeting: NBDMAGIC, IHAVEOPT, handshake flags.

@@ -23,6 +23,7 @@
 
 use crate::{fill, Bytes, PAGE};
 use compcache_store::{Algorithm, BackingConfig, Config, Store, StoreError, WritebackBudget};
+use std::cell::RefCell;
 use std::time::Duration;
 
 /// Device size in pages.
@@ -72,27 +73,53 @@ fn range(input: &mut Bytes) -> (u64, u64) {
 /// After a failed modification of `offset..offset + len` whose new contents are `new` (in
 /// `model` the old ones still): reads back each page it touched and checks that it holds the
 /// old or the new contents, new ones first; updates the model to what the store holds.
-fn resolve_failed(store: &Store, ctx: &mut compcache_store::Context, model: &mut [u8], offset: u64, new: &[u8]) {
+fn resolve_failed(store: &Store, ctx: &mut compcache_store::Context, model: &mut [u8], page: &mut [u8], offset: u64, new: &[u8]) {
     let (start, end) = (offset as usize, offset as usize + new.len());
-    let mut page = vec![0u8; PAGE];
     let mut seen_old = false;
     for i in start / PAGE..end.div_ceil(PAGE) {
-        store.read_page(ctx, i as u64, &mut page).expect("reading back after a failed write");
+        store.read_page(ctx, i as u64, page).expect("reading back after a failed write");
         let mut want_new = model[i * PAGE..(i + 1) * PAGE].to_vec();
         let (a, b) = (start.max(i * PAGE), end.min((i + 1) * PAGE));
         want_new[a - i * PAGE..b - i * PAGE].copy_from_slice(&new[a - start..b - start]);
         let is_old = page[..] == model[i * PAGE..(i + 1) * PAGE];
-        let is_new = page == want_new;
+        let is_new = page[..] == want_new[..];
         assert!(is_old || is_new, "page {i} after a failed write is neither its old nor its new contents");
         if !is_new {
             seen_old = true;
         }
         assert!(!(seen_old && is_new && !is_old), "page {i} was written after an earlier page of the same write failed");
-        model[i * PAGE..(i + 1) * PAGE].copy_from_slice(&page);
+        model[i * PAGE..(i + 1) * PAGE].copy_from_slice(page);
     }
 }
 
+/// The harness's own buffers: the byte model, the operation buffer, a page for reading back
+/// after a failed write, and the final read-back. Made once per thread and reused (fresh ones for
+/// every input, zeroed and faulted in, were a tenth of each input's time); each input resets
+/// them first, so no input sees another's data.
+struct Buffers {
+    model: Vec<u8>,
+    buf: Vec<u8>,
+    page: Vec<u8>,
+    all: Vec<u8>,
+}
+
+thread_local! {
+    static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers {
+        model: vec![0; SIZE as usize],
+        buf: vec![0; 3 * PAGE],
+        page: vec![0; PAGE],
+        all: vec![0; SIZE as usize],
+    });
+}
+
 pub fn run(data: &[u8]) {
+    BUFFERS.with_borrow_mut(|b| run_with(data, b));
+}
+
+fn run_with(data: &[u8], b: &mut Buffers) {
+    let Buffers { model, buf, page, all } = b;
+    model.fill(0);
+    buf.fill(0);
     let mut input = Bytes::new(data);
     let c = input.u8();
     let cfg = config(c);
@@ -104,8 +131,6 @@ pub fn run(data: &[u8]) {
         let _ = std::fs::remove_file(backing_path());
     }
     let mut ctx = store.context();
-    let mut model = vec![0u8; SIZE as usize];
-    let mut buf = vec![0u8; 3 * PAGE];
     let mut n = 0u64;
     // A write failed because the backing device is full (which the device counts as an error).
     let mut full = false;
@@ -121,7 +146,7 @@ pub fn run(data: &[u8]) {
                     Ok(()) => model[index as usize * PAGE..][..PAGE].copy_from_slice(data),
                     Err(e) => {
                         assert!(allowed_write_error(&e, &mut full), "write_page: {e}");
-                        resolve_failed(&store, &mut ctx, &mut model, index * PAGE as u64, data);
+                        resolve_failed(&store, &mut ctx, model, page, index * PAGE as u64, data);
                     }
                 }
             }
@@ -135,7 +160,7 @@ pub fn run(data: &[u8]) {
                     Ok(()) => model[offset as usize..][..len as usize].copy_from_slice(data),
                     Err(e) => {
                         assert!(allowed_write_error(&e, &mut full), "write at {offset} length {len}: {e}");
-                        resolve_failed(&store, &mut ctx, &mut model, offset, data);
+                        resolve_failed(&store, &mut ctx, model, page, offset, data);
                     }
                 }
             }
@@ -163,7 +188,7 @@ pub fn run(data: &[u8]) {
                     Err(e) => {
                         assert!(allowed_write_error(&e, &mut full), "write_zeroes at {offset} length {len}: {e}");
                         let zeroes = vec![0u8; len as usize];
-                        resolve_failed(&store, &mut ctx, &mut model, offset, &zeroes);
+                        resolve_failed(&store, &mut ctx, model, page, offset, &zeroes);
                     }
                 }
             }
@@ -201,8 +226,8 @@ pub fn run(data: &[u8]) {
         assert_eq!(s.failed_reads, 0, "a read failed");
         assert!(s.bd_errors == 0 || full, "a backing-device error");
     }
-    let mut all = vec![0xEEu8; SIZE as usize];
-    store.read(&mut ctx, 0, &mut all).expect("reading the whole device");
+    all.fill(0xEE);
+    store.read(&mut ctx, 0, all).expect("reading the whole device");
     for i in 0..PAGES as usize {
         assert!(all[i * PAGE..][..PAGE] == model[i * PAGE..][..PAGE], "page {i} differs from what was written");
     }

@@ -66,14 +66,20 @@ pub(super) fn shape(i: usize) -> ClassShape {
 /// more objects than it has pages (zsmalloc's "huge class size"), so a raw page costs the same
 /// memory and saves decompressing on every read. This is the default huge threshold: the
 /// kernel's zram uses zsmalloc's figure the same way (older zram used 3/4 of a page).
+///
+/// Worked out once per process: every `Config` asks for it, and the search walks some 470
+/// sizes (a cost that showed in the fuzz targets, which make a store per input).
 pub fn huge_payload_threshold() -> usize {
-    (1..=PAGE_SIZE - HEADER)
-        .rev()
-        .find(|&len| {
-            let s = shape(class_for(len));
-            s.objs_per_zspage > s.pages_per_zspage
-        })
-        .expect("small objects pack more than one per page")
+    static THRESHOLD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THRESHOLD.get_or_init(|| {
+        (1..=PAGE_SIZE - HEADER)
+            .rev()
+            .find(|&len| {
+                let s = shape(class_for(len));
+                s.objs_per_zspage > s.pages_per_zspage
+            })
+            .expect("small objects pack more than one per page")
+    })
 }
 
 /// For each class, the class that serves it. Neighbouring classes whose zspages have the same
