@@ -114,7 +114,10 @@ def test_swapon_explains_what_is_missing(compcache_bin):
 
 
 def test_swapoff_with_nothing_recorded_is_a_no_op(compcache_bin):
-    if os.path.isdir("/run/compcache/swap") and any(n.endswith(".json") for n in os.listdir("/run/compcache/swap")):
+    # Records are <device>.json; <device>.stats.json are final statistics, not records (as
+    # swapon's own listing tells them apart).
+    if os.path.isdir("/run/compcache/swap") and any(
+            n.endswith(".json") and not n.endswith(".stats.json") for n in os.listdir("/run/compcache/swap")):
         pytest.skip("compcache swap devices are recorded on this machine; not touching them")
     p = run([compcache_bin, "swapoff"], timeout=60)
     assert "no compcache swap devices" in p.stdout
