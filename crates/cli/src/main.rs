@@ -12,6 +12,8 @@ mod paths;
 mod private_file;
 mod process;
 mod store_args;
+#[cfg(test)]
+mod test_flags;
 mod units;
 
 use clap::{Parser, Subcommand};

@@ -167,16 +167,9 @@ impl StoreArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        store: StoreArgs,
-    }
 
     fn parse(v: &[&str]) -> StoreArgs {
-        T::parse_from(std::iter::once("ublk").chain(v.iter().copied())).store
+        crate::test_flags::parse_flags(v).unwrap()
     }
 
     const GIB: u64 = 1 << 30;

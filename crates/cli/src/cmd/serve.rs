@@ -359,17 +359,10 @@ impl Drop for PidFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use compcache_store::Algorithm;
 
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        args: Args,
-    }
-
     fn args(v: &[&str]) -> Args {
-        T::parse_from(std::iter::once("serve").chain(v.iter().copied())).args
+        crate::test_flags::parse_flags(v).unwrap()
     }
 
     const GIB: u64 = 1 << 30;

@@ -228,16 +228,8 @@ impl Drop for Session {
 mod tests {
     use super::*;
 
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        server: ServerArgs,
-    }
-
-    fn parse(v: &[&str]) -> Result<T, clap::Error> {
-        T::try_parse_from(std::iter::once("ublk").chain(v.iter().copied()))
+    fn parse(v: &[&str]) -> Result<ServerArgs, clap::Error> {
+        crate::test_flags::parse_flags(v)
     }
 
     #[test]
@@ -247,23 +239,23 @@ mod tests {
         // SAFETY: `fds` is a valid array of two ints for pipe to fill.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let w = fds[1].to_string();
-        assert_eq!(parse(&["--ready-fd", &w]).unwrap().server.ready_fd, Some(fds[1]));
+        assert_eq!(parse(&["--ready-fd", &w]).unwrap().ready_fd, Some(fds[1]));
         // SAFETY: both descriptors came from pipe() above and are closed once.
         unsafe {
             libc::close(fds[0]);
             libc::close(fds[1]);
         }
         // (Not the pipe's number: another test's thread may open a file under it meanwhile.)
-        let e = parse(&["--ready-fd", "987654"]).err().expect("a closed descriptor is refused").to_string();
+        let e = parse(&["--ready-fd", "987654"]).expect_err("a closed descriptor is refused").to_string();
         assert!(e.contains("must be open"), "{e}");
         for fd in ["0", "1", "2"] {
-            let e = parse(&["--ready-fd", fd]).err().expect("stdio is refused").to_string();
+            let e = parse(&["--ready-fd", fd]).expect_err("stdio is refused").to_string();
             assert!(e.contains("stdin, stdout or stderr"), "{e}");
         }
         let path = std::env::temp_dir().join(format!("compcache-ready-fd-{}", std::process::id()));
         let file = std::fs::File::create(&path).unwrap();
         let fd = file.as_raw_fd().to_string();
-        let e = parse(&["--ready-fd", &fd]).err().expect("a regular file is refused").to_string();
+        let e = parse(&["--ready-fd", &fd]).expect_err("a regular file is refused").to_string();
         drop(file);
         std::fs::remove_file(&path).unwrap();
         assert!(e.contains("regular file"), "{e}");

@@ -183,11 +183,5 @@ fn print_stats(dev: &Path, json: &str) {
 /// of its parts.
 #[cfg(test)]
 pub(crate) fn parse_args(v: &[&str]) -> SwaponArgs {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        args: SwaponArgs,
-    }
-    T::parse_from(std::iter::once("swapon").chain(v.iter().copied())).args
+    crate::test_flags::parse_flags(v).unwrap()
 }
