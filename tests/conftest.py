@@ -148,7 +148,9 @@ class Server:
         self.socket = os.path.join(self.dir, "nbd.sock")
         self.control = self.socket + ".ctl"
         self.log_path = os.path.join(self.dir, "server.log")
-        self.argv = [binary, "serve", "--size", str(size), "--socket", self.socket,
+        # size None: no --size (a cache device, `--origin`, has its origin's size).
+        sized = [] if size is None else ["--size", str(size)]
+        self.argv = [binary, "serve", *sized, "--socket", self.socket,
                      "--control", self.control, *map(str, extra_args)]
         self.proc = None
         self.ready_line = None
@@ -263,7 +265,8 @@ def compcache_bin():
 
 @pytest.fixture
 def start_server(compcache_bin):
-    """Factory: start_server(size, *extra_args) -> a ready Server; all are stopped after."""
+    """Factory: start_server(size, *extra_args) -> a ready Server (size None: no --size);
+    all are stopped after."""
     servers = []
 
     def start(size="256M", *extra_args):
