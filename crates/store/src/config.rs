@@ -33,6 +33,44 @@ pub struct Config {
     pub huge_threshold_bytes: usize,
     /// The backing device (the backing tier); `None`: RAM only, writes beyond `mem_limit` fail.
     pub backing: Option<BackingConfig>,
+    /// Cache mode: the origin this store caches (`cache/`); `None`: a RAM device (swap mode).
+    /// In cache mode `disksize_bytes` equals the origin's size and `mem_limit_bytes` is the
+    /// cache's memory budget (required).
+    pub origin: Option<OriginConfig>,
+}
+
+/// The default largest readahead window of cache mode (`OriginConfig::readahead_max_bytes`).
+pub const DEFAULT_READAHEAD_MAX_BYTES: u64 = 1 << 20;
+/// The largest readahead window accepted: it is read into each worker's origin buffer.
+pub const MAX_READAHEAD_BYTES: u64 = 16 << 20;
+
+/// Cache mode: the origin a store fronts (zcache's role: a compressed cache of a slower
+/// device), as `docs/cache.md` describes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginConfig {
+    /// A regular file (an image) or a block device; its size is the device's.
+    pub path: std::path::PathBuf,
+    /// Largest readahead window in bytes; 0: no readahead. Default
+    /// [`DEFAULT_READAHEAD_MAX_BYTES`] (1 MiB). Rounded down to whole pages.
+    pub readahead_max_bytes: u64,
+}
+
+impl OriginConfig {
+    /// The origin at `path` with the default readahead.
+    pub fn new(path: impl Into<std::path::PathBuf>) -> OriginConfig {
+        OriginConfig { path: path.into(), readahead_max_bytes: DEFAULT_READAHEAD_MAX_BYTES }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        if self.readahead_max_bytes > MAX_READAHEAD_BYTES {
+            return Err(StoreError::Config(format!(
+                "origin {}: readahead of {} bytes is above the maximum of {MAX_READAHEAD_BYTES} bytes",
+                self.path.display(),
+                self.readahead_max_bytes
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Default share of `mem_limit` above which cold pages are written back.
@@ -124,6 +162,7 @@ impl Config {
             mem_limit_bytes: 0,
             huge_threshold_bytes: default_huge_threshold_bytes(),
             backing: None,
+            origin: None,
         }
     }
 
@@ -144,6 +183,20 @@ impl Config {
         }
         if let Some(b) = &self.backing {
             b.validate()?;
+        }
+        if let Some(o) = &self.origin {
+            if self.backing.is_some() {
+                return Err(StoreError::Config(
+                    "--origin and --backing cannot be combined: a cache drops what does not fit, it has nothing to write back".into(),
+                ));
+            }
+            if self.mem_limit_bytes == 0 {
+                return Err(StoreError::Config(format!(
+                    "origin {}: cache mode needs a memory budget (--mem-limit, e.g. 10% of RAM)",
+                    o.path.display()
+                )));
+            }
+            o.validate()?;
         }
         self.algorithm.check_level(self.level)
     }
@@ -221,5 +274,19 @@ mod tests {
         let mut c = Config::with_disksize(1 << 20);
         c.huge_threshold_bytes = 5000;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn cache_mode_needs_a_budget_and_no_backing_device() {
+        let mut c = Config::with_disksize(1 << 20);
+        c.origin = Some(OriginConfig::new("/x.img"));
+        assert!(c.validate().unwrap_err().to_string().contains("memory budget"));
+        c.mem_limit_bytes = 1 << 20;
+        assert!(c.validate().is_ok());
+        c.backing = Some(BackingConfig::new("/y"));
+        assert!(c.validate().unwrap_err().to_string().contains("--origin and --backing cannot be combined"));
+        c.backing = None;
+        c.origin.as_mut().unwrap().readahead_max_bytes = MAX_READAHEAD_BYTES + 1;
+        assert!(c.validate().unwrap_err().to_string().contains("readahead"));
     }
 }

@@ -26,6 +26,11 @@ pub enum StoreError {
     #[error("backing device error on page {index}: {reason}")]
     Backing { index: u64, reason: String },
 
+    /// Cache mode: the origin failed a read, write, discard, zeroing or sync. The request
+    /// fails; nothing read from a failed origin read is returned or cached.
+    #[error("origin {origin}: {op} at byte {offset} failed: {reason}")]
+    Origin { origin: String, op: &'static str, offset: u64, reason: String },
+
     /// The configuration cannot work (size zero, too large, unknown algorithm level, ...).
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -37,7 +42,7 @@ impl StoreError {
         match self {
             StoreError::OutOfRange { .. } => libc::EINVAL,
             StoreError::NoSpace { .. } => libc::ENOSPC,
-            StoreError::Corrupt { .. } | StoreError::Backing { .. } => libc::EIO,
+            StoreError::Corrupt { .. } | StoreError::Backing { .. } | StoreError::Origin { .. } => libc::EIO,
             StoreError::Config(_) => libc::EINVAL,
         }
     }

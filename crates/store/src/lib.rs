@@ -21,6 +21,8 @@
 //! - [`stats`]: the counters, with zram's and ramzswap's names, the snapshot, the unit table and
 //!   the summary;
 //! - [`config`]: configuration and size expressions;
+//! - [`cache`]: cache mode (zcache): the store as a compressed cache in front of an origin
+//!   device (its read, write and discard paths, S3-FIFO eviction, readahead, range locks);
 //! - [`backing`]: the backing tier (device, log-structured records, space map, the batch writer,
 //!   writeback policy and promotion, GC, the read path of pages on the device);
 //! - `testing` (feature `testing`): helpers the tests share (a temporary directory, a
@@ -35,6 +37,7 @@
 //! and `slot.rs`. Writeback and GC run only when a front end calls them, from a thread it owns.
 
 pub mod backing;
+pub mod cache;
 pub mod compress;
 pub mod config;
 pub mod error;
@@ -49,8 +52,9 @@ mod zeroed;
 pub(crate) mod zspool;
 
 pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
+pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
-pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config};
+pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config, OriginConfig};
 pub use error::StoreError;
 pub use stats::Stats;
 pub use store::{Allocation, Context, Extent, Extents, Store};

@@ -6,6 +6,9 @@
 //!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING
 //!              bit 59       MOVING      set by writeback when it copies the page out; cleared
 //!                                       by every `replace` (see rule 8)
+//!              bits 48..=52 policy      cache mode only (`cache/policy.rs`), zero otherwise:
+//!                                       48..=49 FREQ (0..=3), 50 READAHEAD, 51 GHOST,
+//!                                       52 QUEUED; kept by `replace` (see rule 9)
 //!              bits 32..=47 ac_time     coarse time of the last access (see `mover::Clock`)
 //!              bits 0..=12  size        stored bytes (compressed length; 4096 for HUGE)
 //! data (u64):  SAME -> the fill word; COMPRESSED/HUGE -> pool handle; BACKING -> location
@@ -49,6 +52,10 @@
 //!    requires it. Only a mover under the maintenance mutex sets it (today writeback), so it
 //!    has one owner at a time. For a BACKING entry the location is unique while its segment is pinned, so
 //!    GC and promotion hold a pin on the segment from the copy to the install instead.
+//! 9. The policy bits (cache mode's eviction state) are read and changed only under the slot
+//!    lock, like the entry. `replace` keeps them: whether the slot's index sits in an eviction
+//!    queue (QUEUED) does not change when its page is rewritten or dropped; the cache's
+//!    policy (`cache/policy.rs`) owns their meaning. Outside cache mode they stay zero.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
@@ -64,6 +71,8 @@ const AC_SHIFT: u32 = 32;
 const AC_MASK: u64 = 0xffff << AC_SHIFT;
 const SIZE_MASK: u64 = 0x1fff;
 const MOVING: u64 = 1 << 59;
+const POLICY_SHIFT: u32 = 48;
+const POLICY_MASK: u64 = 0x1f << POLICY_SHIFT;
 
 const KIND_EMPTY: u64 = 0;
 const KIND_SAME: u64 = 1;
@@ -189,7 +198,7 @@ impl SlotGuard<'_> {
     pub fn replace(&mut self, new: Entry) -> Entry {
         let old = self.entry();
         let (meta, data) = new.encode();
-        self.meta = (self.meta & AC_MASK) | meta;
+        self.meta = (self.meta & (AC_MASK | POLICY_MASK)) | meta;
         self.slot.data.store(data, Relaxed);
         old
     }
@@ -211,6 +220,16 @@ impl SlotGuard<'_> {
 
     pub fn ac_time(&self) -> u16 {
         ((self.meta & AC_MASK) >> AC_SHIFT) as u16
+    }
+
+    /// The cache policy bits (rule 9), as the low 5 bits.
+    pub fn policy(&self) -> u8 {
+        ((self.meta & POLICY_MASK) >> POLICY_SHIFT) as u8
+    }
+
+    /// Sets the cache policy bits (rule 9) to the low 5 bits of `bits`.
+    pub fn set_policy(&mut self, bits: u8) {
+        self.meta = (self.meta & !POLICY_MASK) | (((bits as u64) << POLICY_SHIFT) & POLICY_MASK);
     }
 }
 
@@ -243,6 +262,20 @@ mod tests {
             assert_eq!(g.entry(), e);
             assert_eq!(g.ac_time(), 0xabcd, "replace keeps the access time");
         }
+    }
+
+    #[test]
+    fn policy_bits_survive_replace_and_touch() {
+        let s = Slot::default();
+        let mut g = s.lock();
+        g.set_policy(0b1_0110);
+        g.replace(Entry::Same(3));
+        g.touch(9);
+        g.replace(Entry::Empty);
+        assert_eq!((g.policy(), g.entry(), g.ac_time()), (0b1_0110, Entry::Empty, 9));
+        g.set_policy(0xff);
+        assert_eq!(g.policy(), 0x1f, "five bits");
+        assert_eq!(g.entry(), Entry::Empty);
     }
 
     #[test]

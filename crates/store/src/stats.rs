@@ -36,6 +36,19 @@ pub(crate) struct Counters {
     pub bd_reads: AtomicU64,
     pub bd_writes: AtomicU64,
     pub bd_bytes: AtomicU64,
+    // Cache mode (`cache/`); zero without an origin.
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub cache_inserts: AtomicU64,
+    pub cache_evictions: AtomicU64,
+    pub origin_reads: AtomicU64,
+    pub origin_read_bytes: AtomicU64,
+    pub origin_writes: AtomicU64,
+    pub origin_write_bytes: AtomicU64,
+    pub origin_errors: AtomicU64,
+    pub readahead_pages: AtomicU64,
+    pub readahead_used: AtomicU64,
+    pub readahead_wasted: AtomicU64,
 }
 
 /// The backing tier's own counters (in `Backing`, which exists only with a device).
@@ -115,6 +128,18 @@ impl Counters {
             bd_gc_pages: bdc(|c| &c.gc_pages),
             bd_promoted_pages: bdc(|c| &c.promoted_pages),
             bd_errors: bdc(|c| &c.errors),
+            cache_hits: g(&c.cache_hits),
+            cache_misses: g(&c.cache_misses),
+            cache_inserts: g(&c.cache_inserts),
+            cache_evictions: g(&c.cache_evictions),
+            origin_reads: g(&c.origin_reads),
+            origin_read_bytes: g(&c.origin_read_bytes),
+            origin_writes: g(&c.origin_writes),
+            origin_write_bytes: g(&c.origin_write_bytes),
+            origin_errors: g(&c.origin_errors),
+            readahead_pages: g(&c.readahead_pages),
+            readahead_used: g(&c.readahead_used),
+            readahead_wasted: g(&c.readahead_wasted),
             num_reads: g(&c.num_reads),
             num_writes: g(&c.num_writes),
             pages_stored: stored,
@@ -207,6 +232,33 @@ pub struct Stats {
     /// Failed backing device operations (I/O errors, device full, checksum failures).
     pub bd_errors: u64,
 
+    // --- cache mode (an origin behind the store, `docs/cache.md`); all zero without one. The
+    // hit ratio is `cache_hits / (cache_hits + cache_misses)` ([`Stats::cache_hit_ratio`]).
+    /// Pages read from the cache (zcache's `succ_gets`).
+    pub cache_hits: u64,
+    /// Pages a read did not find in the cache and read from the origin (zcache's `failed_gets`).
+    pub cache_misses: u64,
+    /// Pages put into the cache: read misses, readahead, and writes (zcache's `puts`).
+    pub cache_inserts: u64,
+    /// Clean pages the eviction policy dropped to stay within the memory budget.
+    pub cache_evictions: u64,
+    /// Reads sent to the origin (each a run of pages).
+    pub origin_reads: u64,
+    /// Bytes read from the origin.
+    pub origin_read_bytes: u64,
+    /// Writes sent to the origin (each a run of pages).
+    pub origin_writes: u64,
+    /// Bytes written to the origin (zeroing and discards excluded).
+    pub origin_write_bytes: u64,
+    /// Origin operations that failed (read, write, discard, zeroing, sync).
+    pub origin_errors: u64,
+    /// Pages read ahead of a sequential reader and cached.
+    pub readahead_pages: u64,
+    /// Read-ahead pages that a later read hit.
+    pub readahead_used: u64,
+    /// Read-ahead pages evicted or dropped before any read hit them.
+    pub readahead_wasted: u64,
+
     // --- request counters (the block layer's `stat`), in pages
     pub num_reads: u64,
     pub num_writes: u64,
@@ -281,6 +333,18 @@ pub const UNITS: &[(&str, Unit)] = &[
     ("bd_gc_pages", Unit::Pages),
     ("bd_promoted_pages", Unit::Pages),
     ("bd_errors", Unit::Requests),
+    ("cache_hits", Unit::Pages),
+    ("cache_misses", Unit::Pages),
+    ("cache_inserts", Unit::Pages),
+    ("cache_evictions", Unit::Pages),
+    ("origin_reads", Unit::Requests),
+    ("origin_read_bytes", Unit::Bytes),
+    ("origin_writes", Unit::Requests),
+    ("origin_write_bytes", Unit::Bytes),
+    ("origin_errors", Unit::Requests),
+    ("readahead_pages", Unit::Pages),
+    ("readahead_used", Unit::Pages),
+    ("readahead_wasted", Unit::Pages),
     ("num_reads", Unit::Pages),
     ("num_writes", Unit::Pages),
     ("pages_stored", Unit::Pages),
@@ -333,6 +397,13 @@ impl Stats {
             huge_pages: self.huge_pages,
             ratio: (self.mem_used_total > 0).then(|| self.orig_data_size as f64 / self.mem_used_total as f64),
         }
+    }
+
+    /// Cache mode: the share of pages read that the cache served, `cache_hits / (cache_hits +
+    /// cache_misses)`; `None` before the first read (and without an origin).
+    pub fn cache_hit_ratio(&self) -> Option<f64> {
+        let total = self.cache_hits + self.cache_misses;
+        (total > 0).then(|| self.cache_hits as f64 / total as f64)
     }
 
     /// zram's `mm_stat` line, same columns and units.
@@ -416,6 +487,13 @@ mod tests {
         let s = Stats { orig_data_size: 8 << 20, compr_data_size: 2 << 20, mem_used_total: 4 << 20, ..Stats::default() };
         assert_eq!(s.summary().ratio, Some(2.0));
         assert_eq!(Stats::default().summary().ratio, None);
+    }
+
+    #[test]
+    fn the_hit_ratio_is_hits_over_pages_read() {
+        let s = Stats { cache_hits: 3, cache_misses: 1, ..Stats::default() };
+        assert_eq!(s.cache_hit_ratio(), Some(0.75));
+        assert_eq!(Stats::default().cache_hit_ratio(), None);
     }
 
     #[test]

@@ -26,8 +26,9 @@ use crate::backing::log::HEADER as RECORD_HEADER;
 use crate::backing::read::{self, Pending, PendingList, MAX_RUN_BYTES, READ_CHUNK_PAGES};
 use crate::backing::{self, resident_bytes, Backing, BackingDevice, GcReport, MaintenanceReport, ReadBuf};
 use crate::backing::{WritebackBudget, WritebackReport};
+use crate::cache::{AlignedBuf, Cache, FileOrigin, OriginDevice};
 use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
-use crate::config::Config;
+use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES};
 use crate::error::StoreError;
 use crate::mover::{Clock, Mover};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
@@ -39,19 +40,21 @@ use crate::{PAGE, PAGE_SIZE};
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
 pub struct Store {
-    slots: ZeroedSlice<Slot>,
-    pool: ZsPool,
+    pub(crate) slots: ZeroedSlice<Slot>,
+    pub(crate) pool: ZsPool,
     backend: Box<dyn Backend>,
-    cfg: Config,
-    num_pages: u64,
-    counters: Counters,
+    pub(crate) cfg: Config,
+    pub(crate) num_pages: u64,
+    pub(crate) counters: Counters,
     /// The access-time clock slots keep.
-    clock: Clock,
+    pub(crate) clock: Clock,
     mem_limit_bytes: AtomicU64,
     /// Fault-free mode: how long (µs) a write that found no resident pool page waits for the
     /// reserve's keeper before it fails (0: it fails at once).
     reserve_wait_us: AtomicU64,
     backing: Option<Backing>,
+    /// Cache mode: the origin and the cache's own state (`cache/`).
+    cache: Option<Cache>,
 }
 
 /// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
@@ -59,13 +62,16 @@ pub struct Store {
 pub struct Context {
     pub(crate) comp: Box<dyn BackendContext>,
     pub(crate) cbuf: Box<[u8]>,
-    page: Box<[u8]>,
+    pub(crate) page: Box<[u8]>,
     /// A backing record being written: header, then payload.
     rec: Box<[u8]>,
     /// Reads from the backing device: a single record, or a run of records (up to
     /// `MAX_RUN_BYTES`), in the aligned blocks an O_DIRECT read covers. Made resident at its
     /// full size when the store has a backing device (about 1 MiB), empty otherwise.
     pub(crate) read: ReadBuf,
+    /// Cache mode: origin reads and writes, aligned for O_DIRECT (`Cache::io_buf_bytes`);
+    /// empty otherwise.
+    pub(crate) origin: AlignedBuf,
 }
 
 /// What `fetch` left to do after releasing the slot lock.
@@ -81,11 +87,44 @@ impl Store {
     /// Creates a device. Memory is committed only as pages are stored.
     pub fn new(cfg: Config) -> Result<Store, StoreError> {
         cfg.validate()?;
+        if let Some(o) = &cfg.origin {
+            let origin = FileOrigin::open(&o.path)?;
+            return Store::with_origin(cfg, Box::new(origin));
+        }
         let backing = match &cfg.backing {
             Some(b) => Some(Backing::open(b, cfg.disksize_bytes)?),
             None => None,
         };
-        Store::build(cfg, backing)
+        Store::build(cfg, backing, None)
+    }
+
+    /// Creates a device in cache mode in front of `origin` instead of opening
+    /// `cfg.origin.path` (a test injecting faults, a front end with its own origin). The
+    /// readahead comes from `cfg.origin` if set, else the default. `cfg.disksize_bytes` must
+    /// equal the origin's size, and `cfg.mem_limit_bytes` (the budget) must be set.
+    pub fn with_origin(cfg: Config, origin: Box<dyn OriginDevice>) -> Result<Store, StoreError> {
+        cfg.validate()?;
+        if cfg.backing.is_some() {
+            return Err(StoreError::Config(
+                "--origin and --backing cannot be combined: a cache drops what does not fit, it has nothing to write back".into(),
+            ));
+        }
+        if cfg.mem_limit_bytes == 0 {
+            return Err(StoreError::Config(format!(
+                "origin {}: cache mode needs a memory budget (--mem-limit, e.g. 10% of RAM)",
+                origin.describe()
+            )));
+        }
+        if cfg.disksize_bytes != origin.size_bytes() {
+            return Err(StoreError::Config(format!(
+                "origin {} is {} bytes but the device size is {} bytes: in cache mode the device is the origin's size",
+                origin.describe(),
+                origin.size_bytes(),
+                cfg.disksize_bytes
+            )));
+        }
+        let ra = cfg.origin.as_ref().map_or(DEFAULT_READAHEAD_MAX_BYTES, |o| o.readahead_max_bytes);
+        Store::build(cfg, None, Some(Cache::new(origin, ra)))
     }
 
     /// Creates a device whose backing tier uses `dev` instead of opening `cfg.backing.path`
@@ -94,11 +133,16 @@ impl Store {
     pub fn with_backing_device(cfg: Config, dev: Box<dyn BackingDevice>) -> Result<Store, StoreError> {
         cfg.validate()?;
         let b = cfg.backing.as_ref().ok_or_else(|| StoreError::Config("a backing device needs a backing configuration".into()))?;
+        if cfg.origin.is_some() {
+            return Err(StoreError::Config(
+                "--origin and --backing cannot be combined: a cache drops what does not fit, it has nothing to write back".into(),
+            ));
+        }
         let backing = Backing::with_device(b, dev)?;
-        Store::build(cfg, Some(backing))
+        Store::build(cfg, Some(backing), None)
     }
 
-    fn build(cfg: Config, backing: Option<Backing>) -> Result<Store, StoreError> {
+    fn build(cfg: Config, backing: Option<Backing>, cache: Option<Cache>) -> Result<Store, StoreError> {
         let num_pages = cfg.disksize_bytes / PAGE;
         let os = |what: &str, e: std::io::Error| {
             // A refused start leaves no backing file it created behind.
@@ -123,6 +167,7 @@ impl Store {
             mem_limit_bytes: AtomicU64::new(cfg.mem_limit_bytes),
             reserve_wait_us: AtomicU64::new(0),
             backing,
+            cache,
             cfg,
         })
     }
@@ -151,7 +196,16 @@ impl Store {
                 Some(_) => ReadBuf::new(MAX_RUN_BYTES as usize),
                 None => ReadBuf::empty(),
             },
+            origin: match &self.cache {
+                Some(c) => AlignedBuf::new(c.io_buf_bytes()),
+                None => AlignedBuf::empty(),
+            },
         }
+    }
+
+    /// Whether this store is in cache mode (it fronts an origin, `cache/`).
+    pub fn is_cache(&self) -> bool {
+        self.cache.is_some()
     }
 
     // --- byte-granular requests (what front ends call) -----------------------------------------
@@ -159,6 +213,9 @@ impl Store {
     /// Reads `buf.len()` bytes at `offset`. Any alignment.
     pub fn read(&self, ctx: &mut Context, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.check_range(offset, buf.len() as u64)?;
+        if let Some(c) = &self.cache {
+            return c.read(self, ctx, offset, buf);
+        }
         let mut done = 0usize;
         while done < buf.len() {
             let pos = offset + done as u64;
@@ -189,6 +246,9 @@ impl Store {
     /// read-modify-written under their slot lock.
     pub fn write(&self, ctx: &mut Context, offset: u64, data: &[u8]) -> Result<(), StoreError> {
         self.check_range(offset, data.len() as u64)?;
+        if let Some(c) = &self.cache {
+            return c.write(self, ctx, offset, data);
+        }
         let mut done = 0usize;
         while done < data.len() {
             let pos = offset + done as u64;
@@ -208,6 +268,9 @@ impl Store {
     /// pages at either end are left as they are, as zram does.
     pub fn discard(&self, offset: u64, len: u64) -> Result<(), StoreError> {
         self.check_range(offset, len)?;
+        if let Some(c) = &self.cache {
+            return c.discard(self, offset, len);
+        }
         let first = offset.div_ceil(PAGE);
         let end = (offset + len) / PAGE;
         for index in first..end {
@@ -220,6 +283,9 @@ impl Store {
     /// partial pages are rewritten.
     pub fn write_zeroes(&self, ctx: &mut Context, offset: u64, len: u64) -> Result<(), StoreError> {
         self.check_range(offset, len)?;
+        if let Some(c) = &self.cache {
+            return c.write_zeroes(self, ctx, offset, len);
+        }
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
@@ -242,8 +308,14 @@ impl Store {
     /// this process's memory, so they are useless after it ends, and an fsync would make
     /// nothing durable (docs/backing.md, "Flush and FUA"). Front ends still order a FLUSH
     /// after the writes before it (crates/nbd).
+    ///
+    /// In cache mode the origin is the durable copy: FLUSH is its fdatasync (every write
+    /// already reached it: write-through), and an error is an I/O error for the client.
     pub fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
+        match &self.cache {
+            Some(c) => c.flush(self),
+            None => Ok(()),
+        }
     }
 
     /// Ends the backing device's life before the process exits: discards all of it (a file
@@ -326,6 +398,9 @@ impl Store {
     /// Stores one whole page at slot `index`.
     pub fn write_page(&self, ctx: &mut Context, index: u64, page: &[u8]) -> Result<(), StoreError> {
         assert_eq!(page.len(), PAGE_SIZE);
+        if let Some(c) = &self.cache {
+            return c.write(self, ctx, index * PAGE, page);
+        }
         Counters::inc(&self.counters.num_writes);
         let entry = match self.encode(ctx, index, page) {
             Err(StoreError::NoSpace { .. }) if self.pool.compactable_pages() > 0 => {
@@ -373,6 +448,9 @@ impl Store {
     /// Reads one whole page at slot `index` into `out`.
     pub fn read_page(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
         assert_eq!(out.len(), PAGE_SIZE);
+        if let Some(c) = &self.cache {
+            return c.read(self, ctx, index * PAGE, out);
+        }
         let r = match self.lock_and_fetch(ctx, index, out) {
             Fetched::Backing(p) => read::read_one_and_promote(&self.mover(), self.backing(), ctx, p, out),
             fetched => self.finish(ctx, index, fetched, out),
@@ -424,6 +502,11 @@ impl Store {
 
     /// Frees slot `index` (swap-free-notify).
     pub fn discard_page(&self, index: u64) {
+        if let Some(c) = &self.cache {
+            // The error is counted and logged (`origin_errors`); the page is dropped anyway.
+            let _ = c.discard(self, index * PAGE, PAGE);
+            return;
+        }
         let old = self.slots[index as usize].lock().replace(Entry::Empty);
         if old != Entry::Empty {
             Counters::inc(&self.counters.notify_free);
@@ -538,7 +621,7 @@ impl Store {
     }
 
     /// The interface through which the backing tier and compaction move pages (`mover.rs`).
-    fn mover(&self) -> Mover<'_> {
+    pub(crate) fn mover(&self) -> Mover<'_> {
         Mover::new(&self.slots, &self.pool, &self.counters, self.backing.as_ref(), &self.clock, &self.mem_limit_bytes)
     }
 
@@ -583,7 +666,14 @@ impl Store {
 
     /// One step of background work for a front end's maintenance thread, called every
     /// `elapsed`: writeback within the configured rate, then GC with what is left of it.
+    ///
+    /// In cache mode (no backing device) it compacts the pool when compaction can give pages
+    /// back: evictions free objects all over the zspages, and only compaction turns those
+    /// holes into free pages (`docs/cache.md`).
     pub fn maintain(&self, elapsed: Duration) -> MaintenanceReport {
+        if self.cache.is_some() && self.pool.compactable_pages() > 0 {
+            self.compact();
+        }
         let Some(b) = &self.backing else { return MaintenanceReport::default() };
         backing::maintain(&self.mover(), b, elapsed)
     }
@@ -697,6 +787,11 @@ impl Iterator for Extents<'_> {
             return None;
         }
         let start = self.pos;
+        if let Some(c) = &self.store.cache {
+            let (data, end) = c.extent(start, self.end);
+            self.pos = end;
+            return Some(Extent { len_bytes: end - start, allocation: if data { Allocation::Data } else { Allocation::Hole } });
+        }
         let allocation = self.store.allocation(start / PAGE);
         let mut next = start / PAGE + 1;
         while next * PAGE < self.end && self.store.allocation(next) == allocation {
@@ -708,7 +803,7 @@ impl Iterator for Extents<'_> {
 }
 
 /// The fill word if every 8-byte word of `page` is the same (zero pages included).
-fn same_filled(page: &[u8]) -> Option<u64> {
+pub(crate) fn same_filled(page: &[u8]) -> Option<u64> {
     let mut words = page.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8-byte chunk")));
     let first = words.next()?;
     // Check the last word first: most pages that are not same-filled differ there too.

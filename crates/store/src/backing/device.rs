@@ -346,7 +346,7 @@ fn open_existing(path: &Path) -> io::Result<File> {
 /// every link on the way belongs to root or to this user (udev's /dev/disk/by-* links, and
 /// chains of them such as LVM's). A link someone else planted is never followed, also not as
 /// the second link of a chain that starts with a trusted one.
-fn trusted_link_to_block_device(path: &Path) -> Option<PathBuf> {
+pub(crate) fn trusted_link_to_block_device(path: &Path) -> Option<PathBuf> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
     let mut at = path.to_path_buf();

@@ -74,6 +74,7 @@ use crate::config::BackingConfig;
 use crate::error::StoreError;
 use crate::mover::Mover;
 use crate::stats::BackingCounters;
+pub(crate) use device::trusted_link_to_block_device;
 pub use device::{BackingDevice, DeviceOptions, FileDevice, ReadBuf};
 pub use gc::GcReport;
 use log::{Batch, LogHead, HEADER};
