@@ -77,6 +77,9 @@ pub struct DeviceInfo {
     pub pid: u32,
     /// The server's version.
     pub version: String,
+    /// In cache mode, the origin the device fronts (`--origin`); `None` for a swap device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// What the control server answers from.

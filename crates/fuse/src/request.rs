@@ -17,7 +17,12 @@
 //!   `KEEP_SIZE`; without it, a zeroed range past the end would grow the file: ENOSPC.
 //!   (The loop driver sends `PUNCH_HOLE | KEEP_SIZE` for discard and `ZERO_RANGE | KEEP_SIZE`
 //!   or `PUNCH_HOLE | KEEP_SIZE` for write-zeroes.)
-//! - fsync and flush: `Store::flush` (every completed write is already kept: nothing to do).
+//! - fsync and flush: `Store::flush`. For a RAM device every completed write is already kept
+//!   and it returns at once; for a cache device (`--origin`) it is the origin's fdatasync, and
+//!   its error is the fsync's. The loop driver above turns the block layer's FLUSH (and FUA,
+//!   which it does not declare, so the block layer sends a FLUSH after the write) into an
+//!   fsync of this file, so a file system's journal commits on the loop device reach the
+//!   origin's disk.
 //!
 //! The request and its execution are the store's (`compcache_store::request`), shared with ublk.
 

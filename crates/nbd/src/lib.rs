@@ -61,11 +61,13 @@
 //!
 //! Every connection to one server reaches the same `Store`, which has no per-connection cache: a
 //! write is in the store (visible to every connection) before it is replied to, so multi-conn
-//! is valid, and FUA and FLUSH are about ordering only: FUA needs nothing beyond replying after
-//! the store call, and a FLUSH is answered once the modifying requests read before it on its
-//! connection are (its store call, `Store::flush`, returns at once). A backing device does not
-//! change that: the index of its records lives in the server's memory, so an fsync would make
-//! nothing durable (docs/backing.md, "Flush and FUA"; [`transmission`], "FUA and FLUSH").
+//! is valid. FUA is "the command, then `Store::flush`"; FLUSH is answered once the modifying
+//! requests read before it on its connection are, after `Store::flush`. For a RAM device
+//! `Store::flush` returns at once: a backing device does not change that, since the index of
+//! its records lives in the server's memory and an fsync would make nothing durable
+//! (docs/backing.md, "Flush and FUA"). In cache mode (`--origin`) it is the origin's fdatasync,
+//! which covers every write completed on any connection, as multi-conn requires
+//! ([`transmission`], "FUA and FLUSH").
 //!
 //! ## Who may connect
 //! Whoever can connect can read and write the device. Unix sockets are owner-only (mode

@@ -32,7 +32,7 @@ use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
 
 use crate::error::Error;
 use crate::params::device_params;
-use crate::request::{decode, execute, Request};
+use crate::request::{decode, execute, Decoded};
 
 /// How this crate's log lines start.
 const WHO: &str = "compcache-ublk";
@@ -143,9 +143,11 @@ where
 
     let live_queues = Arc::new(AtomicUsize::new(ctrl.dev_info().nr_hw_queues as usize));
     let io_buf_bytes = opts.io_buf_bytes;
+    // A cache device's writes are durable only once the origin is synced (`params`).
+    let write_cache = store.is_cache();
     let tgt_init = move |dev: &mut UblkDev| {
         dev.set_default_params(size_bytes);
-        dev.tgt.params = device_params(size_bytes, io_buf_bytes);
+        dev.tgt.params = device_params(size_bytes, io_buf_bytes, write_cache);
         Ok(())
     };
 
@@ -226,6 +228,13 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects) {
 }
 
 /// The log line of a request the store failed (`res` is `-errno`).
-fn store_failure(qid: u16, req: &Request, res: i32) -> String {
-    format!("queue {qid}: {:?} at offset {} length {} failed: {}", req.op, req.offset, req.len, std::io::Error::from_raw_os_error(-res))
+fn store_failure(qid: u16, d: &Decoded, res: i32) -> String {
+    let (req, fua) = (&d.req, if d.fua { " (FUA)" } else { "" });
+    format!(
+        "queue {qid}: {:?}{fua} at offset {} length {} failed: {}",
+        req.op,
+        req.offset,
+        req.len,
+        std::io::Error::from_raw_os_error(-res)
+    )
 }

@@ -1,6 +1,7 @@
 //! `compcache ublk` and `compcache nbd-attach`: create a compressed RAM block device through
 //! one of the kernel's front ends and serve it until SIGINT/SIGTERM/SIGHUP. They are servers
-//! that `compcache swapon` starts; they can also be run by hand (under systemd, say).
+//! that `compcache swapon` starts; they can also be run by hand (under systemd, say), and with
+//! `--origin` they make a cache of a disk (docs/cli.md, "Cache mode (zcache)").
 //! Everything around the device (the store, signals, swapoff before removal, statistics) is
 //! the [`Session`] they share with `compcache fuse`.
 
@@ -78,7 +79,10 @@ const NBD_MAX_REQUEST_BYTES: u32 = 128 << 10;
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     compcache_kernel_nbd::kernel_support()?;
     let session = Session::start(&args.store, &args.server, Frontend::Nbd)?;
-    let description = format!("compcache {} {} device", human(session.cfg.disksize_bytes), session.cfg.algorithm);
+    let description = match session.origin() {
+        Some(origin) => format!("compcache {} {} cache of {origin}", human(session.cfg.disksize_bytes), session.cfg.algorithm),
+        None => format!("compcache {} {} device", human(session.cfg.disksize_bytes), session.cfg.algorithm),
+    };
     let export = compcache_nbd::Export { name: "compcache".into(), description, store: Arc::clone(&session.store) };
     // The kernel's requests are capped and every worker holds a buffer for the largest from
     // the start (made before the device is up, locked by mlockall): serving swap allocates

@@ -7,7 +7,7 @@ use crate::log;
 use crate::paths;
 use crate::private_file;
 use crate::process::{self, StopSignals};
-use crate::store_args::StoreArgs;
+use crate::store_args::{config_error_line, StoreArgs};
 use crate::units::human;
 use compcache_control::socket::{bind_unix, SocketFileGuard};
 use compcache_control::{self as control, ControlState, DeviceInfo};
@@ -100,7 +100,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let store = Store::new(cfg.clone()).map_err(|e| {
         let hint =
             if args.mlock { " (with --mlock, locked memory counts against RLIMIT_MEMLOCK: run as root or raise `ulimit -l`)" } else { "" };
-        Failure::new(format!("cannot create the device: {e}{hint}"))
+        Failure::new(format!("cannot create the device: {}{hint}", config_error_line(&e)))
     })?;
     let store = Arc::new(store);
     let start = StartGuard::new(&store);
@@ -134,12 +134,16 @@ pub fn run(args: Args) -> Result<(), Failure> {
         control_socket: control_path.display().to_string(),
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        origin: cfg.origin.as_ref().map(|o| o.path.display().to_string()),
     };
     let mut options = ServerOptions { verbose: args.verbose, tls, allow_plain_tcp: args.insecure_plain_tcp, ..ServerOptions::default() };
     if let Some(w) = args.workers {
         options.workers_per_connection = w as usize;
     }
-    let description = format!("compcache {} {} device", human(store.disksize_bytes()), cfg.algorithm);
+    let description = match &device.origin {
+        Some(origin) => format!("compcache {} {} cache of {origin}", human(store.disksize_bytes()), cfg.algorithm),
+        None => format!("compcache {} {} device", human(store.disksize_bytes()), cfg.algorithm),
+    };
     let server = Arc::new(Server::new(Export { name: args.name.clone(), description, store: store.clone() }, options));
 
     let (tx, events) = mpsc::channel::<Event>();
@@ -167,6 +171,13 @@ pub fn run(args: Args) -> Result<(), Failure> {
         Ok(Event::Signal(sig)) => {
             let files: Vec<String> = guards.iter().map(|g| g.path().display().to_string()).collect();
             log::info(&format!("{} received: stopping, removing {}", process::signal_name(sig), files.join(" and ")));
+            if let Some(origin) = &device.origin {
+                // Write-through: every completed write is on the origin already; this makes it
+                // durable there too before the server goes.
+                if let Err(e) = store.flush() {
+                    log::error(&format!("flushing the origin {origin} at exit: {e}"));
+                }
+            }
             Ok(())
         }
         Err(_) => Err(Failure::new("every listener stopped; stopping")),
@@ -231,8 +242,9 @@ fn ready_line(store: &Store, cfg: &Config, device: &DeviceInfo) -> String {
         places.push(format!("tcp:{a}"));
     }
     format!(
-        "compcache: serving {} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
+        "compcache: serving {}{} ({} bytes, {}{}) as NBD export \"{}\" on {}; control {}; pid {}",
         human(store.disksize_bytes()),
+        device.origin.as_ref().map_or(String::new(), |o| format!(" cache of {o}")),
         store.disksize_bytes(),
         cfg.algorithm,
         if cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(cfg.mem_limit_bytes)) } else { String::new() },

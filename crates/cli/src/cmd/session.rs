@@ -26,7 +26,7 @@ use crate::frontend::Frontend;
 use crate::log;
 use crate::private_file;
 use crate::process::{lock_future_mappings, pin_swap_server, StopSignals};
-use crate::store_args::StoreArgs;
+use crate::store_args::{config_error_line, StoreArgs};
 use crate::units::human;
 
 /// What both servers take besides the store.
@@ -118,7 +118,8 @@ impl Session {
             "0" | "none" => 0,
             t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
         };
-        let store = Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {e}")))?);
+        let store =
+            Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?);
         let start = StartGuard::new(&store);
         lock_future_mappings(!server.no_mlock);
         if reserve_bytes > 0 {
@@ -165,6 +166,7 @@ impl Session {
                         control_socket: ctl.display().to_string(),
                         pid: std::process::id(),
                         version: env!("CARGO_PKG_VERSION").to_string(),
+                        origin: self.origin(),
                     },
                 });
                 let _ = std::thread::Builder::new().name("control".into()).spawn(move || {
@@ -176,10 +178,11 @@ impl Session {
         // A closed stdout (a supervisor that stopped reading) must not kill a running device.
         let _ = writeln!(
             std::io::stdout(),
-            "compcache: {} is up: {}, {} {}{}{}, {detail}; control {}; pid {}",
+            "compcache: {} is up: {}, {}{} {}{}{}, {detail}; control {}; pid {}",
             dev.display(),
             self.frontend,
             human(self.cfg.disksize_bytes),
+            self.origin().map_or(String::new(), |o| format!(" cache of {o}")),
             self.cfg.algorithm,
             if self.cfg.mem_limit_bytes > 0 { format!(", mem-limit {}", human(self.cfg.mem_limit_bytes)) } else { String::new() },
             self.cfg.backing.as_ref().map_or(String::new(), |b| format!(", backing {}", b.path.display())),
@@ -195,7 +198,19 @@ impl Session {
         let mut pause = |d: std::time::Duration| self.signals.wait_timeout(d);
         take_out_of_swap(dev, &KernelSwap, &mut pause, &mut |line: &str| log::info(line));
         let _ = std::fs::remove_file(&ctl);
+        if let Some(origin) = self.origin() {
+            // Write-through: every completed write is on the origin already; this makes it
+            // durable there too before the device goes.
+            if let Err(e) = self.store.flush() {
+                log::error(&format!("flushing the origin {origin} at exit: {e}"));
+            }
+        }
         self.write_stats(name);
+    }
+
+    /// In cache mode, the origin the device fronts.
+    pub(super) fn origin(&self) -> Option<String> {
+        self.cfg.origin.as_ref().map(|o| o.path.display().to_string())
     }
 
     /// The final statistics, to the log and to `--stats-dir` (a private file, replacing only

@@ -37,8 +37,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
         .get("stats")
         .and_then(Value::as_object)
         .ok_or_else(|| Failure::new("the server's answer has no statistics (a different compcache version?)"))?;
+    let origin = answer.pointer("/device/origin").and_then(Value::as_str);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&Value::Object(stats.clone())).unwrap_or_default());
+        let mut stats = stats.clone();
+        if let Some(origin) = origin {
+            stats.insert("origin".into(), Value::from(origin));
+            stats.insert("cache_hit_ratio".into(), hit_ratio(&stats).map_or(Value::Null, Value::from));
+        }
+        println!("{}", serde_json::to_string_pretty(&Value::Object(stats)).unwrap_or_default());
     } else if args.ramzswap {
         print!("{}", text("ramzswap"));
     } else if args.mm_stat {
@@ -50,15 +56,57 @@ pub fn run(args: Args) -> Result<(), Failure> {
             .iter()
             .find_map(|p| answer.pointer(p).and_then(Value::as_str))
             .unwrap_or("?");
-        print!("{}", table(name, stats));
+        print!("{}", table(name, origin, stats));
     }
     Ok(())
 }
 
-/// The zramctl-like summary line (`Stats::summary`), then every field with its unit
-/// (`compcache_store::stats::UNITS`, in their order); fields the server has and the table does
+/// The counters only a cache device has (zero on a swap device, whose table leaves them out).
+const CACHE_FIELD_PREFIXES: [&str; 3] = ["cache_", "origin_", "readahead_"];
+
+fn is_cache_field(name: &str) -> bool {
+    CACHE_FIELD_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// A statistic as a number (0 when absent: an older server).
+fn count(stats: &Map<String, Value>, key: &str) -> u64 {
+    stats.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The cache's hit ratio ([`Stats::cache_hit_ratio`], the one definition), from the statistics
+/// as the server sent them; `None` before the first read.
+fn hit_ratio(stats: &Map<String, Value>) -> Option<f64> {
+    serde_json::from_value::<Stats>(Value::Object(stats.clone())).unwrap_or_default().cache_hit_ratio()
+}
+
+/// The cache line under the summary: what the cache served and what it cost the origin.
+fn cache_lines(origin: &str, stats: &Map<String, Value>) -> String {
+    let c = |k| count(stats, k).to_string();
+    let mut out = format!(
+        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n",
+        "CACHE OF", "HITS", "MISSES", "HIT%", "INSERTS", "EVICTED", "ORIGIN-RD", "ORIGIN-WR", "RA-USED", "RA-WASTED"
+    );
+    out += &format!(
+        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n\n",
+        origin,
+        c("cache_hits"),
+        c("cache_misses"),
+        hit_ratio(stats).map_or("-".into(), |r| format!("{:.1}", r * 100.0)),
+        c("cache_inserts"),
+        c("cache_evictions"),
+        human(count(stats, "origin_read_bytes")),
+        human(count(stats, "origin_write_bytes")),
+        c("readahead_used"),
+        c("readahead_wasted"),
+    );
+    out
+}
+
+/// The zramctl-like summary line (`Stats::summary`), for a cache device (`origin`) the cache
+/// line, then every field with its unit (`compcache_store::stats::UNITS`, in their order; a
+/// swap device's table leaves the cache counters out); fields the server has and the table does
 /// not (a newer server) are printed after these, in name order.
-fn table(name: &str, stats: &Map<String, Value>) -> String {
+fn table(name: &str, origin: Option<&str>, stats: &Map<String, Value>) -> String {
     // Typed: fields an older server did not send read as 0.
     let typed: Stats = serde_json::from_value(Value::Object(stats.clone())).unwrap_or_default();
     let sum = typed.summary();
@@ -79,8 +127,12 @@ fn table(name: &str, stats: &Map<String, Value>) -> String {
         ratio,
         if sum.mem_limit > 0 { human(sum.mem_limit) } else { "none".into() },
     );
-    let mut keys: Vec<&str> = UNITS.iter().map(|(k, _)| *k).filter(|k| stats.contains_key(*k)).collect();
-    let mut extra: Vec<&str> = stats.keys().map(String::as_str).filter(|k| unit_of(k).is_none()).collect();
+    if let Some(origin) = origin {
+        out += &cache_lines(origin, stats);
+    }
+    let shown = |k: &&str| origin.is_some() || !is_cache_field(k);
+    let mut keys: Vec<&str> = UNITS.iter().map(|(k, _)| *k).filter(|k| stats.contains_key(*k)).filter(shown).collect();
+    let mut extra: Vec<&str> = stats.keys().map(String::as_str).filter(|k| unit_of(k).is_none()).filter(shown).collect();
     extra.sort_unstable();
     keys.extend(extra);
     for k in keys {
@@ -110,7 +162,7 @@ mod tests {
             "compr_data_size": 2u64 << 20, "mem_used_total": 4u64 << 20, "mem_limit": 0,
             "num_writes": 2048, "a_new_field": 7
         });
-        let t = table("/run/compcache/compcache.sock", stats.as_object().unwrap());
+        let t = table("/run/compcache/compcache.sock", None, stats.as_object().unwrap());
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("NAME") && lines[0].contains("DISKSIZE") && lines[0].contains("TOTAL"));
         assert!(lines[1].contains("lz4") && lines[1].contains("1G") && lines[1].contains("8M") && lines[1].contains("2.00"));
@@ -118,5 +170,30 @@ mod tests {
         assert!(t.contains("num_writes") && t.contains("2048 pages"));
         let last: Vec<&str> = lines.last().unwrap().split_whitespace().collect();
         assert_eq!(last, ["a_new_field", "7"], "unknown fields come last: {t}");
+    }
+
+    #[test]
+    fn a_cache_device_shows_its_counters_and_a_swap_device_does_not() {
+        let stats = json!({
+            "disksize": 1u64 << 30, "comp_algorithm": "lz4", "orig_data_size": 8u64 << 20,
+            "compr_data_size": 2u64 << 20, "mem_used_total": 4u64 << 20, "mem_limit": 64u64 << 20,
+            "cache_hits": 300, "cache_misses": 100, "cache_inserts": 100, "cache_evictions": 20,
+            "origin_reads": 10, "origin_read_bytes": 409600, "origin_writes": 5, "origin_write_bytes": 20480,
+            "readahead_pages": 64, "readahead_used": 50, "readahead_wasted": 4
+        });
+        let stats = stats.as_object().unwrap();
+        assert_eq!(hit_ratio(stats), Some(0.75));
+        let t = table("/run/compcache/compcache.sock", Some("/var/lib/disk.img"), stats);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[3].starts_with("CACHE OF") && lines[3].contains("HIT%"), "{t}");
+        let row: Vec<&str> = lines[4].split_whitespace().collect();
+        assert_eq!(row, ["/var/lib/disk.img", "300", "100", "75.0", "100", "20", "400K", "20K", "50", "4"], "{t}");
+        assert!(t.contains("cache_hits") && t.contains("origin_read_bytes"), "every counter listed: {t}");
+        // The mm_stat figures stay next to them.
+        assert!(t.contains("orig_data_size") && t.contains("mem_used_total"), "{t}");
+
+        let t = table("/run/compcache/compcache.sock", None, stats);
+        assert!(!t.contains("CACHE OF") && !t.contains("cache_hits") && !t.contains("origin_reads"), "{t}");
+        assert_eq!(hit_ratio(json!({"cache_hits": 0}).as_object().unwrap()), None);
     }
 }

@@ -81,15 +81,17 @@
 //!
 //! # FUA and FLUSH
 //! A request is in the store before it is replied to, and every later read on any connection
-//! finds it: that is everything FUA and FLUSH can ask of this device, so FUA needs nothing
-//! beyond replying after the store call, and FLUSH calls `Store::flush`, which returns at
-//! once. With a backing device too: the index of its records lives in the server's memory,
-//! so an fsync would make nothing durable (docs/backing.md, "Flush and FUA"). FLUSH is
-//! answered only once every modifying request (WRITE, WRITE_ZEROES, TRIM) read before it on
-//! this connection has been executed and answered. The protocol asks less (the writes
-//! *completed* before the FLUSH was received; those are in the store already), but a client
-//! that pipelines writes and a flush gets what it meant, and its flush reply comes after
-//! those writes' replies.
+//! finds it. What FUA and FLUSH add is durability, which is `Store::flush`'s: FUA on a
+//! modifying request (WRITE, WRITE_ZEROES, TRIM) is that request, then `Store::flush`, before
+//! the reply (`request::execute`); FLUSH is `Store::flush`. For a RAM device, also with a
+//! backing device, `Store::flush` returns at once: the pages and the index of the backing
+//! device's records live in the server's memory, so an fsync would make nothing durable
+//! (docs/backing.md, "Flush and FUA"). In cache mode it is the origin's fdatasync, and an
+//! error there is EIO to the client. FLUSH is answered only once every modifying request read
+//! before it on this connection has been executed and answered. The protocol asks less (the
+//! writes *completed* before the FLUSH was received; those are in the store already), but a
+//! client that pipelines writes and a flush gets what it meant, and its flush reply comes
+//! after those writes' replies.
 
 mod buffer;
 mod inflight;

@@ -122,7 +122,8 @@ impl Job {
     }
 }
 
-/// The one place requests reach the store: one call per command. `data` is the READ
+/// The one place requests reach the store: one call per command, and for a modifying command
+/// with FUA a `Store::flush` after it ([`super`], "FUA and FLUSH"). `data` is the READ
 /// destination, the WRITE payload, or room for BLOCK_STATUS's descriptors; returns how many
 /// bytes of it the reply carries.
 pub(super) fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u8]) -> Result<usize, StoreError> {
@@ -138,7 +139,17 @@ pub(super) fn execute(store: &Store, ctx: &mut Context, job: &Job, data: &mut [u
         Command::BlockStatus => store.block_status(offset, len).map(|extents| meta::encode_extents(data, extents)),
         Command::Disconnect => unreachable!("NBD_CMD_DISC ends the reading; it is never served"),
     }?;
+    if needs_flush_after(job) {
+        store.flush()?;
+    }
     Ok(reply_bytes)
+}
+
+/// Whether `job` is a modifying command with FUA: its reply must wait until it is durable, so
+/// it is followed by `Store::flush` (a no-op but in cache mode, where it is the origin's
+/// fdatasync). FUA on a READ or BLOCK_STATUS asks nothing (the spec lets a server ignore it).
+fn needs_flush_after(job: &Job) -> bool {
+    job.cmd.modifies() && job.req.flags & CMD_FLAG_FUA != 0
 }
 
 #[cfg(test)]
@@ -206,6 +217,84 @@ pub(super) mod tests {
         let mut back = vec![0u8; 4096];
         execute(&store, &mut ctx, &job(Command::Read, CMD_FLAG_FUA), &mut back).unwrap();
         assert_eq!(back, vec![7u8; 4096], "the FUA write is what later reads see");
+    }
+
+    /// An origin in memory that counts its syncs (fdatasync), and can be made to fail them.
+    struct SyncCountingOrigin {
+        bytes: parking_lot::Mutex<Vec<u8>>,
+        syncs: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        fail_sync: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl compcache_store::OriginDevice for SyncCountingOrigin {
+        fn size_bytes(&self) -> u64 {
+            self.bytes.lock().len() as u64
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            buf.copy_from_slice(&self.bytes.lock()[offset as usize..][..buf.len()]);
+            Ok(())
+        }
+        fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+            self.bytes.lock()[offset as usize..][..data.len()].copy_from_slice(data);
+            Ok(())
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.fail_sync.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            Ok(())
+        }
+        fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+            self.bytes.lock()[offset as usize..][..len as usize].fill(0);
+            Ok(())
+        }
+        fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+            self.discard(offset, len)
+        }
+        fn describe(&self) -> String {
+            "memory origin".into()
+        }
+    }
+
+    /// In cache mode FUA on a modifying command is the command, then the origin's sync, before
+    /// the reply; without FUA, and on a READ or BLOCK_STATUS, no sync; FLUSH is one sync; a
+    /// failed sync fails the request with EIO.
+    #[test]
+    fn fua_syncs_the_origin_after_modifying_commands_in_cache_mode() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let (syncs, fail_sync) = (std::sync::Arc::new(AtomicU64::new(0)), std::sync::Arc::new(AtomicBool::new(false)));
+        let origin =
+            SyncCountingOrigin { bytes: parking_lot::Mutex::new(vec![0; 1 << 20]), syncs: syncs.clone(), fail_sync: fail_sync.clone() };
+        let mut cfg = compcache_store::Config::with_disksize(1 << 20);
+        cfg.mem_limit_bytes = 1 << 20;
+        cfg.origin = Some(compcache_store::OriginConfig::new("memory"));
+        let store = Store::with_origin(cfg, Box::new(origin)).unwrap();
+        assert!(store.is_cache());
+        let mut ctx = store.context();
+        let mut synced = |cmd, flags| {
+            let before = syncs.load(Ordering::Relaxed);
+            let mut data = vec![9u8; 4096];
+            execute(&store, &mut ctx, &Job { req: req(0, flags, 8192, 4096), cmd, seq: 1 }, &mut data).unwrap();
+            syncs.load(Ordering::Relaxed) - before
+        };
+        for cmd in [Command::Write, Command::WriteZeroes, Command::Trim] {
+            assert_eq!(synced(cmd, CMD_FLAG_FUA), 1, "{cmd:?} with FUA");
+            assert_eq!(synced(cmd, 0), 0, "{cmd:?} without FUA");
+        }
+        assert_eq!(synced(Command::Read, CMD_FLAG_FUA), 0, "FUA on a read asks nothing");
+        let flush = Job { req: req(0, 0, 0, 0), cmd: Command::Flush, seq: 1 };
+        let before = syncs.load(Ordering::Relaxed);
+        execute(&store, &mut ctx, &flush, &mut []).unwrap();
+        assert_eq!(syncs.load(Ordering::Relaxed) - before, 1, "FLUSH");
+
+        fail_sync.store(true, Ordering::Relaxed);
+        let mut data = vec![7u8; 4096];
+        let e = execute(&store, &mut ctx, &Job { req: req(0, CMD_FLAG_FUA, 0, 4096), cmd: Command::Write, seq: 1 }, &mut data).unwrap_err();
+        assert_eq!(e.errno(), libc::EIO, "a failed sync fails the FUA write: {e}");
+        assert_eq!(execute(&store, &mut ctx, &flush, &mut []).unwrap_err().errno(), libc::EIO);
+        // Without FUA the write does not wait for the origin's sync, and succeeds.
+        execute(&store, &mut ctx, &Job { req: req(0, 0, 0, 4096), cmd: Command::Write, seq: 1 }, &mut data).unwrap();
     }
 
     pub(in crate::transmission) fn req(cmd: u16, flags: u16, offset: u64, len: u32) -> Request {

@@ -27,6 +27,11 @@ pub(super) struct Settings {
 /// would make fails here, before a server is started; `None` when the configuration asks for
 /// no device on this machine.
 pub(super) fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Settings>, Failure> {
+    if args.store.origin.is_some() || args.store.readahead.is_some() {
+        return Err(Failure::usage(
+            "compcache swapon makes swap devices; --origin and --readahead make a cache of a disk: run `compcache serve`, `ublk`, `nbd-attach` or `fuse` with --origin instead",
+        ));
+    }
     let (sections, files) =
         if args.no_config { (Vec::new(), Vec::new()) } else { zramconf::load(args.config.as_deref()).map_err(Failure::usage)? };
     let section = match &args.section {
@@ -59,6 +64,8 @@ pub(super) fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Setti
         level: flags.level.or_else(|| conf.as_ref().and_then(|c| c.level)),
         mem_limit: flags.mem_limit.clone().or_else(|| conf.as_ref().and_then(|c| c.mem_limit_bytes).map(|b| b.to_string())),
         backing: flags.backing.clone(),
+        origin: None,
+        readahead: None,
     };
     store.size.get_or_insert_with(|| zramconf::DEFAULT_SIZE_EXPR.to_string());
     if store.backing.backing.is_none() {
@@ -112,6 +119,14 @@ mod tests {
         assert_eq!((s.size_bytes, s.priority, s.algorithm.as_str(), s.mem_limit_bytes), (2 * GIB, 100, "lz4", 0));
         let s = settings(&args(&["--no-config"]), 32 * GIB).unwrap().unwrap();
         assert_eq!(s.size_bytes, 4 * GIB);
+    }
+
+    #[test]
+    fn a_cache_is_not_a_swap_device() {
+        for flags in [&["--no-config", "--origin", "/var/lib/disk.img"][..], &["--no-config", "--readahead", "0"][..]] {
+            let e = settings(&args(flags), 4 * GIB).unwrap_err();
+            assert!(e.to_string().contains("compcache serve") && e.exit_code() == 2, "{e}");
+        }
     }
 
     #[test]
