@@ -48,7 +48,7 @@ pub struct Store {
     pub(crate) counters: Counters,
     /// The access-time clock slots keep.
     pub(crate) clock: Clock,
-    mem_limit_bytes: AtomicU64,
+    pub(crate) mem_limit_bytes: AtomicU64,
     /// Fault-free mode: how long (µs) a write that found no resident pool page waits for the
     /// reserve's keeper before it fails (0: it fails at once).
     reserve_wait_us: AtomicU64,

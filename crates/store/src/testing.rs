@@ -1,6 +1,7 @@
 //! Helpers the store's tests share (and other crates' tests may use), behind the `testing`
-//! feature, as libublk-rs shares its test helpers: a temporary directory and one backing
-//! device for tests, in memory or over a real file, that fails on demand.
+//! feature, as libublk-rs shares its test helpers: a temporary directory, one backing device
+//! and one cache-mode origin for tests, each in memory or over a real file, that fail on
+//! demand.
 
 use parking_lot::Mutex;
 use std::io;
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::backing::{BackingDevice, DeviceOptions, FileDevice};
+use crate::cache::OriginDevice;
 
 /// `len` bytes of incompressible noise from `seed` (xorshift64): the same bytes for the same
 /// seed, different bytes for different seeds (a seed of 0 is taken as 1: xorshift stays at 0).
@@ -150,6 +152,172 @@ impl BackingDevice for TestDevice {
         match &self.media {
             Media::Memory(_) => "test memory".into(),
             Media::File(f) => format!("faulty {}", f.describe()),
+        }
+    }
+}
+
+/// Switches a test flips to make a [`FaultyOrigin`] fail, and what it counted.
+#[derive(Default, Debug)]
+pub struct OriginFaults {
+    /// Reads fail with EIO.
+    pub fail_reads: AtomicBool,
+    /// Reads return short: they fill only the first half of the buffer and fail as a short
+    /// read does (`UnexpectedEof`), the rest of the buffer overwritten with garbage.
+    pub short_reads: AtomicBool,
+    /// Writes fail with EIO after writing the first page of the request (a torn write: the
+    /// origin holds part of it).
+    pub fail_writes: AtomicBool,
+    /// Syncs fail with EIO.
+    pub fail_syncs: AtomicBool,
+    /// Discards and zeroing fail with EIO (after doing nothing).
+    pub fail_discards: AtomicBool,
+    /// Successful operations so far.
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub syncs: AtomicU64,
+}
+
+enum OriginMedia {
+    Memory(Mutex<Vec<u8>>),
+    File(crate::cache::FileOrigin),
+}
+
+/// An origin for tests: in memory, or a real file opened as the store opens one; either
+/// fails as its [`OriginFaults`] say.
+pub struct FaultyOrigin {
+    media: OriginMedia,
+    faults: Arc<OriginFaults>,
+}
+
+impl FaultyOrigin {
+    /// `bytes` of memory holding `init` (zero-padded).
+    pub fn memory(bytes: usize, init: &[u8]) -> FaultyOrigin {
+        let mut v = vec![0; bytes];
+        v[..init.len()].copy_from_slice(init);
+        FaultyOrigin { media: OriginMedia::Memory(Mutex::new(v)), faults: Arc::default() }
+    }
+
+    /// The image at `path`, opened as `FileOrigin::open` does.
+    pub fn file(path: &Path) -> Result<FaultyOrigin, crate::StoreError> {
+        Ok(FaultyOrigin { media: OriginMedia::File(crate::cache::FileOrigin::open(path)?), faults: Arc::default() })
+    }
+
+    /// The switches (keep a clone before handing the origin to a store).
+    pub fn faults(&self) -> Arc<OriginFaults> {
+        self.faults.clone()
+    }
+}
+
+impl OriginDevice for FaultyOrigin {
+    fn size_bytes(&self) -> u64 {
+        match &self.media {
+            OriginMedia::Memory(m) => m.lock().len() as u64,
+            OriginMedia::File(f) => f.size_bytes(),
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.faults.fail_reads.load(Relaxed) {
+            buf.fill(0xee);
+            return Err(io::Error::from_raw_os_error(EIO));
+        }
+        if self.faults.short_reads.load(Relaxed) {
+            let half = buf.len() / 2;
+            self.read_media(&mut buf[..half], offset)?;
+            buf[half..].fill(0xee);
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read (injected)"));
+        }
+        self.read_media(buf, offset)?;
+        self.faults.reads.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        if self.faults.fail_writes.load(Relaxed) {
+            let torn = data.len().min(crate::PAGE_SIZE);
+            self.write_media(&data[..torn], offset)?;
+            return Err(io::Error::from_raw_os_error(EIO));
+        }
+        self.write_media(data, offset)?;
+        self.faults.writes.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        if self.faults.fail_syncs.load(Relaxed) {
+            return Err(io::Error::from_raw_os_error(EIO));
+        }
+        if let OriginMedia::File(f) = &self.media {
+            f.sync()?;
+        }
+        self.faults.syncs.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.faults.fail_discards.load(Relaxed) {
+            return Err(io::Error::from_raw_os_error(EIO));
+        }
+        match &self.media {
+            OriginMedia::Memory(m) => {
+                m.lock()[offset as usize..][..len as usize].fill(0);
+                Ok(())
+            }
+            OriginMedia::File(f) => f.discard(offset, len),
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.faults.fail_discards.load(Relaxed) {
+            return Err(io::Error::from_raw_os_error(EIO));
+        }
+        match &self.media {
+            OriginMedia::Memory(m) => {
+                m.lock()[offset as usize..][..len as usize].fill(0);
+                Ok(())
+            }
+            OriginMedia::File(f) => f.write_zeroes(offset, len),
+        }
+    }
+
+    fn extent_at(&self, offset: u64) -> Option<(bool, u64)> {
+        match &self.media {
+            OriginMedia::Memory(_) => None,
+            OriginMedia::File(f) => f.extent_at(offset),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.media {
+            OriginMedia::Memory(_) => "test origin in memory".into(),
+            OriginMedia::File(f) => format!("faulty {}", f.describe()),
+        }
+    }
+}
+
+impl FaultyOrigin {
+    fn read_media(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match &self.media {
+            OriginMedia::Memory(m) => {
+                let m = m.lock();
+                let end = offset as usize + buf.len();
+                if end > m.len() {
+                    return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"));
+                }
+                buf.copy_from_slice(&m[offset as usize..end]);
+                Ok(())
+            }
+            OriginMedia::File(f) => f.read_at(buf, offset),
+        }
+    }
+
+    fn write_media(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        match &self.media {
+            OriginMedia::Memory(m) => {
+                m.lock()[offset as usize..][..data.len()].copy_from_slice(data);
+                Ok(())
+            }
+            OriginMedia::File(f) => f.write_at(data, offset),
         }
     }
 }

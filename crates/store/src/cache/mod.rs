@@ -58,6 +58,8 @@ use stripes::Stripes;
 
 /// The longest run of missed pages read from the origin at once (1 MiB).
 const MAX_MISS_PAGES: u64 = 256;
+/// The largest readahead window is this share of the memory budget (1/16).
+const READAHEAD_BUDGET_SHARE: u64 = 16;
 /// Pages evicted per attempt when the pool is full.
 const EVICT_BATCH: usize = 8;
 /// Attempts (evict a batch, then retry the allocation) before an insert is skipped.
@@ -206,7 +208,14 @@ impl Cache {
     /// stripes, hands the request its bytes and inserts every page that is still not cached.
     fn miss(&self, s: &Store, ctx: &mut Context, first: u64, end: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let room = Self::io_pages(ctx) - (end - first);
-        let ra = self.streams.on_miss(first, end, self.readahead_max_pages, |window| {
+        // A window is at most a sixteenth of the budget: read ahead, then evicted before the
+        // reader gets there, it would be read twice (and push out the main queue).
+        let budget_pages = s.mem_limit_bytes.load(std::sync::atomic::Ordering::Relaxed) / PAGE;
+        let max = match budget_pages {
+            0 => self.readahead_max_pages,
+            b => self.readahead_max_pages.min(b / READAHEAD_BUDGET_SHARE),
+        };
+        let ra = self.streams.on_miss(first, end, max, |window| {
             // Up to the device's end and the buffer's room, and only pages not cached.
             let limit = window.min(room).min(s.num_pages - end);
             (0..limit).take_while(|&k| s.slots[(end + k) as usize].peek().kind == Kind::Empty).count() as u64

@@ -24,6 +24,8 @@
 //! policy bits (`slot.rs`, rule 9), changed only under the slot lock:
 //! - FREQ (0..=3): reads since the page entered its queue or was last passed over;
 //! - READAHEAD: inserted by readahead and not read since (for `readahead_used`/`_wasted`);
+//!   the first hit on such a page clears it without a frequency bump (it is the reader's
+//!   first access, which readahead anticipated);
 //! - GHOST: the slot is empty and its index is in the ghost FIFO (it was evicted from the
 //!   small queue recently); an insert then goes straight to the main queue;
 //! - QUEUED: the index is in the small or main FIFO. Set by the insert that pushes it and
@@ -83,12 +85,18 @@ pub(crate) struct Policy {
     cursor: AtomicUsize,
 }
 
-/// A read hit: the frequency bump. True if the page was read ahead and this is its first hit.
+/// A read hit: the frequency bump. True if the page was read ahead and this is its first hit:
+/// that hit is the reader's first access (readahead only guessed it), so it clears READAHEAD
+/// and bumps nothing; otherwise a sequential scan read ahead would look re-used and move to
+/// the main queue.
 pub(crate) fn on_hit(g: &mut SlotGuard<'_>) -> bool {
     let p = g.policy();
-    let freq = (p & FREQ).saturating_add(1).min(FREQ);
-    g.set_policy((p & !(FREQ | READAHEAD)) | freq);
-    p & READAHEAD != 0
+    if p & READAHEAD != 0 {
+        g.set_policy(p & !READAHEAD);
+        return true;
+    }
+    g.set_policy((p & !FREQ) | (p & FREQ).saturating_add(1).min(FREQ));
+    false
 }
 
 /// Under slot `g`'s lock, after `new` replaced `old` (an insert or an update): sets the page's
@@ -153,15 +161,6 @@ impl Policy {
             }
         }
         evicted
-    }
-
-    /// Pages in the small and main FIFOs (stale places included), for tests.
-    #[cfg(test)]
-    pub fn queued(&self) -> (usize, usize) {
-        self.shards.iter().fold((0, 0), |(s, m), sh| {
-            let sh = sh.lock();
-            (s + sh.small.len(), m + sh.main.len())
-        })
     }
 }
 
