@@ -424,86 +424,49 @@ def tree_checksums(root):
     return sums
 
 
-def test_ext4_on_the_cache_through_nbdfuse_and_loop(start_server, tmp_path):
-    need_root("nbdfuse mounts, loop devices and mount need root")
-    need("nbdfuse", "losetup", "fusermount3", "mkfs.ext4", "fsck.ext4", "mount", "umount")
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("no /dev/fuse (modprobe fuse)")
-    src = "/usr/share/doc"
-    if not os.path.isdir(src):
-        pytest.skip(f"no {src} to copy")
-    image = str(tmp_path / "ext4.img")
-    with open(image, "wb") as f:
-        f.truncate(512 * MiB)  # sparse: the file system is made through the cache
-    # A budget below the tree (well over 100 MiB, partly compressed files already): the
-    # read-back is served from the cache and from the origin.
-    budget = 48 * MiB
-    srv = cache_server(start_server, image, "--mem-limit", budget)
-    fusedir = tempfile.mkdtemp(prefix="compcache-cache-fuse-")
-    mnt = tempfile.mkdtemp(prefix="compcache-cache-mnt-")
-    fuse_file = os.path.join(fusedir, "cache")
-    fuse = loop = None
+def ext4_round_trip(dev, mnt, stat, budget):
+    """mkfs.ext4 on `dev`, a copy of /usr/share/doc written, unmounted and mounted again (the
+    file system's page cache dropped: the read-back comes through the device), every file read
+    back and compared by checksum, `fsck.ext4 -fn` clean. `stat()` is the server's statistics.
+    Returns the checksums written."""
+    run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", dev], timeout=300)
     mounted = False
     try:
-        fuse = subprocess.Popen(["nbdfuse", fuse_file, srv.uri], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: os.path.exists(fuse_file) and os.path.getsize(fuse_file) > 0
-                 or fuse.poll() is not None, "nbdfuse to mount")
-        assert fuse.poll() is None, f"nbdfuse exited: {fuse.stdout.read().decode()}"
-        p = run(["losetup", "--find", "--show", "--direct-io=on", fuse_file], check=False)
-        if p.returncode != 0:
-            p = run(["losetup", "--find", "--show", fuse_file])
-        loop = p.stdout.strip()
-        assert loop.startswith("/dev/loop"), p.stdout
-
-        run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", loop], timeout=300)
-        run(["mount", loop, mnt])
+        run(["mount", dev, mnt])
         mounted = True
-        run(["cp", "-a", src, os.path.join(mnt, "doc")], timeout=900)
+        run(["cp", "-a", DOC, os.path.join(mnt, "doc")], timeout=900)
         written = tree_checksums(os.path.join(mnt, "doc"))
         assert len(written) > 100, f"only {len(written)} files copied"
         run(["sync", "-f", mnt])
         run(["umount", mnt])
         mounted = False
-        # Mounted again: the file system's page cache is gone, everything comes through the
-        # loop device (direct I/O) from compcache.
-        before = srv.stat()
-        run(["mount", loop, mnt])
+        before = stat()
+        run(["mount", dev, mnt])
         mounted = True
         back = tree_checksums(os.path.join(mnt, "doc"))
-        after = srv.stat()
+        after = stat()
         assert back == written, f"{sum(back.get(k) != v for k, v in written.items())} files differ after the read-back"
         assert after["num_reads"] - before["num_reads"] >= sum(
             os.path.getsize(os.path.join(mnt, "doc", k)) for k in back) // PAGE // 2, \
             "the read-back did not reach compcache (served from a page cache?)"
         assert after["cache_hits"] > before["cache_hits"], "the read-back never hit the cache"
         assert after["mem_used_max"] <= budget
+        assert after["failed_reads"] == 0 and after["failed_writes"] == 0
         print("read-back:", {k: after[k] - before[k] for k in ("cache_hits", "cache_misses", "origin_reads",
                                                                "cache_evictions", "readahead_used")})
-        assert after["failed_reads"] == 0 and after["failed_writes"] == 0
         run(["umount", mnt])
         mounted = False
-        p = run(["fsck.ext4", "-fn", loop], check=False, timeout=600)
-        assert p.returncode == 0, f"fsck.ext4 -fn through the cache: {p.returncode}\n{p.stdout}{p.stderr}"
     finally:
         if mounted:
             run(["umount", mnt], check=False)
-        if loop:
-            run(["losetup", "-d", loop], check=False)
-        if fuse is not None:
-            run(["fusermount3", "-u", fusedir], check=False)
-            try:
-                fuse.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                fuse.kill()
-                fuse.wait(timeout=30)
-                run(["fusermount3", "-uz", fusedir], check=False)
-            fuse.stdout.close()
-        shutil.rmtree(fusedir, ignore_errors=True)
-    srv.stop()
+    p = run(["fsck.ext4", "-fn", dev], check=False, timeout=600)
+    assert p.returncode == 0, f"fsck.ext4 -fn through the cache: {p.returncode}\n{p.stdout}{p.stderr}"
+    return written
 
-    # The image itself, read directly with the server gone: a clean file system holding the
-    # same files (write-through: the cache held nothing the image lacks).
+
+def check_image_holds(image, written, mnt):
+    """The image itself, read directly with the server gone: a clean file system holding the
+    files written (write-through: the cache held nothing the image lacks)."""
     p = run(["fsck.ext4", "-fn", image], check=False, timeout=600)
     assert p.returncode == 0, f"fsck.ext4 -fn of the image: {p.returncode}\n{p.stdout}{p.stderr}"
     loop, mounted = None, False
@@ -517,4 +480,91 @@ def test_ext4_on_the_cache_through_nbdfuse_and_loop(start_server, tmp_path):
             run(["umount", mnt], check=False)
         if loop:
             run(["losetup", "-d", loop], check=False)
+
+
+DOC = "/usr/share/doc"
+# A budget below the tree (well over 100 MiB, partly compressed files already): the read-back
+# is served from the cache and from the origin.
+EXT4_BUDGET = 48 * MiB
+EXT4_IMAGE = 512 * MiB
+
+
+def need_ext4_tools():
+    need_root("FUSE mounts, loop devices and mount need root")
+    need("losetup", "mkfs.ext4", "fsck.ext4", "mount", "umount")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse (modprobe fuse)")
+    if not os.path.isdir(DOC):
+        pytest.skip(f"no {DOC} to copy")
+
+
+def sparse_image(path, size):
+    """An empty (sparse) image: the file system is made through the cache."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return str(path)
+
+
+def test_ext4_on_the_cache_through_nbdfuse_and_loop(start_server, tmp_path):
+    need_ext4_tools()
+    need("nbdfuse", "fusermount3")
+    image = sparse_image(tmp_path / "ext4.img", EXT4_IMAGE)
+    srv = cache_server(start_server, image, "--mem-limit", EXT4_BUDGET)
+    fusedir = tempfile.mkdtemp(prefix="compcache-cache-fuse-")
+    mnt = tempfile.mkdtemp(prefix="compcache-cache-mnt-")
+    fuse_file = os.path.join(fusedir, "cache")
+    fuse = loop = None
+    try:
+        fuse = subprocess.Popen(["nbdfuse", fuse_file, srv.uri], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: os.path.exists(fuse_file) and os.path.getsize(fuse_file) > 0
+                 or fuse.poll() is not None, "nbdfuse to mount")
+        assert fuse.poll() is None, f"nbdfuse exited: {fuse.stdout.read().decode()}"
+        p = run(["losetup", "--find", "--show", "--direct-io=on", fuse_file], check=False)
+        if p.returncode != 0:
+            p = run(["losetup", "--find", "--show", fuse_file])
+        loop = p.stdout.strip()
+        assert loop.startswith("/dev/loop"), p.stdout
+        written = ext4_round_trip(loop, mnt, srv.stat, EXT4_BUDGET)
+        if loop:
+            run(["losetup", "-d", loop])
+            loop = None
+        srv.stop()
+        check_image_holds(image, written, mnt)
+    finally:
+        if loop:
+            run(["losetup", "-d", loop], check=False)
+        if fuse is not None:
+            run(["fusermount3", "-u", fusedir], check=False)
+            try:
+                fuse.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                fuse.kill()
+                fuse.wait(timeout=30)
+                run(["fusermount3", "-uz", fusedir], check=False)
+            fuse.stdout.close()
+        shutil.rmtree(fusedir, ignore_errors=True)
+        shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_ext4_on_the_cache_through_compcache_fuse(compcache_bin, tmp_path):
+    """The same through `compcache fuse --origin`: the store's own FUSE file on a loop device,
+    whose fsync (the loop driver's FLUSH) is the origin's fdatasync."""
+    need_ext4_tools()
+    from test_fuse import FuseServer
+    image = sparse_image(tmp_path / "ext4.img", EXT4_IMAGE)
+    mnt = tempfile.mkdtemp(prefix="compcache-cache-mnt-")
+    srv = None
+    try:
+        # --size may repeat the origin's size (FuseServer passes one).
+        srv = FuseServer(compcache_bin, tmp_path, EXT4_IMAGE, "--origin", image, "--mem-limit", EXT4_BUDGET)
+        assert srv.loop, f"no loop device: {srv.ready}"
+        assert f"cache of {image}" in srv.log(), srv.log()
+        written = ext4_round_trip(srv.loop, mnt, srv.stat, EXT4_BUDGET)
+        assert srv.stop() == 0, srv.log()
+        srv = None
+        check_image_holds(image, written, mnt)
+    finally:
+        if srv is not None:
+            srv.stop()
         shutil.rmtree(mnt, ignore_errors=True)
