@@ -124,14 +124,14 @@ case ",$frontends," in
   *,backing,*)
     disk="$cache/backing-$$.img"
     rm -f "$disk" && truncate -s "$(( scan > 128 ? scan : 128 ))M" "$disk"
-    disk_opts=(-drive "file=$disk,if=virtio,format=raw,cache=unsafe,serial=ccbacking")
+    disk_opts=(-drive "file=$disk,if=none,id=backing,format=raw,cache=unsafe" -device virtio-blk-pci,drive=backing,serial=ccbacking)
     ;;
 esac
 case ",$frontends," in
   *,cache,*)
     origin="$cache/origin-$$.img"
     rm -f "$origin" && truncate -s 256M "$origin"
-    disk_opts+=(-drive "file=$origin,if=virtio,format=raw,cache=unsafe,serial=ccorigin")
+    disk_opts+=(-drive "file=$origin,if=none,id=origin,format=raw,cache=unsafe" -device virtio-blk-pci,drive=origin,serial=ccorigin)
     ;;
 esac
 echo "run-test: booting $(cat "$cache/kernel/version") ($accel, ${mem} MiB, $smp CPUs): $frontends, scan ${scan} MiB x $passes"
