@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the guest's initramfs for the VM end-to-end test: busybox-static, the guest init
-# script, ublk_drv.ko, nbd.ko and virtio_blk.ko from the fetched kernel, the compcache binary (with the
-# shared libraries it needs, found by ldd, if it is not static) and the scan program
-# (static). Output: vm/cache/initramfs.cpio.gz (gitignored).
+# script, the modules vm/fetch-kernel.sh extracted (ublk_drv, nbd, virtio_blk, and ext4 with
+# its dependencies), the compcache binary (with the shared libraries it needs, found by ldd, if
+# it is not static), this machine's mkfs.ext4 and e2fsck (e2fsprogs, with their libraries:
+# the cache step's filesystem) and the scan program (static). Output:
+# vm/cache/initramfs.cpio.gz (gitignored).
 #
 # Inputs (all optional):
 #   COMPCACHE_BIN  the compcache binary to put in (default: target/release/compcache)
@@ -23,7 +25,10 @@ root="$out.root"
 
 compcache_bin="${COMPCACHE_BIN:-$repo/target/release/compcache}"
 [ -x "$compcache_bin" ] || { echo "build-initramfs: no compcache binary at $compcache_bin" >&2; exit 1; }
-[ -s "$kdir/modules/virtio_blk.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
+[ -s "$kdir/modules/virtio_blk.ko" ] && [ -s "$kdir/modules/ext4.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
+for tool in mke2fs e2fsck; do
+  command -v "$tool" >/dev/null || { echo "build-initramfs: needs $tool (apt-get install e2fsprogs)" >&2; exit 1; }
+done
 busybox="$(command -v busybox || true)"
 if [ -z "$busybox" ] || ! file -L "$busybox" | grep -q 'statically linked'; then
   echo "build-initramfs: needs a static busybox (apt-get install busybox-static)" >&2; exit 1
@@ -39,16 +44,25 @@ mkdir -p "$root"/{bin,dev,proc,sys,run,tmp,etc,lib/modules}
 cp "$busybox" "$root/bin/busybox"
 cp "$here/guest/init" "$root/init"
 chmod 755 "$root/init"
-cp "$kdir/modules/ublk_drv.ko" "$kdir/modules/nbd.ko" "$kdir/modules/virtio_blk.ko" "$root/lib/modules/"
-cp "$compcache_bin" "$root/bin/compcache"
-strip "$root/bin/compcache" 2>/dev/null || true
+cp "$kdir"/modules/*.ko "$root/lib/modules/"
 # A dynamic (glibc) binary brings its loader and libraries, at the same paths as here.
-if ! file -L "$compcache_bin" | grep -q 'statically linked'; then
-  for lib in $(ldd "$compcache_bin" | grep -oE '/[^ ]+'); do
+with_libs() {
+  file -L "$1" | grep -q 'statically linked' && return 0
+  for lib in $(ldd "$1" | grep -oE '/[^ ]+'); do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
   done
-fi
+}
+cp "$compcache_bin" "$root/bin/compcache"
+strip "$root/bin/compcache" 2>/dev/null || true
+with_libs "$compcache_bin"
+# The cache step makes and checks an ext4 filesystem (busybox has neither tool for ext4).
+mke2fs_bin=$(command -v mke2fs) e2fsck_bin=$(command -v e2fsck)
+cp "$mke2fs_bin" "$root/bin/mke2fs" && ln -s mke2fs "$root/bin/mkfs.ext4"
+cp "$e2fsck_bin" "$root/bin/e2fsck"
+with_libs "$mke2fs_bin"
+with_libs "$e2fsck_bin"
+[ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$root/etc/mke2fs.conf"
 if [ -n "${NBD_CLIENT_DIR:-}" ]; then
   nbd_root="$(cd "$NBD_CLIENT_DIR" && pwd)/root"
   [ -x "$nbd_root/sbin/nbd-client" ] || { echo "build-initramfs: no nbd-client in $nbd_root: run vm/fetch-nbd-client.sh" >&2; exit 1; }

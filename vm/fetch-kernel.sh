@@ -4,8 +4,10 @@
 # none), downloaded with apt through a private sources list so the machine's own apt
 # configuration is left alone. Everything lands in vm/cache/ (gitignored):
 #   vm/cache/kernel/vmlinuz          the kernel image
-#   vm/cache/kernel/modules/*.ko     ublk_drv.ko, nbd.ko, virtio_blk.ko (the backing step's
-#                                    disk) (decompressed, for busybox insmod)
+#   vm/cache/kernel/modules/*.ko     ublk_drv.ko, nbd.ko, virtio_blk.ko (the backing and cache
+#                                    steps' disks), and ext4 with what it needs (crc16, mbcache,
+#                                    jbd2, crc32c_generic: the cache step's filesystem)
+#                                    (decompressed, for busybox insmod)
 #   vm/cache/kernel/version          the kernel release string
 # Idempotent: a second run with the cache present only prints what it has.
 # Override the package with KERNEL_PKG=linux-image-6.12.NN+deb12-amd64.
@@ -14,7 +16,7 @@ cd "$(dirname "$0")"
 cache="$PWD/cache"
 out="$cache/kernel"
 
-modules="ublk_drv nbd virtio_blk"
+modules="ublk_drv nbd virtio_blk crc16 mbcache jbd2 crc32c_generic ext4"
 have=1
 for m in $modules; do [ -s "$out/modules/$m.ko" ] || have=0; done
 if [ -s "$out/vmlinuz" ] && [ "$have" = 1 ]; then
@@ -54,8 +56,9 @@ for m in $modules; do
     *) cp "$f" "$out.tmp/modules/$m.ko" ;;
   esac
 done
-# The modules depend only on built-in code (modinfo: "depends:" is empty; virtio and
-# virtio_pci are built in), so no modules.dep.
+# No modules.dep: the guest loads them in dependency order by hand (ext4 depends on crc16,
+# mbcache and jbd2; the others only on built-in code: virtio and virtio_pci are built in;
+# crc32c_generic is what ext4's and jbd2's checksums ask the crypto API for).
 echo "$release" >"$out.tmp/version"
 rm -rf "$out.tmp/root" "$out" "$deb"
 mv "$out.tmp" "$out"

@@ -4,9 +4,16 @@
 #
 #   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
 #                             memory cgroup, ublk + global + nbd + nbd-client + backing + crash
+#                             + cache (before crash)
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
 #                             memory cgroup, ublk + global + nbd + nbd-client + backing + crash
-#   options: --frontends ublk,global,nbd,nbd-client,backing,crash   (global: ublk swap with
+#                             + cache (before crash)
+#   options: --frontends ublk,global,nbd,nbd-client,backing,cache,crash   (cache: cache mode,
+#                             `compcache ublk --origin` over a second virtual disk (a 256 MiB
+#                             sparse file in vm/cache, removed afterwards) with an 8 MiB
+#                             budget, ext4 made on it, a tree of files written, read back
+#                             after the page cache is dropped, fsck'd, and then checked on
+#                             the disk itself after the server stopped; global: ublk swap with
 #                             the scan over all the guest's RAM but 16 MiB, in no cgroup: the
 #                             whole guest out of memory; nbd-client: `compcache serve`
 #                             attached by Debian's standard nbd-client, fetched into vm/cache
@@ -35,7 +42,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,backing,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=900 ;;
@@ -50,7 +57,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -110,13 +117,21 @@ esac
 append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve${memcg:+ cc.memcg_mib=$memcg}"
 # The backing step's disk: a sparse file (only what the guest writes takes host space), as
 # large as the scan (at least 128 MiB), so that it holds all the scan's pages compressed.
+# The cache step's origin: a second sparse file, named by its serial in the guest.
 disk_opts=()
-disk=
+disk= origin=
 case ",$frontends," in
   *,backing,*)
     disk="$cache/backing-$$.img"
     rm -f "$disk" && truncate -s "$(( scan > 128 ? scan : 128 ))M" "$disk"
-    disk_opts=(-drive "file=$disk,if=virtio,format=raw,cache=unsafe")
+    disk_opts=(-drive "file=$disk,if=none,id=backing,format=raw,cache=unsafe" -device virtio-blk-pci,drive=backing,serial=ccbacking)
+    ;;
+esac
+case ",$frontends," in
+  *,cache,*)
+    origin="$cache/origin-$$.img"
+    rm -f "$origin" && truncate -s 256M "$origin"
+    disk_opts+=(-drive "file=$origin,if=none,id=origin,format=raw,cache=unsafe" -device virtio-blk-pci,drive=origin,serial=ccorigin)
     ;;
 esac
 echo "run-test: booting $(cat "$cache/kernel/version") ($accel, ${mem} MiB, $smp CPUs): $frontends, scan ${scan} MiB x $passes"
@@ -126,7 +141,7 @@ qemu-system-x86_64 "${accel_opts[@]}" -m "$mem" -smp "$smp" -nographic -no-reboo
   -kernel "$cache/kernel/vmlinuz" -initrd "$initramfs" -append "$append" \
   "${disk_opts[@]}" -nic none -serial mon:stdio -monitor "unix:$monitor_sock,server,nowait" </dev/null >"$log" 2>&1 &
 qemu_pid=$!
-cleanup() { kill "$qemu_pid" 2>/dev/null || true; rm -f "$initramfs" "$monitor_sock" ${disk:+"$disk"}; }
+cleanup() { kill "$qemu_pid" 2>/dev/null || true; rm -f "$initramfs" "$monitor_sock" ${disk:+"$disk"} ${origin:+"$origin"}; }
 trap cleanup EXIT INT TERM
 # Show the guest's progress as it comes (the whole console is in the log).
 tail -n +1 -f --pid="$qemu_pid" "$log" | grep --line-buffered -E 'compcache|scan |RESULT|Kernel panic|BUG|Oops|rror' &
@@ -168,7 +183,7 @@ done
 wait "$qemu_pid" 2>/dev/null || true
 wait "$tail_pid" 2>/dev/null || true
 trap - EXIT INT TERM
-rm -f "$initramfs" "$monitor_sock" ${disk:+"$disk"}
+rm -f "$initramfs" "$monitor_sock" ${disk:+"$disk"} ${origin:+"$origin"}
 cp "$log" "$cache/last-run.log"
 trap 'rm -f "$log"' EXIT
 elapsed=$(( $(date +%s) - start ))
