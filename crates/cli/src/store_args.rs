@@ -249,7 +249,7 @@ impl StoreArgs {
         let origin = self.origin_config(ram)?;
         let backing = self.backing.config(ram, mem_limit)?;
         let cfg = Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, backing, origin, ..Config::with_disksize(size) };
-        cfg.validate().map_err(|e| Failure::usage(e.to_string()))?;
+        cfg.validate().map_err(|e| Failure::usage(config_error_line(&e)))?;
         for w in warnings {
             log::warning(&w);
         }
@@ -364,6 +364,8 @@ mod tests {
         }
         let e = parse(&["--origin", "/dev/vdb", "--readahead", "lots"]).config_with(8 * GIB, Some(GIB)).unwrap_err().to_string();
         assert!(e.starts_with("--readahead"), "{e}");
+        let e = parse(&["--origin", "/dev/vdb", "--readahead", "64M"]).config_with(8 * GIB, Some(GIB)).unwrap_err();
+        assert!(e.to_string().contains("readahead") && e.to_string().contains("maximum") && e.exit_code() == 2, "{e}");
     }
 
     #[test]
