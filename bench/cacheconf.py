@@ -275,13 +275,26 @@ class CompcacheCacheDisk(_NbdCacheDisk):
         super().__init__(system, ledger, workdir, origin, budget_bytes, tag)
         self.binary = binary
 
+    # The readahead window asked for where `serve` has --readahead (its default, made explicit
+    # so that the results say what ran).
+    readahead = "1M"
+
     def unavailable(self):
         return compcache_unavailable(self.system, self.binary, "serve", "--origin",
                                      "has no cache mode yet (its serve --help names no --origin)")
 
+    def _has_readahead(self) -> bool:
+        try:
+            return "--readahead" in self.system.run([self.binary, "serve", "--help"], check=False, timeout=10)
+        except Exception:
+            return False
+
     def server_argv(self, socket):
-        return [self.binary, "serve", "--origin", self.origin, "--mem-limit", str(self.budget_bytes),
+        argv = [self.binary, "serve", "--origin", self.origin, "--mem-limit", str(self.budget_bytes),
                 "--socket", socket, "--control", socket + ".ctl"]
+        if self._has_readahead():
+            argv += ["--readahead", self.readahead]
+        return argv
 
     def stats(self) -> dict:
         sock = getattr(self, "socket", None)

@@ -226,8 +226,11 @@ def test_compcache_cache_needs_a_binary_with_origin():
     fs.serve_help = "Usage: compcache serve --origin PATH"
     d = _disk("compcache-cache", fs, ledger)
     assert d.unavailable() is None
-    assert d.server_argv("/s")[:6] == ["/bin/compcache", "serve", "--origin", "/work/img", "--mem-limit",
-                                       str(128 * MiB)]
+    argv = d.server_argv("/s")
+    assert argv[:6] == ["/bin/compcache", "serve", "--origin", "/work/img", "--mem-limit", str(128 * MiB)]
+    assert "--readahead" not in argv
+    fs.serve_help = "Usage: compcache serve --origin PATH --readahead SIZE"
+    assert d.server_argv("/s")[-2:] == ["--readahead", "1M"]
 
 
 def test_slow_origin_is_a_loop_device_behind_the_filters():
