@@ -70,7 +70,7 @@ QUICK = {
         "tests": ["write", "rewrite", "read", "reread", "randread", "randwrite", "bkwdread", "recrewrite",
                   "strideread"],
         # Every test but write (which lays the file down) stops after runtime_s.
-        "runtime_s": 3,
+        "runtime_s": 2,
         "run_timeout_s": 180,
         # fio's buffer_compress_percentage: each page about half random, half zeros (~2:1).
         "compress_percentage": 50,
