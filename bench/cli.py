@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .suite import ALL_CONFIGS, EXPERIMENTS, REPO_ROOT
+from .suite import ALL_CONFIGS, DEFAULT_EXPERIMENTS, EXPERIMENTS, REPO_ROOT
 
 DEFAULT_OUT = os.path.join(REPO_ROOT, "bench", "results")
 DEFAULT_WORK = "/var/tmp/compcache-bench"
@@ -46,8 +46,9 @@ def main(argv=None) -> int:
     prof.add_argument("--quick", dest="profile", action="store_const", const="quick",
                       help="everything in under 10 minutes (default)")
     prof.add_argument("--full", dest="profile", action="store_const", const="full", help="the seeds' sizes; hours")
-    r.add_argument("--experiments", type=lambda v: _csv(v, EXPERIMENTS), default=list(EXPERIMENTS),
-                   help=f"comma list of {','.join(EXPERIMENTS)}")
+    r.add_argument("--experiments", type=lambda v: _csv(v, EXPERIMENTS), default=list(DEFAULT_EXPERIMENTS),
+                   help=f"comma list of {','.join(EXPERIMENTS)} (default {','.join(DEFAULT_EXPERIMENTS)}: "
+                        "zcache runs only when named)")
     r.add_argument("--configs", type=lambda v: _csv(v, ALL_CONFIGS), default=list(ALL_CONFIGS),
                    help=f"scan configurations, comma list of {','.join(ALL_CONFIGS)}")
     r.add_argument("--fio-configs", type=lambda v: _csv(v, ALL_CONFIGS), default=None,

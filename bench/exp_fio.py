@@ -34,14 +34,17 @@ TEST_NAMES = {
 }
 
 
-def fio_argv(test: str, path: str, file_bytes: int, bs: int, runtime_s: int) -> list:
+def fio_argv(test: str, path: str, file_bytes: int, bs: int, runtime_s: int | None, engine: str = "mmap") -> list:
+    """One iozone-style test as a fio command line; runtime_s None: the whole file, uncapped."""
     rw = {
         "write": "write", "rewrite": "write", "read": "read", "reread": "read",
         "randread": "randread", "randwrite": "randwrite", "bkwdread": f"read:-{2 * bs}",
         "recrewrite": "randwrite:1000000", "strideread": f"read:{16 * bs}",
     }[test]
     argv = ["fio", f"--name={test}", f"--filename={path}", f"--size={file_bytes}", f"--bs={bs}",
-            f"--rw={rw}", "--ioengine=mmap", f"--runtime={runtime_s}", "--output-format=json"]
+            f"--rw={rw}", f"--ioengine={engine}", "--output-format=json"]
+    if runtime_s is not None:
+        argv.append(f"--runtime={runtime_s}")
     if test == "recrewrite":
         argv.append("--rw_sequencer=identical")
     return argv

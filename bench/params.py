@@ -54,6 +54,35 @@ QUICK = {
         "cycles": 3,
         "point_timeout_s": 120,
     },
+    "zcache": {
+        # Seed 003 had a 1 GiB file and 1 GiB of RAM (the page cache's share of it smaller
+        # still). Here the page cache is a memory cgroup well below the file, and the budget
+        # of both caches is half the file: compressed about 2:1, compcache can hold most of
+        # the file; uncompressed, nbdkit's cache filter can hold half of it. With the page
+        # cache beside it, compressed page cache + compressed cache ~ file, as in the seed
+        # (~800 MB page cache + three 10% pools). 96 MiB cgroup, 256 MiB file, 128 MiB budget.
+        "file_bytes": 256 * MiB,
+        "limit_bytes": 96 * MiB,
+        "budget_bytes": 128 * MiB,
+        "record_sizes": [4096, 1 << 20],
+        # mmap: iozone -B, as in the seed; psync: plain read(2)/write(2).
+        "engines": ["mmap"],
+        "tests": ["write", "rewrite", "read", "reread", "randread", "randwrite", "bkwdread", "recrewrite",
+                  "strideread"],
+        # Every test but write (which lays the file down) stops after runtime_s.
+        "runtime_s": 2,
+        "run_timeout_s": 180,
+        # fio's buffer_compress_percentage: each page about half random, half zeros (~2:1).
+        "compress_percentage": 50,
+        "variants": ["fast", "slow"],
+        "configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache"],
+        "slow_configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache"],
+        # The seed's hard disk: ~75 MB/s sequential, ~700 random 4 KiB reads/s (its iozone
+        # random read at 4 KiB records: 2770 KB/s). See bench/cacheconf.py's slow_disk_filters.
+        "slow_disk": {"seq_bytes_per_s": 75e6, "read_delay_ms": 1.4, "write_delay_ms": 1.4, "burstiness_s": 0.1},
+        # Seconds of fio on the slow origin alone, per run, to record what it delivers (0: skip).
+        "calibrate_s": 2,
+    },
 }
 
 FULL = copy.deepcopy(QUICK)
@@ -73,6 +102,18 @@ FULL["fio"].update({
     "runtime_s": 10,
     "swap_size_bytes": 1024 * MiB,
     "run_timeout_s": 600,
+})
+FULL["zcache"].update({
+    # The seed's file; a cgroup of half of it and the same budget: page cache + compressed
+    # cache ~ the file again.
+    "file_bytes": 1024 * MiB,
+    "limit_bytes": 512 * MiB,
+    "budget_bytes": 512 * MiB,
+    "record_sizes": [4096 << i for i in range(0, 13)],  # 4 KiB .. 16 MiB, as iozone -a -y 4k
+    "engines": ["mmap", "psync"],
+    "runtime_s": 10,
+    "run_timeout_s": 900,
+    "calibrate_s": 5,
 })
 FULL["app"].update({
     "limit_bytes": 512 * MiB,

@@ -136,3 +136,13 @@ def parse_proc_status_kib(text: str, key: str = "VmRSS") -> int | None:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     return None
+
+
+def parse_proc_io(text: str) -> dict:
+    """/proc/PID/io ('rchar: N' lines) -> {key: int}."""
+    out = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep and v.strip().isdigit():
+            out[k.strip()] = int(v)
+    return out

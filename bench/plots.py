@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from . import exp_zcache
 from .exp_fio import TEST_NAMES
 
 
@@ -138,6 +139,45 @@ def plot_app(app: dict, path: str) -> str | None:
     return _save(plt, fig, path)
 
 
+def plot_zcache(z: dict, variant: str, path: str) -> str | None:
+    """One panel per test: average MB/s over record sizes per configuration (and engine),
+    the ratio to direct written on each bar, as the seed's per-test graphs."""
+    v = z["variants"].get(variant, {})
+    cfgs = [(n, v["configs"][n]) for n in v.get("order", []) if exp_zcache.ok_points(v["configs"].get(n, {}))]
+    if not cfgs:
+        return None
+    plt = _plt()
+    p = z["params"]
+    tests, engines = p["tests"], p["engines"]
+    avgs = {(n, e): exp_zcache.averages_per_test(r, tests, e) for n, r in cfgs for e in engines}
+    cols = 3
+    rows = (len(tests) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(12, 3.2 * rows), squeeze=False)
+    width = 0.8 / len(cfgs)
+    for ax, test in zip(axes.flat, tests):
+        for i, (n, r) in enumerate(cfgs):
+            for j, e in enumerate(engines):
+                val = avgs[(n, e)].get(test)
+                if val is None:
+                    continue
+                x = j + (i - (len(cfgs) - 1) / 2) * width
+                ax.bar(x, val / 1e6, width, color=f"C{i}", label=r["label"] if j == 0 else None)
+                base = avgs.get(("direct", e), {}).get(test)
+                if base and n != "direct":
+                    ax.annotate(f"{val / base:.2f}", (x, val / 1e6), ha="center", va="bottom", fontsize=6)
+        ax.set_xticks(range(len(engines)), engines, fontsize=8)
+        ax.set_ylim(bottom=0)
+        ax.set_title(TEST_NAMES[test], fontsize=10)
+        ax.set_ylabel("MB/s", fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    for ax in list(axes.flat)[len(tests):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"zcache (seed 003), {variant} disk: {p['file_bytes'] >> 20} MiB file, {p['limit_bytes'] >> 20} MiB "
+                 f"page cache, {p['budget_bytes'] >> 20} MiB caches; ratio to direct on the bars")
+    return _save(plt, fig, path)
+
+
 def plot_all(results: dict, out_dir: str) -> list[str]:
     made = []
     exps = results.get("experiments", {})
@@ -151,4 +191,7 @@ def plot_all(results: dict, out_dir: str) -> list[str]:
             made.append(plot_fio(exps["fio"], fb, os.path.join(out_dir, f"fio_{fb >> 20}MiB.png")))
     if "app" in exps:
         made.append(plot_app(exps["app"], os.path.join(out_dir, "app_cycle.png")))
+    if "zcache" in exps:
+        for variant in exps["zcache"].get("variants", {}):
+            made.append(plot_zcache(exps["zcache"], variant, os.path.join(out_dir, f"zcache_{variant}.png")))
     return [m for m in made if m]

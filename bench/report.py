@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from . import exp_zcache
 from .exp_fio import TEST_NAMES, compare
 
 
@@ -184,6 +185,141 @@ def app_tables(app: dict) -> str:
     return "\n".join(out)
 
 
+def _kbs(v) -> str:
+    """bytes/s -> iozone's KB/s (1024 bytes), as the seed reports."""
+    return "-" if v is None else f"{v / 1024:.0f}"
+
+
+def _ratio(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+VARIANT_TEXT = {
+    "fast": "the image on this machine's virtual disk (host-cached: fast)",
+    "slow": "the image behind nbdkit filters with the seed's hard disk figures",
+}
+
+
+def _zcache_variant(z: dict, variant: str, v: dict) -> list:
+    p = z["params"]
+    cfgs = v["configs"]
+    order = [n for n in v.get("order", cfgs.keys()) if n in cfgs]
+    measured = [n for n in order if exp_zcache.ok_points(cfgs[n])]
+    head = f"#### zcache, {variant} disk: {VARIANT_TEXT.get(variant, variant)}"
+    out = [head, ""]
+    if variant == "slow":
+        sd = v.get("slow_disk") or p.get("slow_disk", {})
+        cal = v.get("calibration")
+        line = (f"Slow disk: one request at a time, {sd.get('read_delay_ms')} ms per read and "
+                f"{sd.get('write_delay_ms')} ms per write request, {sd.get('seq_bytes_per_s', 0) / 1e6:.0f} MB/s "
+                "(nbdkit noparallel + delay + rate filters in front of `nbdkit file`, via nbdfuse and a loop "
+                "device; `direct` is ext4 on that loop device, the other three read it as their origin)")
+        if cal:
+            line += (f"; measured alone: {cal['seq_read_1m']['bw_bytes'] / 1e6:.1f} MB/s sequential (1 MiB reads), "
+                     f"{cal['rand_read_4k']['iops']:.0f} random 4 KiB reads/s (the seed's disk: about 75 MB/s "
+                     "and 700/s)")
+        out += [line + ".", ""]
+    for n in order:
+        r = cfgs[n]
+        if "skipped" in r:
+            out.append(f"- {r.get('label', n)}: skipped: {r['skipped']}")
+        elif "error" in r:
+            out.append(f"- {r.get('label', n)}: error: {r['error']}")
+        if r.get("leftovers"):
+            out.append(f"- {r.get('label', n)}: left behind: {', '.join(r['leftovers'])}")
+    if not measured:
+        return out + ["", "(no configuration measured)", ""]
+    if out[-1] != "":
+        out.append("")
+    base = "direct" if "direct" in measured else None
+    for engine in p["engines"]:
+        avgs = {n: exp_zcache.averages_per_test(cfgs[n], p["tests"], engine) for n in measured}
+        if not any(avgs.values()):
+            continue
+        ratios = {n: exp_zcache.ratios_vs(avgs[base], avgs[n]) if base else {} for n in measured}
+        rows = []
+        for t in p["tests"]:
+            row = [TEST_NAMES[t]]
+            for n in measured:
+                cell = _kbs(avgs[n].get(t))
+                if base and n != base and t in ratios[n]:
+                    cell += f" ({ratios[n][t]:.2f})"
+                row.append(cell)
+            rows.append(row)
+        recs = ", ".join(f"{b >> 10}" for b in p["record_sizes"])
+        out += [f"Average KB/s over record sizes {recs} KiB, `{engine}` "
+                f"({'mmap, as iozone -B' if engine == 'mmap' else 'read(2)/write(2)'}); "
+                f"in brackets the ratio to {cfgs[base]['label'] if base else '-'} (the seed's \"Ratio\"):", "",
+                table(["test"] + [cfgs[n]["label"] for n in measured], rows), ""]
+    rows = []
+    for n in measured:
+        r = cfgs[n]
+        tr = exp_zcache.read_traffic(r)
+        dev = r.get("device", {})
+        fin = r.get("final_stats", {})
+        cached = mem = per = "-"
+        if n == "compcache-cache":
+            sample = dev.get("ratio_sample") or fin
+            cached, mem = _mib(sample.get("orig_data_size")), _mib(sample.get("mem_used_total"))
+            per = _ratio(exp_zcache.memory_per_cached_byte(sample))
+        elif n == "nbdkit-cache":
+            cached = mem = _mib(dev.get("peak_cache_file_bytes"))
+            per = "1 (uncompressed)"
+        rows.append([r["label"], _mib(tr["dev_read_bytes"]), _mib(tr["origin_read_bytes"]),
+                     _ratio(tr["origin_per_read"]), "-" if tr["hit_ratio"] is None else f"{tr['hit_ratio']:.1%}",
+                     cached, mem, per])
+    out += [f"Caches, over the read tests (read, re-read, random, backward, stride), budget "
+            f"{p['budget_bytes'] >> 20} MiB each:", "",
+            table(["config", "asked of the disk MiB", "reached the origin MiB", "origin / asked", "hit ratio",
+                   "cached MiB (peak)", "cache memory MiB (peak)", "memory per cached byte"], rows), "",
+            "Asked of the disk: what the page cache missed (reads of the disk's block device). Reached the "
+            "origin: what the cache in between missed (1.00 without one; nbdkit's 64 KiB cache blocks can read "
+            "more than was asked). Hit ratio: compcache's cache_hits / (cache_hits + cache_misses) in pages. "
+            "Memory per cached byte: mem_used_total / orig_data_size where compcache held the most (zram's names); "
+            "nbdkit's cache is its cache file on a tmpfs, uncompressed.", ""]
+    cc = cfgs.get("compcache-cache")
+    if cc and any(x.get("cache") for x in cc.get("points", [])):
+        rows = []
+        for t in p["tests"]:
+            tr = exp_zcache.read_traffic(cc, (t,))
+            c = tr["cache"]
+            rows.append([TEST_NAMES[t], c.get("cache_hits", "-"), c.get("cache_misses", "-"),
+                         "-" if tr["hit_ratio"] is None else f"{tr['hit_ratio']:.1%}", _mib(tr["origin_read_bytes"]),
+                         c.get("readahead_used", "-"), c.get("readahead_wasted", "-")])
+        out += ["compcache's counters per test (pages; summed over record sizes and engines):", "",
+                table(["test", "cache_hits", "cache_misses", "hit ratio", "origin read MiB", "readahead_used",
+                       "readahead_wasted"], rows), ""]
+    for n in measured:
+        for engine in p["engines"]:
+            pts = [x for x in exp_zcache.ok_points(cfgs[n]) if x["engine"] == engine]
+            if not pts:
+                continue
+            rows = []
+            for rb in p["record_sizes"]:
+                row = [p["file_bytes"] >> 10, rb >> 10]
+                for t in p["tests"]:
+                    x = next((y for y in pts if y["record_bytes"] == rb and y["test"] == t), None)
+                    row.append("-" if x is None else _kbs(x["bw_bytes"]))
+                rows.append(row)
+            out += [f"{cfgs[n]['label']}, `{engine}`, KB/s (the seed's results layout):", "",
+                    table(["KB", "reclen"] + [TEST_NAMES[t] for t in p["tests"]], rows), ""]
+    return out
+
+
+def zcache_tables(z: dict) -> str:
+    p = z["params"]
+    out = [f"### zcache (seed 003): iozone-style fio on ext4, a {p['file_bytes'] >> 20} MiB file, the page cache "
+           f"held to {p['limit_bytes'] >> 20} MiB by a memory cgroup, caches of {p['budget_bytes'] >> 20} MiB", "",
+           "direct: ext4 on the origin itself (no cache). nbdkit file: the same origin through `nbdkit file`, "
+           "nbdfuse and a loop device (the transport, no cache). nbdkit cache: nbdkit's cache filter "
+           "(uncompressed, in RAM) in front of that. compcache cache: `compcache serve --origin` (compressed). "
+           f"File content compresses about {100 / max(1, 100 - p['compress_percentage']):.0f}:1 "
+           f"(fio buffer_compress_percentage={p['compress_percentage']}).", ""]
+    for variant, v in z.get("variants", {}).items():
+        out += _zcache_variant(z, variant, v)
+    return "\n".join(out)
+
+
 def markdown(results: dict) -> str:
     m = results["machine"]
     out = [f"### compcache bench, profile `{results['profile']}`, {results.get('started_utc', '')}", "",
@@ -199,6 +335,8 @@ def markdown(results: dict) -> str:
         out.append(fio_tables(exps["fio"]))
     if "app" in exps:
         out.append(app_tables(exps["app"]))
+    if "zcache" in exps:
+        out.append(zcache_tables(exps["zcache"]))
     if results.get("leftovers"):
         out.append("**Left behind after the run:** " + ", ".join(results["leftovers"]))
     return "\n".join(out) + "\n"

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from . import cgroup as cgroup_mod
-from . import exp_app, exp_fio, exp_scan, params as params_mod
+from . import exp_app, exp_fio, exp_scan, exp_zcache, params as params_mod
 from .context import Context
 from .parse import parse_proc_swaps
 from .runner import Progress
@@ -19,11 +19,18 @@ from .swapconf import ALL_CONFIGS, find_compcache, make_config
 from .system import Ledger, System
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPERIMENTS = ("scan", "fio", "app")
+EXPERIMENTS = ("scan", "fio", "app", "zcache")
+# What `run` does without --experiments: zcache (seed 003's cache, ~8 more minutes in --quick)
+# runs only when named.
+DEFAULT_EXPERIMENTS = ("scan", "fio", "app")
 BASE_TOOLS = ("mkswap", "swapon", "swapoff", "make", "gcc")
-EXPERIMENT_TOOLS = {"fio": ("fio",), "app": ("/usr/bin/python3",), "scan": ()}
+EXPERIMENT_TOOLS = {"fio": ("fio",), "app": ("/usr/bin/python3",), "scan": (),
+                    "zcache": ("fio", "mkfs.ext4", "truncate", "cp", "mount", "umount", "df", "losetup", "nbdkit",
+                               "nbdfuse", "fusermount3")}
 APT_HINT = {"fio": "fio", "nbdkit": "nbdkit", "nbdfuse": "libnbd-bin", "fusermount3": "fuse3", "gcc": "gcc",
-            "make": "make", "losetup": "mount", "fallocate": "util-linux", "/usr/bin/python3": "python3"}
+            "make": "make", "losetup": "mount", "fallocate": "util-linux", "/usr/bin/python3": "python3",
+            "mkfs.ext4": "e2fsprogs", "mount": "mount", "umount": "mount", "truncate": "coreutils", "cp": "coreutils",
+            "df": "coreutils"}
 
 
 def start_results(prog: str, problems: list, out: str | None, kind: str) -> tuple[str, str] | None:
@@ -171,6 +178,11 @@ def run_suite(profile: str, experiments: list, configs: list, out_dir: str, work
             progress(f"experiment app cycle (seeds 001, 002), compressed device: {backend}")
             results["experiments"]["app"] = exp_app.run(ctx, p["app"], backend)
             _save(results, out_dir)
+        if "zcache" in experiments:
+            progress(f"experiment zcache (seed 003), variants {', '.join(p['zcache']['variants'])}, configs: "
+                     f"{', '.join(p['zcache']['configs'])}")
+            results["experiments"]["zcache"] = exp_zcache.run(ctx, p["zcache"], compcache_bin)
+            _save(results, out_dir)
     finally:
         signal.signal(signal.SIGTERM, old)
         left = ledger.leftovers(system)
@@ -196,4 +208,4 @@ def _save(results: dict, out_dir: str) -> None:
     os.replace(tmp, os.path.join(out_dir, "results.json"))
 
 
-__all__ = ["run_suite", "preflight", "ALL_CONFIGS", "EXPERIMENTS", "Interrupted"]
+__all__ = ["run_suite", "preflight", "ALL_CONFIGS", "EXPERIMENTS", "DEFAULT_EXPERIMENTS", "Interrupted"]

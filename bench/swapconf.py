@@ -263,6 +263,15 @@ class NbdLoopSwap(SwapConfig):
         raise NotImplementedError
 
     def setup(self) -> None:
+        self._attach()
+        # zram learns of every freed swap slot at once (swap_slot_free_notify); a loop device
+        # only through discard. Without it, a userspace store keeps every page ever swapped
+        # out, and its memory use and speed are not comparable with zram's.
+        self._swapon(self.loop, discard="pages")
+
+    def _attach(self) -> None:
+        """The server, nbdfuse and the loop device (direct I/O): `self.loop` is the block
+        device. Everything is in the ledger as soon as it exists."""
         base = os.path.join(self.workdir, self.name)
         self.system.mkdir(base)
         self.socket = os.path.join(base, "nbd.sock")
@@ -295,10 +304,6 @@ class NbdLoopSwap(SwapConfig):
         except OSError:
             self.info["loop_dio"] = None
         self.info["loop_device"] = self.loop
-        # zram learns of every freed swap slot at once (swap_slot_free_notify); a loop device
-        # only through discard. Without it, a userspace store keeps every page ever swapped
-        # out, and its memory use and speed are not comparable with zram's.
-        self._swapon(self.loop, discard="pages")
 
     def _wait_for(self, cond, what: str, proc=None, timeout: float = 30.0) -> None:
         deadline = self.system.monotonic() + timeout

@@ -53,13 +53,15 @@ class FakeSystem:
         self.fail: dict = {}
         self._calls: dict = {}
         self.tools = {"mkswap", "swapon", "swapoff", "losetup", "nbdfuse", "fusermount3", "nbdkit", "fio", "make",
-                      "gcc", "fallocate", "chmod"}
+                      "gcc", "fallocate", "chmod", "mount", "umount", "df", "mkfs.ext4", "truncate", "cp"}
         self.swaps: list = []
         self.loops: list = []
         self.mounts: list = []
         self.next_loop = 7
         self.loop_backing: dict = {}
         self.next_zram = 5
+        # What `compcache serve --help` prints (a test may give it --origin).
+        self.serve_help = "Usage: compcache serve --size SIZE --socket PATH"
         self.files["/sys/class/zram-control/hot_add"] = ""
         self.files["/sys/module/zswap/parameters/enabled"] = "N\n"
         self.files["/sys/module/zswap/parameters/compressor"] = "lzo\n"
@@ -87,6 +89,8 @@ class FakeSystem:
             return "Filename Type Size Used Priority\n" + "".join(f"{s} partition 1024 0 100\n" for s in self.swaps)
         if path == "/proc/self/mounts":
             return "".join(f"nbdfuse {m} fuse rw 0 0\n" for m in self.mounts)
+        if path.startswith("/proc/") and path.endswith("/io") and path not in self.files:
+            return "rchar: 10\nread_bytes: 8192\nwrite_bytes: 4096\n"
         if path in self.files:
             return self.files[path]
         raise FileNotFoundError(path)
@@ -158,8 +162,14 @@ class FakeSystem:
             self.files.pop(f"{m}/nbd", None)
         if cmd == "fallocate":
             self.files[argv[-1]] = ""
+        if cmd == "mount":
+            self.mounts.append(argv[-1])
+        if cmd == "umount":
+            self.mounts.remove(argv[-1])
+        if cmd == "df":
+            return "     Used\n 1048576\n"
         if argv[1:3] == ["serve", "--help"]:
-            return "Usage: compcache serve --size SIZE --socket PATH"
+            return self.serve_help
         if argv[1:3] == ["stat", "--json"]:
             return '{"orig_data_size": 4096000, "mem_used_total": 1024000}'
         return ""
