@@ -45,6 +45,8 @@ pub(crate) struct Counters {
     pub origin_read_bytes: AtomicU64,
     pub origin_writes: AtomicU64,
     pub origin_write_bytes: AtomicU64,
+    /// Origin syncs (fdatasync) that succeeded: FLUSH, and the flush half of FUA.
+    pub origin_syncs: AtomicU64,
     pub origin_errors: AtomicU64,
     pub readahead_pages: AtomicU64,
     pub readahead_used: AtomicU64,
@@ -136,6 +138,7 @@ impl Counters {
             origin_read_bytes: g(&c.origin_read_bytes),
             origin_writes: g(&c.origin_writes),
             origin_write_bytes: g(&c.origin_write_bytes),
+            origin_syncs: g(&c.origin_syncs),
             origin_errors: g(&c.origin_errors),
             readahead_pages: g(&c.readahead_pages),
             readahead_used: g(&c.readahead_used),
@@ -250,6 +253,9 @@ pub struct Stats {
     pub origin_writes: u64,
     /// Bytes written to the origin (zeroing and discards excluded).
     pub origin_write_bytes: u64,
+    /// Syncs of the origin (fdatasync) that succeeded: FLUSH, and the flush half of a write,
+    /// write-zeroes or discard with FUA. A failed sync counts in `origin_errors` instead.
+    pub origin_syncs: u64,
     /// Origin operations that failed (read, write, discard, zeroing, sync).
     pub origin_errors: u64,
     /// Pages read ahead of a sequential reader and cached.
@@ -341,6 +347,7 @@ pub const UNITS: &[(&str, Unit)] = &[
     ("origin_read_bytes", Unit::Bytes),
     ("origin_writes", Unit::Requests),
     ("origin_write_bytes", Unit::Bytes),
+    ("origin_syncs", Unit::Requests),
     ("origin_errors", Unit::Requests),
     ("readahead_pages", Unit::Pages),
     ("readahead_used", Unit::Pages),

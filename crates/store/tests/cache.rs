@@ -181,6 +181,7 @@ fn check_model(ops: Vec<Op>, budget_pages: u64, readahead: u64) -> Result<(), Te
         }
         let s = store.stats();
         prop_assert!(s.mem_used_total <= budget_pages * P, "pool {} above the budget", s.mem_used_total);
+        prop_assert_eq!(s.origin_syncs, faults.syncs.load(Relaxed), "origin_syncs counts the origin's successful syncs");
     }
     (0..5).for_each(|k| set_fault(&faults, k, false));
     // After the faults clear, everything reads as the model, and the origin is the model.
@@ -266,10 +267,14 @@ fn flush_is_the_origins_sync_and_its_error_reaches_the_client() {
     let (store, faults) = faulty_store(config(4, 16, &path, 0), &path);
     let mut ctx = store.context();
     store.write(&mut ctx, 0, &vec![7u8; PAGE]).unwrap();
+    assert_eq!(store.stats().origin_syncs, 0, "a write without FUA does not sync");
     store.flush().unwrap();
     assert_eq!(faults.syncs.load(Relaxed), 1);
+    assert_eq!(store.stats().origin_syncs, 1, "the flush reached the origin's sync");
     faults.fail_syncs.store(true, Relaxed);
+    let errors = store.stats().origin_errors;
     assert_eq!(store.flush().unwrap_err().errno(), libc::EIO);
+    assert_eq!((store.stats().origin_syncs, store.stats().origin_errors), (1, errors + 1), "a failed sync is an error, not a sync");
     faults.fail_syncs.store(false, Relaxed);
     let mut p = vec![0u8; PAGE];
     store.read(&mut ctx, 0, &mut p).unwrap();
@@ -498,7 +503,8 @@ fn without_an_origin_the_cache_statistics_stay_zero() {
     store.write(&mut ctx, 0, &page(Kind::Text, 0, 1)).unwrap();
     let mut p = vec![0u8; PAGE];
     store.read(&mut ctx, 0, &mut p).unwrap();
+    store.flush().unwrap();
     let s = store.stats();
-    assert_eq!((s.cache_hits, s.cache_misses, s.cache_inserts, s.origin_reads, s.origin_writes), (0, 0, 0, 0, 0));
+    assert_eq!((s.cache_hits, s.cache_misses, s.cache_inserts, s.origin_reads, s.origin_writes, s.origin_syncs), (0, 0, 0, 0, 0, 0));
     assert_eq!(s.cache_hit_ratio(), None);
 }

@@ -79,15 +79,16 @@ fn hit_ratio(stats: &Map<String, Value>) -> Option<f64> {
     serde_json::from_value::<Stats>(Value::Object(stats.clone())).unwrap_or_default().cache_hit_ratio()
 }
 
-/// The cache line under the summary: what the cache served and what it cost the origin.
+/// The cache line under the summary: what the cache served and what it cost the origin
+/// (bytes read and written, syncs).
 fn cache_lines(origin: &str, stats: &Map<String, Value>) -> String {
     let c = |k| count(stats, k).to_string();
     let mut out = format!(
-        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n",
-        "CACHE OF", "HITS", "MISSES", "HIT%", "INSERTS", "EVICTED", "ORIGIN-RD", "ORIGIN-WR", "RA-USED", "RA-WASTED"
+        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8} {:>9}\n",
+        "CACHE OF", "HITS", "MISSES", "HIT%", "INSERTS", "EVICTED", "ORIGIN-RD", "ORIGIN-WR", "SYNCS", "RA-USED", "RA-WASTED"
     );
     out += &format!(
-        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n\n",
+        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8} {:>9}\n\n",
         origin,
         c("cache_hits"),
         c("cache_misses"),
@@ -96,6 +97,7 @@ fn cache_lines(origin: &str, stats: &Map<String, Value>) -> String {
         c("cache_evictions"),
         human(count(stats, "origin_read_bytes")),
         human(count(stats, "origin_write_bytes")),
+        c("origin_syncs"),
         c("readahead_used"),
         c("readahead_wasted"),
     );
@@ -178,7 +180,7 @@ mod tests {
             "disksize": 1u64 << 30, "comp_algorithm": "lz4", "orig_data_size": 8u64 << 20,
             "compr_data_size": 2u64 << 20, "mem_used_total": 4u64 << 20, "mem_limit": 64u64 << 20,
             "cache_hits": 300, "cache_misses": 100, "cache_inserts": 100, "cache_evictions": 20,
-            "origin_reads": 10, "origin_read_bytes": 409600, "origin_writes": 5, "origin_write_bytes": 20480,
+            "origin_reads": 10, "origin_read_bytes": 409600, "origin_writes": 5, "origin_write_bytes": 20480, "origin_syncs": 3,
             "readahead_pages": 64, "readahead_used": 50, "readahead_wasted": 4
         });
         let stats = stats.as_object().unwrap();
@@ -187,7 +189,7 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[3].starts_with("CACHE OF") && lines[3].contains("HIT%"), "{t}");
         let row: Vec<&str> = lines[4].split_whitespace().collect();
-        assert_eq!(row, ["/var/lib/disk.img", "300", "100", "75.0", "100", "20", "400K", "20K", "50", "4"], "{t}");
+        assert_eq!(row, ["/var/lib/disk.img", "300", "100", "75.0", "100", "20", "400K", "20K", "3", "50", "4"], "{t}");
         assert!(t.contains("cache_hits") && t.contains("origin_read_bytes"), "every counter listed: {t}");
         // The mm_stat figures stay next to them.
         assert!(t.contains("orig_data_size") && t.contains("mem_used_total"), "{t}");

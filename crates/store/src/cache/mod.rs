@@ -369,8 +369,12 @@ impl Cache {
     }
 
     /// FLUSH (and the second half of FUA): every completed write is durable on the origin.
+    /// Counted in `origin_syncs` once the origin's sync returned (a failed one in
+    /// `origin_errors`).
     pub fn flush(&self, s: &Store) -> Result<(), StoreError> {
-        self.origin.sync().map_err(|e| self.origin_error(s, "sync", 0, e))
+        self.origin.sync().map_err(|e| self.origin_error(s, "sync", 0, e))?;
+        Counters::inc(&s.counters.origin_syncs);
+        Ok(())
     }
 
     /// Pages `first..end` of a write (stripes held): each chunk of them that fits the worker's
