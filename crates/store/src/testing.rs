@@ -183,7 +183,8 @@ enum OriginMedia {
 }
 
 /// An origin for tests: in memory, or a real file opened as the store opens one; either
-/// fails as its [`OriginFaults`] say.
+/// fails as its [`OriginFaults`] say and counts what succeeded (the front ends' FUA and FLUSH
+/// tests count its syncs).
 pub struct FaultyOrigin {
     media: OriginMedia,
     faults: Arc<OriginFaults>,

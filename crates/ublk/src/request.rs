@@ -123,47 +123,14 @@ mod tests {
         assert!(!decode(sys::UBLK_IO_OP_WRITE | sys::UBLK_IO_F_SWAP, 0, 8, DEV, BUF).unwrap().fua);
     }
 
-    /// An origin in memory that counts its syncs (fdatasync).
-    struct SyncCountingOrigin {
-        bytes: std::sync::Mutex<Vec<u8>>,
-        syncs: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    }
-
-    impl compcache_store::OriginDevice for SyncCountingOrigin {
-        fn size_bytes(&self) -> u64 {
-            self.bytes.lock().unwrap().len() as u64
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            buf.copy_from_slice(&self.bytes.lock().unwrap()[offset as usize..][..buf.len()]);
-            Ok(())
-        }
-        fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
-            self.bytes.lock().unwrap()[offset as usize..][..data.len()].copy_from_slice(data);
-            Ok(())
-        }
-        fn sync(&self) -> std::io::Result<()> {
-            self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(())
-        }
-        fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-            self.bytes.lock().unwrap()[offset as usize..][..len as usize].fill(0);
-            Ok(())
-        }
-        fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-            self.discard(offset, len)
-        }
-        fn describe(&self) -> String {
-            "memory origin".into()
-        }
-    }
-
     /// A cache device: a FUA write is on the origin and synced before it completes; a write
     /// without FUA is on the origin, not synced; FLUSH syncs.
     #[test]
     fn fua_writes_sync_the_origin_before_they_complete() {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        let syncs = std::sync::Arc::new(AtomicU64::new(0));
-        let origin = SyncCountingOrigin { bytes: std::sync::Mutex::new(vec![0; DEV as usize]), syncs: syncs.clone() };
+        use std::sync::atomic::Ordering;
+        let origin = compcache_store::testing::FaultyOrigin::memory(DEV as usize, &[]);
+        let faults = origin.faults();
+        let syncs = &faults.syncs;
         let mut cfg = Config::with_disksize(DEV);
         cfg.mem_limit_bytes = DEV;
         cfg.origin = Some(compcache_store::OriginConfig::new("memory"));
@@ -182,6 +149,7 @@ mod tests {
         let f = decode(sys::UBLK_IO_OP_FLUSH, 0, 0, DEV, BUF).unwrap();
         assert_eq!(execute(&store, &mut ctx, &f, &mut buf), 0);
         assert_eq!(syncs.load(Ordering::Relaxed), 3);
+        assert_eq!(store.stats().origin_syncs, 3, "the store counts the syncs that reached the origin");
         let mut back = vec![0u8; BUF];
         let r = decode(sys::UBLK_IO_OP_READ, 8, 16, DEV, BUF).unwrap();
         assert_eq!(execute(&store, &mut ctx, &r, &mut back), 8192);

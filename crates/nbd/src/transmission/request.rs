@@ -219,53 +219,15 @@ pub(super) mod tests {
         assert_eq!(back, vec![7u8; 4096], "the FUA write is what later reads see");
     }
 
-    /// An origin in memory that counts its syncs (fdatasync), and can be made to fail them.
-    struct SyncCountingOrigin {
-        bytes: parking_lot::Mutex<Vec<u8>>,
-        syncs: std::sync::Arc<std::sync::atomic::AtomicU64>,
-        fail_sync: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    }
-
-    impl compcache_store::OriginDevice for SyncCountingOrigin {
-        fn size_bytes(&self) -> u64 {
-            self.bytes.lock().len() as u64
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            buf.copy_from_slice(&self.bytes.lock()[offset as usize..][..buf.len()]);
-            Ok(())
-        }
-        fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
-            self.bytes.lock()[offset as usize..][..data.len()].copy_from_slice(data);
-            Ok(())
-        }
-        fn sync(&self) -> std::io::Result<()> {
-            self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if self.fail_sync.load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(std::io::Error::from_raw_os_error(libc::EIO));
-            }
-            Ok(())
-        }
-        fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-            self.bytes.lock()[offset as usize..][..len as usize].fill(0);
-            Ok(())
-        }
-        fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-            self.discard(offset, len)
-        }
-        fn describe(&self) -> String {
-            "memory origin".into()
-        }
-    }
-
     /// In cache mode FUA on a modifying command is the command, then the origin's sync, before
     /// the reply; without FUA, and on a READ or BLOCK_STATUS, no sync; FLUSH is one sync; a
     /// failed sync fails the request with EIO.
     #[test]
     fn fua_syncs_the_origin_after_modifying_commands_in_cache_mode() {
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-        let (syncs, fail_sync) = (std::sync::Arc::new(AtomicU64::new(0)), std::sync::Arc::new(AtomicBool::new(false)));
-        let origin =
-            SyncCountingOrigin { bytes: parking_lot::Mutex::new(vec![0; 1 << 20]), syncs: syncs.clone(), fail_sync: fail_sync.clone() };
+        use std::sync::atomic::Ordering;
+        let origin = compcache_store::testing::FaultyOrigin::memory(1 << 20, &[]);
+        let faults = origin.faults();
+        let (syncs, fail_sync) = (&faults.syncs, &faults.fail_syncs);
         let mut cfg = compcache_store::Config::with_disksize(1 << 20);
         cfg.mem_limit_bytes = 1 << 20;
         cfg.origin = Some(compcache_store::OriginConfig::new("memory"));
@@ -287,6 +249,7 @@ pub(super) mod tests {
         let before = syncs.load(Ordering::Relaxed);
         execute(&store, &mut ctx, &flush, &mut []).unwrap();
         assert_eq!(syncs.load(Ordering::Relaxed) - before, 1, "FLUSH");
+        assert_eq!(store.stats().origin_syncs, syncs.load(Ordering::Relaxed), "the store counts the origin's syncs");
 
         fail_sync.store(true, Ordering::Relaxed);
         let mut data = vec![7u8; 4096];
