@@ -9,7 +9,8 @@ directly (the file, not through the cache) while or after the server runs.
   sequential reads read ahead, and `--readahead 0` turns that off;
 - writes: qemu-io writes (unaligned, FUA, flush, write-zeroes, discard) through the cache are
   on the image at once (write-through), and a re-read of what was written hits the cache
-  (updated, not invalidated);
+  (updated, not invalidated); each FUA write and each flush is one sync of the origin
+  (`origin_syncs`), a plain write none;
 - fio with verify=crc32c through NBD with a budget far below the data (evictions), then
   `qemu-img compare` with the image; the budget holds;
 - kill -9 of the server in the middle of a write-through workload (each write acknowledged,
@@ -92,8 +93,9 @@ def test_the_export_is_the_image_and_stat_says_it_is_a_cache(start_server, image
     assert st["mem_limit"] == 16 * MiB
     assert st["origin"] == image
     for key in ("cache_hits", "cache_misses", "cache_inserts", "cache_evictions", "origin_reads",
-                "origin_read_bytes", "origin_writes", "origin_write_bytes", "readahead_used",
-                "readahead_wasted", "orig_data_size", "compr_data_size", "mem_used_total"):
+                "origin_read_bytes", "origin_writes", "origin_write_bytes", "origin_syncs",
+                "readahead_used", "readahead_wasted", "orig_data_size", "compr_data_size",
+                "mem_used_total"):
         assert key in st, f"`compcache stat --json` has no {key}"
     table = run([compcache_bin, "stat", "--control", srv.control]).stdout
     assert "CACHE OF" in table and image in table and "HIT%" in table, table
@@ -155,6 +157,7 @@ def test_writes_reach_the_image_and_stay_cached(start_server, image):
     assert after_writes["origin_writes"] > before["origin_writes"]
     assert after_writes["origin_write_bytes"] >= 5000 + 3000000 + MiB
     assert after_writes["failed_writes"] == 0
+    assert after_writes["origin_syncs"] - before["origin_syncs"] >= 3, "two FUA writes and a flush"
     # Through the cache: the new bytes, and the re-read of what was written costs the origin
     # nothing (the cache was updated, not just invalidated).
     qemu_io(srv.uri, "read -P 0xab 1000 3095", "read -P 0xcd 4095 2", "read -P 0xab 4097 1903",
@@ -169,6 +172,33 @@ def test_writes_reach_the_image_and_stay_cached(start_server, image):
     assert read_image(image, 8 * MiB, MiB) == bytes(MiB)
     assert read_image(image, 20 * MiB, MiB) == b"\x11" * MiB
     compare(srv, image)
+
+
+def test_fua_and_flush_reach_the_origin_and_plain_writes_do_not(start_server, image):
+    """`origin_syncs` counts the origin's fdatasyncs: each FUA write and each FLUSH is one, a
+    plain write none. qemu-io runs with `-t writeback`: its default cache mode, writethrough,
+    sends every write with FUA. It flushes once when it closes the export (qemu 7.2, whatever
+    was written), so each session's count is compared with a session that only reads."""
+    need("qemu-io")
+    srv = cache_server(start_server, image, "--mem-limit", "64M")
+
+    def syncs_of(*cmds):
+        before = srv.stat_value("origin_syncs")
+        qemu_io(["-t", "writeback", "-f", "raw", srv.uri], *cmds)
+        return srv.stat_value("origin_syncs") - before
+
+    assert srv.stat_value("origin_syncs") == 0, "a new server synced its origin"
+    close = syncs_of("read 0 4k")
+    assert close <= 1, f"a session that only read cost {close} syncs"
+    plain = syncs_of(*[f"write -P 0x22 {i * 64}k 4k" for i in range(4)])
+    assert plain == close, f"four plain writes cost {plain - close} syncs"
+    fua = syncs_of(*[f"write -f -P 0x23 {i * 64}k 4k" for i in range(3)])
+    assert fua == 3 + close, f"three FUA writes cost {fua - close} syncs"
+    flushes = syncs_of(*[c for i in range(3) for c in (f"write -P 0x24 {i * 64}k 4k", "flush")])
+    assert flushes == 3 + close, f"three writes and three flushes cost {flushes - close} syncs"
+    st = srv.stat()
+    assert st["origin_errors"] == 0 and st["failed_writes"] == 0, st
+    assert read_image(image, 2 * 64 * 1024, 4096) == b"\x24" * 4096
 
 
 def test_fio_verifies_through_a_cache_far_smaller_than_the_data(start_server, tmp_path):
