@@ -126,6 +126,7 @@ pub fn start(fd: OwnedFd, dev: Arc<Device>, depth: usize, payload_bytes: usize) 
     for qid in 0..queues {
         let (fd, dev, tx, served) = (Arc::clone(&fd), Arc::clone(&dev), tx.clone(), Arc::clone(&served));
         let t = std::thread::Builder::new().name(format!("fuse-uring-{qid}")).spawn(move || {
+            pin_to_cpu(qid);
             let mut q = match Queue::new(qid as u16, &fd, &dev, &served, depth.max(1), payload_bytes) {
                 Ok(q) => q,
                 Err(e) => {
@@ -159,6 +160,25 @@ pub fn start(fd: OwnedFd, dev: Arc<Device>, depth: usize, payload_bytes: usize) 
         // The threads that did register stay until the unmount ends their entries.
         Some(e) => Err(e),
         None => Ok(Rings { threads, served }),
+    }
+}
+
+/// Runs the calling thread on CPU `cpu` only (best effort: an offline CPU, or one outside
+/// the process's allowed set, leaves it unpinned). The kernel puts a request on the queue of
+/// the CPU its sender runs on, so queue `cpu`'s thread is woken on that CPU, and the kernel's
+/// copy of the request into the entry (task work in this thread) runs there too, as libfuse
+/// pins its ring threads.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for
+    // cpu < CPU_SETSIZE (checked); sched_setaffinity(0, ..) applies to the calling thread and
+    // only reads the set.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
