@@ -33,6 +33,10 @@
 //! A read's data is decompressed straight into the entry's payload buffer, a write's data is
 //! compressed straight from it: no copy between buffers on our side.
 //!
+//! The queue threads are started by the thread that mounted, after the swap server's
+//! `PR_SET_IO_FLUSHER` and `mlockall`, so they inherit both (as fuser's threads do); each is
+//! pinned to its queue's CPU (`pin_to_cpu`).
+//!
 //! Locking: each queue's ring, entries and compression context belong to its thread alone;
 //! the store is shared (`Store` is `Sync`).
 
