@@ -147,6 +147,13 @@ def test_the_file_follows_the_store_model(fuse_server):
     need_fuse()
     size = 16 * MiB
     srv = fuse_server(size, "--no-loop", "--reserve", "0", "--threads", "2")
+    check_store_model(srv, size)
+
+
+def check_store_model(srv, size):
+    """The page store's model through the server's file (served with --no-loop): random
+    pread/pwrite/fallocate against a byte array, the file's edges, the statistics, and a clean
+    stop (exit 0, unmounted, directory removed). Also used by test_fuse_uring.py."""
     assert srv.ready == srv.file
     st = os.stat(srv.file)
     assert st.st_size == size and (st.st_mode & 0o777) == 0o600

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the guest's initramfs for the VM end-to-end test: busybox-static, the guest init
-# script, the modules vm/fetch-kernel.sh extracted (ublk_drv, nbd, virtio_blk, and ext4 with
-# its dependencies), the compcache binary (with the shared libraries it needs, found by ldd, if
-# it is not static), this machine's mkfs.ext4 and e2fsck (e2fsprogs, with their libraries:
-# the cache step's filesystem) and the scan program (static). Output:
+# script, the modules vm/fetch-kernel.sh extracted (ublk_drv, nbd, loop, virtio_blk, and ext4
+# with its dependencies), the compcache binary (with the shared libraries it needs, found by
+# ldd, if it is not static), this machine's mkfs.ext4 and e2fsck (e2fsprogs, with their
+# libraries: the cache step's filesystem), this machine's losetup (util-linux, with its
+# libraries: the fuse step attaches the FUSE file with --direct-io=on --sector-size 4096,
+# which busybox's losetup lacks) and the scan program (static). Output:
 # vm/cache/initramfs.cpio.gz (gitignored).
 #
 # Inputs (all optional):
@@ -25,10 +27,11 @@ root="$out.root"
 
 compcache_bin="${COMPCACHE_BIN:-$repo/target/release/compcache}"
 [ -x "$compcache_bin" ] || { echo "build-initramfs: no compcache binary at $compcache_bin" >&2; exit 1; }
-[ -s "$kdir/modules/virtio_blk.ko" ] && [ -s "$kdir/modules/ext4.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
+[ -s "$kdir/modules/virtio_blk.ko" ] && [ -s "$kdir/modules/ext4.ko" ] && [ -s "$kdir/modules/loop.ko" ] || { echo "build-initramfs: run vm/fetch-kernel.sh first" >&2; exit 1; }
 for tool in mke2fs e2fsck; do
   command -v "$tool" >/dev/null || { echo "build-initramfs: needs $tool (apt-get install e2fsprogs)" >&2; exit 1; }
 done
+command -v losetup >/dev/null || { echo "build-initramfs: needs losetup (apt-get install mount)" >&2; exit 1; }
 busybox="$(command -v busybox || true)"
 if [ -z "$busybox" ] || ! file -L "$busybox" | grep -q 'statically linked'; then
   echo "build-initramfs: needs a static busybox (apt-get install busybox-static)" >&2; exit 1
@@ -63,6 +66,12 @@ cp "$e2fsck_bin" "$root/bin/e2fsck"
 with_libs "$mke2fs_bin"
 with_libs "$e2fsck_bin"
 [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$root/etc/mke2fs.conf"
+# The fuse step: `compcache fuse` runs `losetup --find --show --direct-io=on --sector-size
+# 4096`; busybox's losetup has neither option. In /bin, so `busybox --install -s` (which
+# keeps existing files) leaves it in place.
+losetup_bin=$(command -v losetup)
+cp "$losetup_bin" "$root/bin/losetup"
+with_libs "$losetup_bin"
 if [ -n "${NBD_CLIENT_DIR:-}" ]; then
   nbd_root="$(cd "$NBD_CLIENT_DIR" && pwd)/root"
   [ -x "$nbd_root/sbin/nbd-client" ] || { echo "build-initramfs: no nbd-client in $nbd_root: run vm/fetch-nbd-client.sh" >&2; exit 1; }

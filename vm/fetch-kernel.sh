@@ -4,7 +4,9 @@
 # none), downloaded with apt through a private sources list so the machine's own apt
 # configuration is left alone. Everything lands in vm/cache/ (gitignored):
 #   vm/cache/kernel/vmlinuz          the kernel image
-#   vm/cache/kernel/modules/*.ko     ublk_drv.ko, nbd.ko, virtio_blk.ko (the backing and cache
+#   vm/cache/kernel/modules/*.ko     ublk_drv.ko, nbd.ko, loop.ko (the fuse step's loop device;
+#                                    FUSE itself is built in: CONFIG_FUSE_FS=y),
+#                                    virtio_blk.ko (the backing and cache
 #                                    steps' disks), and ext4 with what it needs (crc16, mbcache,
 #                                    jbd2, crc32c_generic: the cache step's filesystem)
 #                                    (decompressed, for busybox insmod)
@@ -16,7 +18,7 @@ cd "$(dirname "$0")"
 cache="$PWD/cache"
 out="$cache/kernel"
 
-modules="ublk_drv nbd virtio_blk crc16 mbcache jbd2 crc32c_generic ext4"
+modules="ublk_drv nbd loop virtio_blk crc16 mbcache jbd2 crc32c_generic ext4"
 have=1
 for m in $modules; do [ -s "$out/modules/$m.ko" ] || have=0; done
 if [ -s "$out/vmlinuz" ] && [ "$have" = 1 ]; then

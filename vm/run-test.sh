@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The VM end-to-end test: a guest kernel (Debian bookworm-backports 6.12) swaps to compcache
-# under memory pressure, through ublk and through the kernel NBD driver, and must lose nothing.
+# under memory pressure, through ublk, through the kernel NBD driver and through FUSE and a loop
+# device, and must lose nothing.
 #
 #   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
-#                             memory cgroup, ublk + global + nbd + nbd-client + backing + crash
-#                             + cache (before crash)
+#                             memory cgroup, ublk + global + nbd + nbd-client + fuse + backing
+#                             + cache + crash
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
-#                             memory cgroup, ublk + global + nbd + nbd-client + backing + crash
-#                             + cache (before crash)
-#   options: --frontends ublk,global,nbd,nbd-client,backing,cache,crash   (cache: cache mode,
+#                             memory cgroup, ublk + global + nbd + nbd-client + fuse + backing
+#                             + cache + crash
+#   options: --frontends ublk,global,nbd,nbd-client,fuse,backing,cache,crash   (fuse:
+#                             `compcache swapon --frontend fuse`, a file on a FUSE mount
+#                             attached to a loop device with direct I/O; cache: cache mode,
 #                             `compcache ublk --origin` over a second virtual disk (a 256 MiB
 #                             sparse file in vm/cache, removed afterwards) with an 8 MiB
 #                             budget, ext4 made on it, a tree of files written, read back
@@ -42,7 +45,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=900 ;;
@@ -57,7 +60,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift

@@ -3,6 +3,7 @@
 //! ([`crate::request`]). Nothing else can be created, renamed or resized.
 
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -85,6 +86,9 @@ pub struct DeviceFs {
     started: SystemTime,
     /// Refused and failed requests are logged through this (the front ends' one policy).
     rejects: Rejects,
+    /// With FUSE over io_uring wanted ([`DeviceFs::want_io_uring`]): INIT asks for it and
+    /// records here whether the kernel agreed.
+    io_uring: Option<Arc<AtomicBool>>,
 }
 
 impl DeviceFs {
@@ -103,7 +107,14 @@ impl DeviceFs {
             gid,
             started: SystemTime::now(),
             rejects: Rejects::new("compcache-fuse"),
+            io_uring: None,
         }
+    }
+
+    /// Asks for `FUSE_OVER_IO_URING` at INIT; `granted` is set to whether the kernel agreed
+    /// (it offers it only with `enable_uring` on).
+    pub fn want_io_uring(&mut self, granted: Arc<AtomicBool>) {
+        self.io_uring = Some(granted);
     }
 
     fn attr(&self, ino: INodeNo) -> FileAttr {
@@ -166,6 +177,9 @@ impl Filesystem for DeviceFs {
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         let _ = config.set_max_background(self.max_background);
         let _ = config.set_congestion_threshold(self.max_background / 4 * 3);
+        if let Some(granted) = &self.io_uring {
+            granted.store(config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok(), Ordering::Release);
+        }
         Ok(())
     }
 

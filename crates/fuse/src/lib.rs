@@ -11,6 +11,9 @@
 //!   the one `match` that turns it into a store call (pure: unit-tested without a mount);
 //! - [`fs`]: the filesystem (a directory with one file), its per-thread workers, and what
 //!   it declares to the kernel at INIT;
+//! - [`uring`]: the FUSE-over-io_uring transport (Linux 6.14+), used instead of `/dev/fuse`
+//!   reads and writes when [`Options::io_uring`] asks for it and the kernel offers it, and
+//!   [`abi`], the kernel structures it reads and writes;
 //! - this file: mounting, serving on several threads, unmounting.
 //!
 //! ## What the I/O path allocates
@@ -38,11 +41,15 @@
 //! never with stale data. The file is opened with `FOPEN_DIRECT_IO`, so the kernel keeps no
 //! page cache of it that could outlive the server.
 
+pub mod abi;
 pub mod fs;
 pub mod request;
+pub mod uring;
 
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -61,11 +68,24 @@ pub struct Options {
     /// The kernel's queue of background requests (asynchronous direct I/O from the loop
     /// driver counts as background): `max_background` at INIT.
     pub max_background: u16,
+    /// Serve through FUSE over io_uring ([`uring`]) when the kernel offers it at INIT
+    /// (`/sys/module/fuse/parameters/enable_uring` is Y); else, or if registering the rings
+    /// fails, the classic `/dev/fuse` protocol ([`Mounted::transport`] says which).
+    pub io_uring: bool,
+    /// Ring entries per kernel queue (one queue per possible CPU), each with a payload buffer
+    /// of `max_request_bytes`.
+    pub uring_depth: usize,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), max_request_bytes: 128 << 10, max_background: 128 }
+        Options {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_request_bytes: 128 << 10,
+            max_background: 128,
+            io_uring: false,
+            uring_depth: 32,
+        }
     }
 }
 
@@ -88,6 +108,11 @@ pub struct Mounted {
     /// done by [`Mounted::unmount`] (umount2, which fails while the file is busy).
     _unmounter: fuser::SessionUnmounter,
     thread: JoinHandle<io::Result<()>>,
+    /// The io_uring queue threads, if the rings are up.
+    rings: Option<uring::Rings>,
+    /// How requests travel: "io_uring (N queues x D entries)" or "/dev/fuse" with the reason
+    /// io_uring is not used when it was asked for.
+    pub transport: String,
 }
 
 impl Mounted {
@@ -112,7 +137,16 @@ impl Mounted {
     /// Waits for the serving threads to end (they end when the filesystem is unmounted and
     /// the kernel closes the connection).
     pub fn join(self) -> io::Result<()> {
-        self.thread.join().map_err(|_| io::Error::other("a FUSE thread panicked"))?
+        let r = self.thread.join().map_err(|_| io::Error::other("a FUSE thread panicked"))?;
+        if let Some(rings) = self.rings {
+            rings.join();
+        }
+        r
+    }
+
+    /// Requests answered through io_uring (None when the rings are not in use).
+    pub fn uring_served(&self) -> Option<u64> {
+        self.rings.as_ref().map(uring::Rings::served)
     }
 }
 
@@ -121,13 +155,49 @@ impl Mounted {
 pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result<Mounted> {
     use fuser::MountOption as M;
     let threads = opts.threads.max(1);
-    let filesystem = DeviceFs::new(store, threads, opts.max_request_bytes, opts.max_background);
+    let mut filesystem = DeviceFs::new(Arc::clone(&store), threads, opts.max_request_bytes, opts.max_background);
+    let granted = Arc::new(AtomicBool::new(false));
+    let mut transport = "/dev/fuse".to_string();
+    if opts.io_uring {
+        match uring::kernel_enabled() {
+            Ok(true) => filesystem.want_io_uring(Arc::clone(&granted)),
+            Ok(false) => transport = "/dev/fuse (FUSE over io_uring is off: /sys/module/fuse/parameters/enable_uring is N)".into(),
+            Err(e) => transport = format!("/dev/fuse ({e})"),
+        }
+    }
     let mut config = fuser::Config::default();
     config.mount_options = vec![M::FSName("compcache".into()), M::Subtype("compcache".into()), M::NoDev, M::NoSuid, M::NoExec, M::NoAtime];
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let mut session = fuser::Session::new(filesystem, mountpoint, &config)?;
+    // INIT has been answered (Session::new does the handshake): whether io_uring was agreed
+    // is known, and the kernel accepts ring registrations from now on.
+    let mut rings = None;
+    if opts.io_uring && granted.load(Ordering::Acquire) {
+        let started = session.as_fd().try_clone_to_owned().and_then(|fd| {
+            // SAFETY: getuid and getgid have no preconditions and cannot fail.
+            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+            let dev = uring::Device {
+                size: store.disksize_bytes(),
+                store: Arc::clone(&store),
+                max_request: opts.max_request_bytes,
+                uid,
+                gid,
+                started: std::time::SystemTime::now(),
+            };
+            uring::start(fd, Arc::new(dev), opts.uring_depth, opts.max_request_bytes)
+        });
+        match started {
+            Ok(r) => {
+                transport = format!("io_uring ({} queues x {} entries)", uring::kernel_queues(), opts.uring_depth.max(1));
+                rings = Some(r);
+            }
+            Err(e) => transport = format!("/dev/fuse (registering the io_uring queues failed: {e})"),
+        }
+    } else if opts.io_uring && transport == "/dev/fuse" {
+        transport = "/dev/fuse (the kernel did not offer FUSE_OVER_IO_URING at INIT)".into();
+    }
     let unmounter = session.unmount_callable();
     let thread = std::thread::Builder::new().name("fuse-session".into()).spawn(move || session.run())?;
-    Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), _unmounter: unmounter, thread })
+    Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), _unmounter: unmounter, thread, rings, transport })
 }

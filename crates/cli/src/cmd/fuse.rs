@@ -44,6 +44,11 @@ pub struct FuseArgs {
     /// Attach no loop device: serve the file only ("READY <file>"); for tests and benchmarks.
     #[arg(long)]
     pub no_loop: bool,
+    /// Carry requests through FUSE over io_uring (Linux 6.14+) when the kernel offers it
+    /// (/sys/module/fuse/parameters/enable_uring = Y), else the classic /dev/fuse protocol;
+    /// the log line "fuse transport" says which.
+    #[arg(long)]
+    pub io_uring: bool,
 }
 
 /// Whether this machine can run the FUSE front end (FUSE, loop, losetup), loading the
@@ -172,6 +177,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     if let Some(t) = args.threads {
         opts.threads = t.max(1);
     }
+    opts.io_uring = args.io_uring;
     let mounted = match compcache_fuse::mount(Arc::clone(&store), &dir, &opts) {
         Ok(m) => m,
         Err(e) => {
@@ -193,10 +199,12 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         }
     };
     let dev = lo.as_ref().map_or(mounted.file.clone(), |l| l.dev.clone());
+    log::info(&format!("fuse transport: {}", mounted.transport));
     let detail = format!(
-        "file {}, {} thread(s){}",
+        "file {}, {} thread(s), requests through {}{}",
         mounted.file.display(),
         opts.threads,
+        mounted.transport,
         lo.as_ref().map_or(String::new(), |l| if l.direct_io { ", loop with direct I/O".into() } else { ", loop buffered".into() }),
     );
     let alive = || mounted.alive() && lo.as_ref().is_none_or(|l| Loop::attached(&l.dev));
@@ -213,6 +221,9 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         }
     }
     unmount(&mounted);
+    if let Some(n) = mounted.uring_served() {
+        log::info(&format!("fuse transport: {n} requests answered through io_uring"));
+    }
     if let Err(e) = mounted.join() {
         log::error(&format!("the FUSE session ended with: {e}"));
     }
