@@ -45,10 +45,10 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=900 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=900 ;;
+    --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=1200 ;;
     --frontends) frontends="$2"; shift ;;
     --mem) mem="$2"; shift ;;
     --scan) scan="$2"; shift ;;
