@@ -10,6 +10,7 @@ Environment:
   COMPCACHE_PAGE_MIB  MiB per program for the real page files (default 64; see
                       tools/pagedump)
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 import pytest
 
@@ -31,8 +33,10 @@ import pagedump  # noqa: E402
 from bench.fio_nbd import FIO_ZEROES_JOB, fio_global, fio_verify_job  # noqa: E402,F401  (shared with the soak)
 
 PAGE = 4096
+MiB = 1 << 20
 EXPORT_NAME = "compcache"
 SERVER_READY_TIMEOUT_S = 30
+SWAP_WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "swap_workload.py")
 
 
 def run(cmd, check=True, timeout=300, **kw):
@@ -298,3 +302,187 @@ def page_files():
 def page_file_meta(path):
     with open(path + ".json") as f:
         return json.load(f)
+
+
+def kill_pid(proc):
+    """SIGKILL to a process this test started (by its PID), and wait for it."""
+    if proc is not None and proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
+def write(path, value):
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def swap_used_kib(dev):
+    """Used KiB of `dev` in /proc/swaps (0 if absent)."""
+    real = os.path.realpath(dev)
+    with open("/proc/swaps") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            if parts and os.path.realpath(parts[0]) == real:
+                return int(parts[3])
+    return 0
+
+
+def memory_cgroup_parent():
+    """(directory, version) where a memory cgroup can be made, or (None, reason)."""
+    v1 = "/sys/fs/cgroup/memory"
+    if os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
+        return v1, 1
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        try:
+            with open(os.path.join(root, "cgroup.subtree_control")) as f:
+                if "memory" in f.read().split():
+                    return root, 2
+        except OSError:
+            pass
+    return None, "no cgroup v1 memory controller and no cgroup v2 tree with memory enabled"
+
+
+def need_memory_cgroup():
+    """(directory, version) from memory_cgroup_parent(); skips the test, saying why, if none."""
+    cg_parent, cg_version = memory_cgroup_parent()
+    if cg_parent is None:
+        pytest.skip(cg_version)
+    return cg_parent, cg_version
+
+
+def remove_cgroup(path: str) -> bool:
+    """Removes a memory cgroup whose tasks have exited (the kernel may take a moment to let
+    go of it); whether it is gone."""
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+class SwapWorkloadRun:
+    """What run_swap_workload saw: the workload's output, the KiB of the swap device in use
+    when it printed FILLED, and whether its cgroup was removed afterwards."""
+
+    def __init__(self, output, swapped_kib, cgroup, cgroup_removed):
+        self.output = output
+        self.swapped_kib = swapped_kib
+        self.cgroup = cgroup
+        self.cgroup_removed = cgroup_removed
+
+
+def run_swap_workload(cg_parent, cg_version, prefix, swap_dev, mib=192, limit=64 * MiB,
+                      started=None, filled=None, timeout=600):
+    """Runs swap_workload.py `mib` in a new memory cgroup (`prefix`-<random>, under
+    `cg_parent` from memory_cgroup_parent()) limited to `limit` bytes, so its pages go through
+    swap. Only the workload joins the cgroup (before it execs); the caller and its servers stay
+    where pytest is. `started(cgroup)` is called once the workload runs, `filled()` when it has
+    printed FILLED. Fails the test unless the workload exits 0 having verified every page.
+
+    The workload is killed by its PID and the cgroup removed in `finally`, also on failure.
+    Reading stops after `timeout` seconds; the exit is then awaited for what is left of it
+    (at least 60 s)."""
+    cgroup = os.path.join(cg_parent, f"{prefix}-{uuid.uuid4().hex[:8]}")
+    cgroup_made = cgroup_removed = False
+    workload = None
+    try:
+        os.mkdir(cgroup)
+        cgroup_made = True
+        if cg_version == 1:
+            write(os.path.join(cgroup, "memory.limit_in_bytes"), limit)
+            with contextlib.suppress(OSError):
+                write(os.path.join(cgroup, "memory.swappiness"), 100)
+        else:
+            write(os.path.join(cgroup, "memory.max"), limit)
+        procs = os.path.join(cgroup, "cgroup.procs")
+        workload = subprocess.Popen(
+            [sys.executable, SWAP_WORKLOAD, str(mib)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: write(procs, os.getpid()))
+        if started is not None:
+            started(cgroup)
+        lines, swapped_kib = [], 0
+        deadline = time.monotonic() + timeout
+        for line in workload.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("FILLED"):
+                swapped_kib = swap_used_kib(swap_dev)
+                if filled is not None:
+                    filled()
+            if time.monotonic() > deadline:
+                break
+        rc = workload.wait(timeout=max(60, deadline - time.monotonic()))
+        out = "\n".join(lines)
+        assert rc == 0, f"workload exited {rc} (-9: the OOM killer):\n{out}"
+        assert f"VERIFIED {mib * MiB // PAGE}" in out, out
+    finally:
+        kill_pid(workload)
+        if workload is not None:
+            workload.stdout.close()
+        if cgroup_made:
+            cgroup_removed = remove_cgroup(cgroup)
+            if not cgroup_removed:
+                print(f"could not remove {cgroup}")
+    return SwapWorkloadRun(out, swapped_kib, cgroup, cgroup_removed)
+
+
+class NbdfuseLoop:
+    """The loop device nbdfuse_loop attached, and whether it does direct I/O."""
+
+    def __init__(self, loop, direct_io):
+        self.loop = loop
+        self.direct_io = direct_io
+
+
+@contextlib.contextmanager
+def nbdfuse_loop(uri, prefix="compcache-nbdfuse-"):
+    """The NBD export `uri` as a block device: nbdfuse exposes it as a file in a new temporary
+    directory, losetup attaches that (direct I/O when the kernel and FUSE allow it, else
+    buffered). Yields a NbdfuseLoop. Needs root, nbdfuse, losetup, fusermount3, /dev/fuse.
+
+    Torn down on leaving, also on failure: losetup -d, fusermount3 -u (then nbdfuse is killed
+    by its PID and the mount lazily unmounted if it does not exit), the directory removed. A
+    teardown step that fails fails the test when nothing else did (else it is printed)."""
+    fusedir = tempfile.mkdtemp(prefix=prefix)
+    fuse_file = os.path.join(fusedir, "nbd")
+    fuse = loop = None
+    errors, failed = [], False
+    try:
+        fuse = subprocess.Popen(["nbdfuse", fuse_file, uri], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: os.path.exists(fuse_file) and os.path.getsize(fuse_file) > 0
+                 or fuse.poll() is not None, "nbdfuse to mount")
+        assert fuse.poll() is None, f"nbdfuse exited: {fuse.stdout.read().decode()}"
+        p = run(["losetup", "--find", "--show", "--direct-io=on", fuse_file], check=False)
+        direct_io = p.returncode == 0
+        if not direct_io:
+            p = run(["losetup", "--find", "--show", fuse_file])
+        loop = p.stdout.strip()
+        assert loop.startswith("/dev/loop"), p.stdout
+        yield NbdfuseLoop(loop, direct_io)
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if loop:
+            p = run(["losetup", "-d", loop], check=False)
+            if p.returncode:
+                errors.append(f"losetup -d {loop}: {p.stderr}")
+        if fuse is not None:
+            run(["fusermount3", "-u", fusedir], check=False)
+            try:
+                fuse.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill_pid(fuse)
+                run(["fusermount3", "-uz", fusedir], check=False)
+            fuse.stdout.close()
+        shutil.rmtree(fusedir, ignore_errors=True)
+        if errors:
+            print("teardown problems:", errors)
+            if not failed:
+                raise AssertionError(f"teardown: {errors}")

@@ -39,7 +39,8 @@ import threading
 
 import pytest
 
-from conftest import Server, fio_global, need, need_fio_nbd, need_root, qemu_io, run, run_fio, wait_for
+from conftest import (Server, fio_global, nbdfuse_loop, need, need_fio_nbd, need_root, qemu_io, run,
+                      run_fio, wait_for)
 
 MiB = 1 << 20
 PAGE = 4096
@@ -540,40 +541,15 @@ def test_ext4_on_the_cache_through_nbdfuse_and_loop(start_server, tmp_path):
     need("nbdfuse", "fusermount3")
     image = sparse_image(tmp_path / "ext4.img", EXT4_IMAGE)
     srv = cache_server(start_server, image, "--mem-limit", EXT4_BUDGET)
-    fusedir = tempfile.mkdtemp(prefix="compcache-cache-fuse-")
     mnt = tempfile.mkdtemp(prefix="compcache-cache-mnt-")
-    fuse_file = os.path.join(fusedir, "cache")
-    fuse = loop = None
     try:
-        fuse = subprocess.Popen(["nbdfuse", fuse_file, srv.uri], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(lambda: os.path.exists(fuse_file) and os.path.getsize(fuse_file) > 0
-                 or fuse.poll() is not None, "nbdfuse to mount")
-        assert fuse.poll() is None, f"nbdfuse exited: {fuse.stdout.read().decode()}"
-        p = run(["losetup", "--find", "--show", "--direct-io=on", fuse_file], check=False)
-        if p.returncode != 0:
-            p = run(["losetup", "--find", "--show", fuse_file])
-        loop = p.stdout.strip()
-        assert loop.startswith("/dev/loop"), p.stdout
-        written = ext4_round_trip(loop, mnt, srv.stat, EXT4_BUDGET)
-        if loop:
-            run(["losetup", "-d", loop])
-            loop = None
+        # Leaving the block detaches the loop device (a failure fails the test) and unmounts
+        # nbdfuse, before the server stops.
+        with nbdfuse_loop(srv.uri, prefix="compcache-cache-fuse-") as dev:
+            written = ext4_round_trip(dev.loop, mnt, srv.stat, EXT4_BUDGET)
         srv.stop()
         check_image_holds(image, written, mnt)
     finally:
-        if loop:
-            run(["losetup", "-d", loop], check=False)
-        if fuse is not None:
-            run(["fusermount3", "-u", fusedir], check=False)
-            try:
-                fuse.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                fuse.kill()
-                fuse.wait(timeout=30)
-                run(["fusermount3", "-uz", fusedir], check=False)
-            fuse.stdout.close()
-        shutil.rmtree(fusedir, ignore_errors=True)
         shutil.rmtree(mnt, ignore_errors=True)
 
 

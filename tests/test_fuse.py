@@ -25,18 +25,15 @@ import os
 import random
 import signal
 import subprocess
-import sys
-import uuid
 
 import pytest
 from bench.ready import read_ready_line  # (conftest puts the repository on the path)
 
-from conftest import FIO_ZEROES_JOB, need, need_root, run, run_fio
-from test_swap import kill_pid, memory_cgroup_parent, remove_cgroup, swap_used_kib, write
+from conftest import (FIO_ZEROES_JOB, kill_pid, need, need_memory_cgroup, need_root, run, run_fio,
+                      run_swap_workload, swap_used_kib)
 
 MiB = 1 << 20
 PAGE = 4096
-HERE = os.path.dirname(os.path.abspath(__file__))
 HOST_SWAP_LOCK = "/run/lock/compcache-host-swap.lock"
 
 FALLOC_FL_KEEP_SIZE = 0x01
@@ -304,16 +301,25 @@ def compcache_devices():
     return out
 
 
+def swap_through_fuse(cg_parent, cg_version, prefix, dev, stat):
+    """The verified workload in a memory cgroup three times smaller than it (run_swap_workload)
+    swaps to `dev`, a FUSE server's loop device: swap was in use when it had filled its memory,
+    and the server's statistics (`stat()`) show writes and reads and no failures. Also used by
+    test_fuse_uring.py."""
+    swapped_kib = run_swap_workload(cg_parent, cg_version, prefix, dev).swapped_kib
+    st = stat()
+    print(f"swap used at fill: {swapped_kib} KiB; statistics: num_writes {st['num_writes']} "
+          f"num_reads {st['num_reads']} orig {st['orig_data_size']} compr {st['compr_data_size']}")
+    assert swapped_kib > 0, "nothing was swapped to the FUSE device"
+    assert st["num_writes"] > 0 and st["num_reads"] > 0
+    assert st["failed_reads"] == 0 and st["failed_writes"] == 0
+
+
 def test_swapon_frontend_fuse(compcache_bin):
     need_fuse()
     need("mkswap")
-    cg_parent, cg_version = memory_cgroup_parent()
-    if cg_parent is None:
-        pytest.skip(cg_version)
-    workload_mib, cgroup_limit = 192, 64 * MiB
-    cgroup = os.path.join(cg_parent, f"compcache-fuse-test-{uuid.uuid4().hex[:8]}")
-    cgroup_made = False
-    workload = dev = None
+    cg_parent, cg_version = need_memory_cgroup()
+    dev = None
     with host_swap_lock():
         before = set(compcache_devices())
         try:
@@ -330,38 +336,10 @@ def test_swapon_frontend_fuse(compcache_bin):
                 vmlck = [int(l.split()[1]) for l in f if l.startswith("VmLck:")]
             assert vmlck and vmlck[0] > 0, "the FUSE swap server must lock its memory"
 
-            os.mkdir(cgroup)
-            cgroup_made = True
-            if cg_version == 1:
-                write(os.path.join(cgroup, "memory.limit_in_bytes"), cgroup_limit)
-                with contextlib.suppress(OSError):
-                    write(os.path.join(cgroup, "memory.swappiness"), 100)
-            else:
-                write(os.path.join(cgroup, "memory.max"), cgroup_limit)
-            procs = os.path.join(cgroup, "cgroup.procs")
-            workload = subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "swap_workload.py"), str(workload_mib)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                preexec_fn=lambda: write(procs, os.getpid()))
-            lines, swapped_kib = [], 0
-            for line in workload.stdout:
-                lines.append(line.rstrip())
-                if line.startswith("FILLED"):
-                    swapped_kib = swap_used_kib(dev)
-            rc = workload.wait(timeout=600)
-            out = "\n".join(lines)
-            assert rc == 0, f"workload exited {rc} (-9: the OOM killer):\n{out}"
-            assert f"VERIFIED {workload_mib * MiB // PAGE}" in out, out
-            st = json.loads(run([compcache_bin, "stat", "--json", "--control", state["control"]]).stdout)
-            print(f"swap used at fill: {swapped_kib} KiB; statistics: num_writes {st['num_writes']} "
-                  f"num_reads {st['num_reads']} orig {st['orig_data_size']} compr {st['compr_data_size']}")
-            assert swapped_kib > 0, "nothing was swapped to the FUSE device"
-            assert st["num_writes"] > 0 and st["num_reads"] > 0
-            assert st["failed_reads"] == 0 and st["failed_writes"] == 0
+            swap_through_fuse(cg_parent, cg_version, "compcache-fuse-test", dev,
+                              lambda: json.loads(run([compcache_bin, "stat", "--json", "--control",
+                                                      state["control"]]).stdout))
         finally:
-            kill_pid(workload)
-            if cgroup_made:
-                remove_cgroup(cgroup)
             if dev:
                 p = run([compcache_bin, "swapoff", dev], check=False, timeout=600)
                 print(p.stdout, p.stderr)

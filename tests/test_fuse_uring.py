@@ -16,20 +16,15 @@ FUSE over io_uring needs Linux 6.14+ with CONFIG_FUSE_IO_URING; it is switched o
 only and restores the value it found, also on failure (the `fuse_uring` fixture); skipped with
 the reason when the kernel lacks it. Needs root, /dev/fuse and losetup, as test_fuse.py.
 """
-import contextlib
 import os
 import re
-import subprocess
-import sys
-import uuid
 
 import pytest
 
-from conftest import need, run
-from test_fuse import HERE, PAGE, MiB, check_store_model, fuse_server, host_swap_lock, need_fuse  # noqa: F401 (fixture)
+from conftest import need, need_memory_cgroup, run
+from test_fuse import MiB, check_store_model, fuse_server, host_swap_lock, need_fuse, swap_through_fuse  # noqa: F401 (fixture)
 from test_fuse import test_fio_verifies_on_the_loop_device as fio_on_loop
 from test_fuse import test_killed_server_means_io_errors_not_data as killed_server
-from test_swap import kill_pid, memory_cgroup_parent, remove_cgroup, swap_used_kib, write
 
 ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
 
@@ -102,13 +97,8 @@ def test_killed_server_through_io_uring(fuse_uring, fuse_server):
 def test_swap_through_io_uring(fuse_uring, fuse_server):
     need("mkswap")
     need("swapon")
-    cg_parent, cg_version = memory_cgroup_parent()
-    if cg_parent is None:
-        pytest.skip(cg_version)
-    workload_mib, cgroup_limit = 192, 64 * MiB
-    cgroup = os.path.join(cg_parent, f"compcache-fuse-uring-test-{uuid.uuid4().hex[:8]}")
-    cgroup_made = swapped_on = False
-    workload = None
+    cg_parent, cg_version = need_memory_cgroup()
+    swapped_on = False
     with host_swap_lock():
         srv = fuse_server(512 * MiB, "--io-uring", "--reserve", "16M")
         try:
@@ -117,38 +107,8 @@ def test_swap_through_io_uring(fuse_uring, fuse_server):
             run(["mkswap", "-q", srv.loop])
             run(["swapon", "--discard", "-p", "32767", srv.loop])
             swapped_on = True
-            os.mkdir(cgroup)
-            cgroup_made = True
-            if cg_version == 1:
-                write(os.path.join(cgroup, "memory.limit_in_bytes"), cgroup_limit)
-                with contextlib.suppress(OSError):
-                    write(os.path.join(cgroup, "memory.swappiness"), 100)
-            else:
-                write(os.path.join(cgroup, "memory.max"), cgroup_limit)
-            procs = os.path.join(cgroup, "cgroup.procs")
-            workload = subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "swap_workload.py"), str(workload_mib)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                preexec_fn=lambda: write(procs, os.getpid()))
-            lines, swapped_kib = [], 0
-            for line in workload.stdout:
-                lines.append(line.rstrip())
-                if line.startswith("FILLED"):
-                    swapped_kib = swap_used_kib(srv.loop)
-            rc = workload.wait(timeout=600)
-            out = "\n".join(lines)
-            assert rc == 0, f"workload exited {rc} (-9: the OOM killer):\n{out}"
-            assert f"VERIFIED {workload_mib * MiB // PAGE}" in out, out
-            st = srv.stat()
-            print(f"swap used at fill: {swapped_kib} KiB; statistics: num_writes {st['num_writes']} "
-                  f"num_reads {st['num_reads']} orig {st['orig_data_size']} compr {st['compr_data_size']}")
-            assert swapped_kib > 0, "nothing was swapped to the FUSE device"
-            assert st["num_writes"] > 0 and st["num_reads"] > 0
-            assert st["failed_reads"] == 0 and st["failed_writes"] == 0
+            swap_through_fuse(cg_parent, cg_version, "compcache-fuse-uring-test", srv.loop, srv.stat)
         finally:
-            kill_pid(workload)
-            if cgroup_made:
-                remove_cgroup(cgroup)
             if swapped_on:
                 run(["swapoff", srv.loop], check=False, timeout=600)
         assert srv.loop not in open("/proc/swaps").read()
