@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import statistics
 
-from .cacheconf import CACHE_CONFIGS, LABELS, Ext4Mount, SlowOrigin, block_stat, is_block_device, make_disk, proc_io
+from .cacheconf import CACHE_CONFIGS, COMPCACHE_CACHES, LABELS, Ext4Mount, SlowOrigin, block_stat, is_block_device, make_disk, proc_io
 from .exp_fio import TEST_NAMES, fio_argv
 from .parse import parse_fio_json
 from .runner import Sampler, run_workload
@@ -146,7 +146,7 @@ def _counters(ctx, disk, origin):
     else:
         pid = disk.origin_reader_pid()
         org = dev if pid is None else proc_io(ctx.system, pid)
-    return dev, org, disk.stats() if disk.cache_name == "compcache-cache" else {}
+    return dev, org, disk.stats() if disk.cache_name in COMPCACHE_CACHES else {}
 
 
 def _run_config(ctx, p, base, master, variant, name, res, v, compcache_bin):

@@ -258,7 +258,7 @@ def _zcache_variant(z: dict, variant: str, v: dict) -> list:
         dev = r.get("device", {})
         fin = r.get("final_stats", {})
         cached = mem = per = "-"
-        if n == "compcache-cache":
+        if n in ("compcache-cache", "compcache-cache-zstd"):
             sample = dev.get("ratio_sample") or fin
             cached, mem = _mib(sample.get("orig_data_size")), _mib(sample.get("mem_used_total"))
             per = _ratio(exp_zcache.memory_per_cached_byte(sample))

@@ -231,6 +231,17 @@ def test_compcache_cache_needs_a_binary_with_origin():
     assert "--readahead" not in argv
     fs.serve_help = "Usage: compcache serve --origin PATH --readahead SIZE"
     assert d.server_argv("/s")[-2:] == ["--readahead", "1M"]
+    assert "--algorithm" not in d.server_argv("/s"), "lz4, the default, is not named"
+
+
+def test_compcache_cache_zstd_is_the_same_disk_with_zstd():
+    fs, ledger = FakeSystem(), Ledger()
+    fs.serve_help = "Usage: compcache serve --origin PATH --readahead SIZE"
+    d = _disk("compcache-cache-zstd", fs, ledger)
+    argv = d.server_argv("/s")
+    assert argv[:4] == ["/bin/compcache", "serve", "--origin", "/work/img"]
+    assert argv[-2:] == ["--algorithm", "zstd"] and "--readahead" in argv
+    assert d.label == "compcache cache (zstd)"
 
 
 def test_slow_origin_is_a_loop_device_behind_the_filters():
