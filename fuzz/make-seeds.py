@@ -237,6 +237,65 @@ def store():
         write("store_ops", k, v)
 
 
+def cache():
+    """Config byte, then operations: opcode (mod 12) and operands (see fuzz/src/cache_ops.rs)."""
+    P = 4096
+
+    def wp(index, pages, kind):
+        return bytes([0, index, pages - 1, kind])
+
+    def w(off, length, kind):
+        return bytes([1]) + struct.pack("<IH", off, length - 1) + bytes([kind])
+
+    def r(off, length):
+        return bytes([2]) + struct.pack("<IH", off, length - 1)
+
+    def seq(first, count):
+        return bytes([4, first, count - 1])
+
+    def disc(off, length):
+        return bytes([5]) + struct.pack("<IH", off, length - 1)
+
+    def zero(off, length):
+        return bytes([6]) + struct.pack("<IH", off, length - 1)
+
+    flush, check = bytes([7]), bytes([9])
+
+    def faults(bits):
+        return bytes([8, bits])
+
+    def compact(maintain=False):
+        return bytes([10, 1 if maintain else 0])
+
+    def status(off, length):
+        return bytes([11]) + struct.pack("<IH", off, length - 1)
+
+    basic = (r(0, 8 * P) + wp(2, 2, 2) + r(0, 4 * P) + w(4000, 300, 3) + r(3900, 600) + disc(P, 2 * P) + r(0, 3 * P)
+             + zero(10, 5000) + r(0, 2 * P) + flush + check + compact() + status(0, 16 * P) + r(0, P))
+    scan = seq(0, 16) + seq(16, 16) + seq(32, 16) + seq(48, 16) + r(0, 8 * P) + seq(0, 8) + check + compact(True)
+    fill = b"".join(wp(i, 4, 3 + i % 2) for i in range(0, 64, 4)) + r(0, 8 * P) + check + flush
+    # EIO on reads, then short reads: reads of uncached pages fail, cached ones are served.
+    read_faults = r(0, 8 * P) + faults(1) + r(0, 8 * P) + r(40 * P, 8 * P) + check + faults(2) + r(20 * P, 3 * P) + faults(0) + r(40 * P, 8 * P)
+    # A torn write (the first page reaches the origin), a partial write needing an origin read
+    # while reads fail, a failed sync, failed discard and zeroing.
+    write_faults = (r(0, 8 * P) + faults(4) + wp(1, 3, 2) + r(0, 8 * P) + faults(1) + w(10 * P + 100, 200, 2)
+                    + w(P, 100, 2) + faults(8) + wp(5, 1, 2) + flush + faults(16) + disc(0, 4 * P) + zero(8 * P, 2 * P)
+                    + zero(100, 50) + faults(0) + flush + check + r(0, 16 * P))
+    seeds = {
+        "basic-memory-lz4": bytes([0x00]) + basic,
+        "basic-file-zstd": bytes([0x03]) + basic,
+        "scan-budget-48-ra-256": bytes([0x3C]) + scan,
+        "scan-file-budget-24-ra-16": bytes([0x29]) + scan,
+        "fill-budget-4": bytes([0x00]) + fill,
+        "fill-budget-8-zstd": bytes([0x06]) + fill,
+        "read-faults-ra-2": bytes([0x1C]) + read_faults,
+        "write-faults-file": bytes([0x09]) + write_faults,
+        "write-faults-memory": bytes([0x3E]) + write_faults + scan,
+    }
+    for k, v in seeds.items():
+        write("cache_ops", k, v)
+
+
 if __name__ == "__main__":
     shutil.rmtree(os.path.join(ROOT, "seeds"), ignore_errors=True)
     nbd()
@@ -244,5 +303,6 @@ if __name__ == "__main__":
     zramconf()
     ublk()
     store()
+    cache()
     for t in sorted(os.listdir(os.path.join(ROOT, "seeds"))):
         print(t, len(os.listdir(os.path.join(ROOT, "seeds", t))), "seeds")

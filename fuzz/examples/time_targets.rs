@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 /// A target's name and its harness.
 type Target = (&'static str, fn(&[u8]));
 
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 7] = [
     ("nbd_handshake", compcache_fuzz::nbd_handshake::run),
     ("nbd_transmission", compcache_fuzz::nbd_transmission::run),
     ("control", compcache_fuzz::control::run),
     ("zramconf", compcache_fuzz::zramconf::run),
     ("ublk_request", compcache_fuzz::ublk_request::run),
     ("store_ops", compcache_fuzz::store_ops::run),
+    ("cache_ops", compcache_fuzz::cache_ops::run),
 ];
 
 /// CPU time (user and system) of this process so far: unlike wall time, hardly changed by

@@ -13,11 +13,14 @@
 //! - [`control`]: the control protocol's request lines (`control::answer`);
 //! - [`zramconf`]: zram-generator.conf parsing, interpretation and size expressions;
 //! - [`ublk_request`]: ublk descriptor decoding and execution, checked against a byte model;
-//! - [`store_ops`]: sequences of store operations checked against a byte-array model.
+//! - [`store_ops`]: sequences of store operations checked against a byte-array model;
+//! - [`cache_ops`]: sequences of operations on a store in cache mode over a fault-injecting
+//!   origin, checked against a byte-array model of the origin.
 //!
 //! Inputs are decoded with [`Bytes`], which reads 0 once the input is used up, so every input
 //! means something and short inputs are valid.
 
+pub mod cache_ops;
 pub mod control;
 pub mod nbd_handshake;
 pub mod nbd_transmission;

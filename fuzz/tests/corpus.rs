@@ -51,3 +51,8 @@ fn ublk_request() {
 fn store_ops() {
     replay("store_ops", compcache_fuzz::store_ops::run);
 }
+
+#[test]
+fn cache_ops() {
+    replay("cache_ops", compcache_fuzz::cache_ops::run);
+}
