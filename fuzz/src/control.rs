@@ -20,6 +20,7 @@ fn state() -> &'static ControlState {
             control_socket: "/run/compcache/fuzz.ctl".into(),
             pid: 1,
             version: "fuzz".into(),
+            origin: None,
         };
         ControlState { store, device }
     })

@@ -103,11 +103,15 @@ fn run_with(data: &[u8], b: &mut Buffers) {
             let nr = u32::from(input.u8() % 40) * 8 + u32::from(head & 0x20 != 0);
             (op, start, nr)
         };
-        let got = decode(op_flags, start_sector, nr_sectors, DEV, BUF).map(|r| (r.op, r.offset, r.len));
+        let got = decode(op_flags, start_sector, nr_sectors, DEV, BUF).map(|d| (d.req.op, d.req.offset, d.req.len));
         assert_eq!(got, expected(op_flags, start_sector, nr_sectors), "decode({op_flags:#x}, {start_sector}, {nr_sectors})");
-        let Ok(req) = decode(op_flags, start_sector, nr_sectors, DEV, BUF) else {
+        let Ok(d) = decode(op_flags, start_sector, nr_sectors, DEV, BUF) else {
             continue;
         };
+        // FUA is kept only on an operation that modifies (then it is a flush after it).
+        let modifies = matches!(d.req.op, Op::Write | Op::WriteZeroes | Op::Discard);
+        assert_eq!(d.fua, modifies && op_flags & sys::UBLK_IO_F_FUA != 0, "FUA of {d:?} from {op_flags:#x}");
+        let req = d.req;
 
         let (off, len) = (req.offset as usize, req.len as usize);
         if req.op == Op::Write {
@@ -115,7 +119,7 @@ fn run_with(data: &[u8], b: &mut Buffers) {
         } else {
             buf.fill(0xEE);
         }
-        let res = execute(&store, &mut ctx, &req, buf);
+        let res = execute(&store, &mut ctx, &d, buf);
         let want = if matches!(req.op, Op::Read | Op::Write) { len as i32 } else { 0 };
         assert_eq!(res, want, "{req:?} completed with {res}");
         match req.op {
