@@ -18,7 +18,9 @@
 #                             after the page cache is dropped, fsck'd, and then checked on
 #                             the disk itself after the server stopped; global: ublk swap with
 #                             the scan over all the guest's RAM but 16 MiB, in no cgroup: the
-#                             whole guest out of memory; nbd-client: `compcache serve`
+#                             whole guest out of memory; fuse-global: the same through
+#                             `--frontend fuse`, not in the default list: it hangs, see
+#                             docs/swap.md; nbd-client: `compcache serve`
 #                             attached by Debian's standard nbd-client, fetched into vm/cache
 #                             by vm/fetch-nbd-client.sh; backing: ublk swap with a 16 MiB
 #                             resident limit and a virtual disk (the scan's size, at least
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift
