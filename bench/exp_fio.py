@@ -50,6 +50,19 @@ def fio_argv(test: str, path: str, file_bytes: int, bs: int, runtime_s: int | No
     return argv
 
 
+def fio_point(point: dict, r: dict) -> dict:
+    """`point` completed with one fio run's outcome (`run_workload`'s result `r`): its status,
+    time and OOM kills, and fio's JSON figures; a run whose output does not parse is
+    "unparsed" (unless it already failed), with the error and fio's stderr kept."""
+    point.update({"status": r["status"], "wall_s": r["wall_s"], "oom_kills": r["oom_kills"]})
+    try:
+        point.update(parse_fio_json(r["stdout"]))
+    except (ValueError, KeyError) as e:
+        point["status"] = point["status"] if point["status"] != "ok" else "unparsed"
+        point["error_text"] = (str(e) + " " + r["stderr"])[-500:]
+    return point
+
+
 def start_ballast(ctx, cg, mib: int):
     """A scan process that fills MIB of anonymous memory and keeps it; returns when filled."""
     proc = ctx.system.spawn(cg.wrap([ctx.scan_bin, "-H", str(mib), "1"]), stdout=subprocess.PIPE,
@@ -89,14 +102,8 @@ def _run_config(ctx, p, cfg, name, res):
                         for test in p["tests"]:
                             r = run_workload(ctx.system, cg, fio_argv(test, path, file_bytes, bs, p["runtime_s"]),
                                              p["run_timeout_s"])
-                            point = {"file_factor": ff, "file_bytes": file_bytes, "record_bytes": bs, "test": test,
-                                     "status": r["status"], "wall_s": r["wall_s"], "oom_kills": r["oom_kills"]}
-                            try:
-                                point.update(parse_fio_json(r["stdout"]))
-                            except (ValueError, KeyError) as e:
-                                point["status"] = point["status"] if point["status"] != "ok" else "unparsed"
-                                point["error_text"] = (str(e) + " " + r["stderr"])[-500:]
-                            res["points"].append(point)
+                            point = {"file_factor": ff, "file_bytes": file_bytes, "record_bytes": bs, "test": test}
+                            res["points"].append(fio_point(point, r))
                             bw = point.get("bw_bytes")
                             ctx.log(f"fio [{name}] file {file_bytes >> 20} MiB rec {bs >> 10} KiB {test}: "
                                     f"{point['status']} " + (f"{bw / 1e6:.1f} MB/s" if bw is not None else ""))

@@ -34,7 +34,7 @@ import os
 import statistics
 
 from .cacheconf import CACHE_CONFIGS, COMPCACHE_CACHES, LABELS, Ext4Mount, SlowOrigin, block_stat, is_block_device, make_disk, proc_io
-from .exp_fio import TEST_NAMES, fio_argv
+from .exp_fio import TEST_NAMES, fio_argv, fio_point
 from .parse import parse_fio_json
 from .runner import Sampler, run_workload
 
@@ -188,18 +188,12 @@ def _tests(ctx, p, variant, name, disk, origin_dev, mnt, cg, res):
                 r = run_workload(ctx.system, cg, zcache_fio_argv(test, path, p, bs, engine), p["run_timeout_s"])
                 dev1, org1, st1 = _counters(ctx, disk, origin_dev)
                 point = {"engine": engine, "record_bytes": bs, "test": test, "file_bytes": p["file_bytes"],
-                         "status": r["status"], "wall_s": r["wall_s"], "oom_kills": r["oom_kills"],
                          "dev_read_bytes": counter_delta(dev0, dev1, ("read_bytes",)).get("read_bytes"),
                          "origin_read_bytes": counter_delta(org0, org1, ("read_bytes",)).get("read_bytes"),
                          "origin_write_bytes": counter_delta(org0, org1, ("write_bytes",)).get("write_bytes")}
                 if st0 and st1:
                     point["cache"] = counter_delta(st0, st1)
-                try:
-                    point.update(parse_fio_json(r["stdout"]))
-                except (ValueError, KeyError) as e:
-                    point["status"] = point["status"] if point["status"] != "ok" else "unparsed"
-                    point["error_text"] = (str(e) + " " + r["stderr"])[-500:]
-                res["points"].append(point)
+                res["points"].append(fio_point(point, r))
                 bw = point.get("bw_bytes")
                 ctx.log(f"zcache {variant} [{name}] {engine} rec {bs >> 10} KiB {test}: {point['status']} "
                         + (f"{bw / 1e6:.1f} MB/s" if bw is not None else ""))
