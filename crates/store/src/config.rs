@@ -186,9 +186,7 @@ impl Config {
         }
         if let Some(o) = &self.origin {
             if self.backing.is_some() {
-                return Err(StoreError::Config(
-                    "--origin and --backing cannot be combined: a cache drops what does not fit, it has nothing to write back".into(),
-                ));
+                return Err(StoreError::Config(ORIGIN_WITH_BACKING.into()));
             }
             if self.mem_limit_bytes == 0 {
                 return Err(StoreError::Config(format!(
@@ -201,6 +199,10 @@ impl Config {
         self.algorithm.check_level(self.level)
     }
 }
+
+/// Why a store cannot have both an origin and a backing device.
+pub(crate) const ORIGIN_WITH_BACKING: &str =
+    "--origin and --backing cannot be combined: a cache drops what does not fit, it has nothing to write back";
 
 /// Physical RAM in bytes, from `sysconf`.
 pub fn physical_ram_bytes() -> u64 {

@@ -28,7 +28,7 @@ use crate::backing::{self, resident_bytes, Backing, BackingDevice, GcReport, Mai
 use crate::backing::{WritebackBudget, WritebackReport};
 use crate::cache::{AlignedBuf, Cache, FileOrigin, OriginDevice};
 use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
-use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES};
+use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES, ORIGIN_WITH_BACKING};
 use crate::error::StoreError;
 use crate::mover::{Clock, Mover};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
@@ -104,10 +104,9 @@ impl Store {
     /// equal the origin's size, and `cfg.mem_limit_bytes` (the budget) must be set.
     pub fn with_origin(cfg: Config, origin: Box<dyn OriginDevice>) -> Result<Store, StoreError> {
         cfg.validate()?;
+        // `validate` checks these for `cfg.origin`; the origin here may come without it.
         if cfg.backing.is_some() {
-            return Err(StoreError::Config(
-                "--origin and --backing cannot be combined: a cache drops what does not fit, it has nothing to write back".into(),
-            ));
+            return Err(StoreError::Config(ORIGIN_WITH_BACKING.into()));
         }
         if cfg.mem_limit_bytes == 0 {
             return Err(StoreError::Config(format!(
@@ -133,11 +132,6 @@ impl Store {
     pub fn with_backing_device(cfg: Config, dev: Box<dyn BackingDevice>) -> Result<Store, StoreError> {
         cfg.validate()?;
         let b = cfg.backing.as_ref().ok_or_else(|| StoreError::Config("a backing device needs a backing configuration".into()))?;
-        if cfg.origin.is_some() {
-            return Err(StoreError::Config(
-                "--origin and --backing cannot be combined: a cache drops what does not fit, it has nothing to write back".into(),
-            ));
-        }
         let backing = Backing::with_device(b, dev)?;
         Store::build(cfg, Some(backing), None)
     }
