@@ -75,7 +75,7 @@ pub struct Context {
 }
 
 /// What `fetch` left to do after releasing the slot lock.
-enum Fetched<'a> {
+pub(crate) enum Fetched<'a> {
     Done,
     /// `ctx.cbuf[..len]` holds compressed bytes to decompress into the output.
     Compressed(usize),
@@ -577,7 +577,7 @@ impl Store {
     /// Copies what slot `g` (slot `index`, last accessed at `last_access`) holds into `out`,
     /// or its compressed bytes into `ctx.cbuf`, under the slot lock; for a page on the backing
     /// device, pins its record.
-    fn fetch(&self, g: &SlotGuard<'_>, index: u64, last_access: u16, ctx: &mut Context, out: &mut [u8]) -> Fetched<'_> {
+    pub(crate) fn fetch(&self, g: &SlotGuard<'_>, index: u64, last_access: u16, ctx: &mut Context, out: &mut [u8]) -> Fetched<'_> {
         match g.entry() {
             Entry::Empty => out.fill(0),
             Entry::Same(w) => out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w.to_ne_bytes())),
@@ -599,7 +599,7 @@ impl Store {
     }
 
     /// Completes a read of a page in RAM after the slot lock is released.
-    fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
+    pub(crate) fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
         match fetched {
             Fetched::Done => Ok(()),
             Fetched::Compressed(len) => ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason }),

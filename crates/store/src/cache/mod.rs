@@ -167,24 +167,11 @@ impl Cache {
         let out: &mut [u8] = if whole { &mut buf[sp.buf_from..sp.buf_from + PAGE_SIZE] } else { &mut page };
         let r = (|| {
             let mut g = s.slots[index as usize].lock();
-            let compressed = match g.entry() {
-                Entry::Empty => return Ok(false),
-                Entry::Same(w) => {
-                    out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w.to_ne_bytes()));
-                    None
-                }
-                Entry::Compressed { handle, len } => {
-                    // SAFETY: we hold the owner's slot lock and the handle is its live object.
-                    unsafe { s.pool.read(handle, &mut ctx.cbuf[..len as usize]) };
-                    Some(len as usize)
-                }
-                Entry::Huge { handle } => {
-                    // SAFETY: as above.
-                    unsafe { s.pool.read(handle, out) };
-                    None
-                }
-                Entry::Backing { .. } => unreachable!("cache mode has no backing device"),
-            };
+            if g.entry() == Entry::Empty {
+                return Ok(false);
+            }
+            // A cache store has no backing device, so what `fetch` leaves is done in RAM.
+            let fetched = s.fetch(&g, index, g.ac_time(), ctx, out);
             let first_use = policy::on_hit(&mut g);
             g.touch(s.clock.tick());
             drop::<SlotGuard>(g);
@@ -192,9 +179,7 @@ impl Cache {
             if first_use {
                 Counters::inc(&s.counters.readahead_used);
             }
-            if let Some(len) = compressed {
-                ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason })?;
-            }
+            s.finish(ctx, index, fetched, out)?;
             Ok(true)
         })();
         if matches!(r, Ok(true)) && !whole {
@@ -439,34 +424,16 @@ impl Cache {
     /// The current contents of page `index` (its stripe held): from the cache, else the origin.
     fn current_page(&self, s: &Store, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
         let g = s.slots[index as usize].lock();
-        let compressed = match g.entry() {
-            Entry::Empty => None,
-            Entry::Same(w) => {
-                out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w.to_ne_bytes()));
-                return Ok(());
-            }
-            Entry::Compressed { handle, len } => {
-                // SAFETY: we hold the owner's slot lock and the handle is its live object.
-                unsafe { s.pool.read(handle, &mut ctx.cbuf[..len as usize]) };
-                Some(len as usize)
-            }
-            Entry::Huge { handle } => {
-                // SAFETY: as above.
-                unsafe { s.pool.read(handle, out) };
-                return Ok(());
-            }
-            Entry::Backing { .. } => unreachable!("cache mode has no backing device"),
-        };
-        drop::<SlotGuard>(g);
-        match compressed {
-            Some(len) => ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason }),
-            None => {
-                self.origin.read_at(out, index * PAGE).map_err(|e| self.origin_error(s, "read", index * PAGE, e))?;
-                Counters::inc(&s.counters.origin_reads);
-                Counters::add(&s.counters.origin_read_bytes, PAGE);
-                Ok(())
-            }
+        if g.entry() != Entry::Empty {
+            let fetched = s.fetch(&g, index, g.ac_time(), ctx, out);
+            drop::<SlotGuard>(g);
+            return s.finish(ctx, index, fetched, out);
         }
+        drop::<SlotGuard>(g);
+        self.origin.read_at(out, index * PAGE).map_err(|e| self.origin_error(s, "read", index * PAGE, e))?;
+        Counters::inc(&s.counters.origin_reads);
+        Counters::add(&s.counters.origin_read_bytes, PAGE);
+        Ok(())
     }
 
     /// Replaces slot `index`'s page with `new` (the origin's page now, its stripe held), or
