@@ -5,6 +5,7 @@
   ENOSPC past it, EOPNOTSUPP for unsupported fallocate modes);
 - fio with verify=crc32c on the loop device `compcache fuse` attaches (direct I/O, 4 KiB
   sectors), then a clean stop that detaches the loop device and unmounts;
+- the serving threads take no page fault while they serve writes, reads and discards;
 - kill -9 of the server: reads of the loop device (O_DIRECT) and of the file then fail with
   an I/O error, never return data;
 - `compcache swapon --frontend fuse`: the kernel swaps the verified workload
@@ -255,6 +256,50 @@ bs=1m
     assert srv.stop() == 0, srv.log()
     assert not os.path.exists(f"/sys/block/{name}/loop/backing_file"), "loop device still attached"
     assert not mounted(srv.mount_dir)
+
+
+def thread_faults(pid, prefix):
+    """Minor + major page faults of the threads of `pid` whose name starts with `prefix`."""
+    total, names = 0, []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            stat = f.read()
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if name.startswith(prefix):
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += int(fields[7]) + int(fields[9])  # minflt, majflt (stat fields 10 and 12)
+            names.append(name)
+    return total, names
+
+
+def test_serving_threads_do_not_fault(fuse_server):
+    """The classic transport's threads serve from buffers made before the mount and a
+    fault-free store (the default reserve): writes, overwrites, reads and discards through the
+    file cost them no page fault, from the first request on (docs/swap.md, "What the I/O
+    path allocates")."""
+    need_fuse()
+    srv = fuse_server(64 * MiB, "--no-loop", "--threads", "2")
+    before, names = thread_faults(srv.proc.pid, "fuse-")
+    assert sorted(names) == ["fuse-0", "fuse-1"], names
+    rng = random.Random(7)
+    words = [bytes(rng.choice(b"abcdefghij ") for _ in range(rng.randint(3, 9))) for _ in range(300)]
+    fd = os.open(srv.file, os.O_RDWR)
+    try:
+        for rnd in range(2):
+            for off in range(0, 24 * MiB, 128 << 10):
+                chunk = b" ".join(rng.choice(words) for _ in range(40000))[:128 << 10]
+                if rnd == 1 and off % MiB == 0:
+                    chunk = bytes([off >> 20 & 0xff]) * len(chunk)  # same-filled
+                assert os.pwrite(fd, chunk, off) == len(chunk)
+                assert os.pread(fd, len(chunk), off) == chunk
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8 * MiB)
+        assert os.pread(fd, PAGE, 0) == bytes(PAGE)
+    finally:
+        os.close(fd)
+    after, _ = thread_faults(srv.proc.pid, "fuse-")
+    stats = srv.stat()
+    assert stats["failed_writes"] == 0 and stats["num_writes"] > 0, stats
+    assert after == before, f"the serving threads faulted {after - before} times\n{srv.log()}"
 
 
 def test_killed_server_means_io_errors_not_data(fuse_server):

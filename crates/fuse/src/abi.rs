@@ -1,7 +1,7 @@
-//! The FUSE kernel ABI that the io_uring transport ([`crate::uring`]) reads and writes itself:
-//! the request and reply headers, the few per-operation structures of the operations the
-//! device file answers, and the FUSE-over-io_uring structures. (The classic transport's ABI is
-//! fuser's.)
+//! The FUSE kernel ABI that both transports ([`crate::classic`], [`crate::uring`]) read and
+//! write themselves: the request and reply headers, the few per-operation structures of the
+//! operations the device file answers, and the FUSE-over-io_uring structures. (fuser's own is
+//! used only for the mount and INIT.)
 //!
 //! Reference: the kernel's `include/uapi/linux/fuse.h` (protocol 7.42, Linux 6.14, which added
 //! `FUSE_OVER_IO_URING`, `struct fuse_uring_ent_in_out`, `struct fuse_uring_req_header`,
@@ -27,6 +27,10 @@ pub mod op {
     pub const READDIR: u32 = 28;
     pub const RELEASEDIR: u32 = 29;
     pub const FSYNCDIR: u32 = 30;
+    pub const INTERRUPT: u32 = 36;
+    pub const DESTROY: u32 = 38;
+    pub const NOTIFY_REPLY: u32 = 41;
+    pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
 }
 

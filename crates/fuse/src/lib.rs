@@ -9,31 +9,23 @@
 //! One job per file:
 //! - [`request`]: decoding and validating one read, write, fallocate, fsync or flush, and
 //!   the one `match` that turns it into a store call (pure: unit-tested without a mount);
-//! - [`fs`]: the filesystem (a directory with one file), its per-thread workers, and what
-//!   it declares to the kernel at INIT;
-//! - [`uring`]: the FUSE-over-io_uring transport (Linux 6.14+), used instead of `/dev/fuse`
-//!   reads and writes when [`Options::io_uring`] asks for it and the kernel offers it, and
-//!   [`abi`], the kernel structures it reads and writes;
-//! - this file: mounting, serving on several threads, unmounting.
+//! - [`answer`]: the answer to every request the file gets (one `match` on the opcode), shared
+//!   by both transports;
+//! - [`classic`]: the classic transport, `read`/`writev` on `/dev/fuse`, on our own threads
+//!   with buffers made before the device is used;
+//! - [`uring`]: the FUSE-over-io_uring transport (Linux 6.14+), used when
+//!   [`Options::io_uring`] asks for it and the kernel offers it;
+//! - [`abi`]: the kernel structures both transports read and write;
+//! - [`fs`]: what the filesystem declares to the kernel at INIT;
+//! - this file: mounting, starting the transports, unmounting.
 //!
-//! ## What the I/O path allocates
-//! fuser 0.18 (read in its source, `session.rs`, `request.rs`, `reply.rs`, `channel.rs`):
-//! - each event-loop thread allocates one request buffer of 16 MiB + 4 KiB when it starts
-//!   (`FuseReadBuf`, sized for fuser's largest `max_write`, whatever we declare) and reuses
-//!   it for every request; under the server's `mlockall(MCL_FUTURE)` it is populated and
-//!   locked when made: 16 MiB of locked memory per thread, none per request;
-//! - parsing a request borrows from that buffer (a write's data is a slice of it); a reply
-//!   is one `writev` of a header on the stack and our data slice (`ResponseSlice`), and the
-//!   reply's channel is an `Arc` clone: no heap allocation per request;
-//! - its `debug!`/`warn!` logging formats only if a logger is installed (we install none).
-//!
-//! Ours: each request takes a [`fs::Worker`] (compression context and read buffer), made
-//! when the filesystem is created, from a fixed set ([`fs::Workers`]): nothing per request.
-//!
-//! ## Threads
-//! `Options::threads` event loops (fuser's `Config::n_threads`), each with its own
-//! `/dev/fuse` descriptor cloned with `FUSE_DEV_IOC_CLONE` (`clone_fd`), so the kernel hands
-//! requests to several threads at once; the filesystem's methods take `&self`.
+//! ## fuser's part
+//! fuser (0.18, pure-Rust mount: `mount(2)` as root, else `fusermount3`; no libfuse linked)
+//! mounts and answers INIT ([`fs::InitFs`]); its session is then kept, for its descriptor and
+//! its mount, but never run: fuser's event loop gives each thread a 16 MiB buffer and its
+//! request and reply types are not ours to keep off the heap, while a swap server must serve
+//! without allocating (docs/swap.md, "Memory pressure"). Our transports do
+//! ([`classic`], [`uring`]: every buffer made, written and locked before the first request).
 //!
 //! ## Failure model
 //! The pages live in this process. When it dies the kernel aborts the FUSE connection: every
@@ -42,6 +34,8 @@
 //! page cache of it that could outlive the server.
 
 pub mod abi;
+pub mod answer;
+pub mod classic;
 pub mod fs;
 pub mod request;
 pub mod uring;
@@ -51,19 +45,19 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use compcache_store::Store;
 
-pub use fs::{DeviceFs, FILE_NAME};
+pub use fs::{InitFs, FILE_NAME};
 
 /// How the filesystem is served.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Event-loop threads, each with its own `/dev/fuse` descriptor and worker.
+    /// Threads serving `/dev/fuse` ([`classic`]), each with its own descriptor, buffer and
+    /// compression context.
     pub threads: usize,
     /// The largest read or write the kernel may send (declared as `max_write`, and so
-    /// `max_pages`); every worker has a buffer of this size.
+    /// `max_pages`); every thread's and ring entry's buffer holds one.
     pub max_request_bytes: usize,
     /// The kernel's queue of background requests (asynchronous direct I/O from the loop
     /// driver counts as background): `max_background` at INIT.
@@ -104,10 +98,12 @@ pub struct Mounted {
     pub dir: PathBuf,
     /// The device file.
     pub file: PathBuf,
-    /// Kept so that fuser's own unmount-on-drop never runs behind our back; unmounting is
-    /// done by [`Mounted::unmount`] (umount2, which fails while the file is busy).
-    _unmounter: fuser::SessionUnmounter,
-    thread: JoinHandle<io::Result<()>>,
+    /// fuser's session: the connection's first descriptor and the mount. Never run; dropped
+    /// after the threads end, when its unmount-on-drop finds nothing left to unmount (while
+    /// the file is busy it cannot unmount either: fuser's `umount2` has no `MNT_DETACH`).
+    session: fuser::Session<InitFs>,
+    /// The `/dev/fuse` threads.
+    classic: classic::Threads,
     /// The io_uring queue threads, if the rings are up.
     rings: Option<uring::Rings>,
     /// How requests travel: "io_uring (N queues x D entries)" or "/dev/fuse" with the reason
@@ -116,31 +112,25 @@ pub struct Mounted {
 }
 
 impl Mounted {
-    /// Whether the session still serves (false once the filesystem was unmounted).
+    /// Whether the filesystem is still served (false once it was unmounted).
     pub fn alive(&self) -> bool {
-        !self.thread.is_finished()
+        self.classic.alive()
     }
 
     /// Unmounts: `umount2(dir, 0)`, or with `lazy` `MNT_DETACH`. Without `lazy` this fails
     /// with EBUSY while the file is open (for instance while a loop device still holds it).
     pub fn unmount(&self, lazy: bool) -> io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(self.dir.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        let flags = if lazy { libc::MNT_DETACH } else { 0 };
-        // SAFETY: `c` is a NUL-terminated path that outlives the call.
-        if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        umount(&self.dir, lazy)
     }
 
     /// Waits for the serving threads to end (they end when the filesystem is unmounted and
     /// the kernel closes the connection).
     pub fn join(self) -> io::Result<()> {
-        let r = self.thread.join().map_err(|_| io::Error::other("a FUSE thread panicked"))?;
+        let r = self.classic.join();
         if let Some(rings) = self.rings {
             rings.join();
         }
+        drop(self.session);
         r
     }
 
@@ -151,11 +141,11 @@ impl Mounted {
 }
 
 /// Mounts the filesystem on `mountpoint` (an existing empty directory) and serves it on
-/// `opts.threads` threads. Returns once the kernel's INIT was answered: the file can be used.
+/// `opts.threads` threads. Returns once the kernel's INIT was answered and every serving
+/// thread has its buffer: the file can be used.
 pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result<Mounted> {
     use fuser::MountOption as M;
-    let threads = opts.threads.max(1);
-    let mut filesystem = DeviceFs::new(Arc::clone(&store), threads, opts.max_request_bytes, opts.max_background);
+    let mut filesystem = InitFs::new(opts.max_request_bytes, opts.max_background);
     let granted = Arc::new(AtomicBool::new(false));
     let mut transport = "/dev/fuse".to_string();
     if opts.io_uring {
@@ -167,26 +157,22 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
     }
     let mut config = fuser::Config::default();
     config.mount_options = vec![M::FSName("compcache".into()), M::Subtype("compcache".into()), M::NoDev, M::NoSuid, M::NoExec, M::NoAtime];
-    config.n_threads = Some(threads);
-    config.clone_fd = true;
-    let mut session = fuser::Session::new(filesystem, mountpoint, &config)?;
-    // INIT has been answered (Session::new does the handshake): whether io_uring was agreed
-    // is known, and the kernel accepts ring registrations from now on.
+    // Session::new mounts and answers INIT; nothing else is read until our threads start.
+    let session = fuser::Session::new(filesystem, mountpoint, &config)?;
+    let dev = Arc::new(answer::Device::new(store, opts.max_request_bytes));
+    let classic = match classic::start(session.as_fd(), Arc::clone(&dev), opts.threads) {
+        Ok(t) => t,
+        Err(e) => {
+            // Nothing serves the mount: take it down (the file is not in use yet).
+            let _ = umount(mountpoint, true);
+            return Err(e);
+        }
+    };
+    // Whether io_uring was agreed is known (INIT), and the kernel accepts ring registrations
+    // from now on; until every queue has its entries, requests keep coming through /dev/fuse.
     let mut rings = None;
     if opts.io_uring && granted.load(Ordering::Acquire) {
-        let started = session.as_fd().try_clone_to_owned().and_then(|fd| {
-            // SAFETY: getuid and getgid have no preconditions and cannot fail.
-            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-            let dev = uring::Device {
-                size: store.disksize_bytes(),
-                store: Arc::clone(&store),
-                max_request: opts.max_request_bytes,
-                uid,
-                gid,
-                started: std::time::SystemTime::now(),
-            };
-            uring::start(fd, Arc::new(dev), opts.uring_depth, opts.max_request_bytes)
-        });
+        let started = session.as_fd().try_clone_to_owned().and_then(|fd| uring::start(fd, Arc::clone(&dev), opts.uring_depth, opts.max_request_bytes));
         match started {
             Ok(r) => {
                 transport = format!("io_uring ({} queues x {} entries)", uring::kernel_queues(), opts.uring_depth.max(1));
@@ -197,7 +183,17 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
     } else if opts.io_uring && transport == "/dev/fuse" {
         transport = "/dev/fuse (the kernel did not offer FUSE_OVER_IO_URING at INIT)".into();
     }
-    let unmounter = session.unmount_callable();
-    let thread = std::thread::Builder::new().name("fuse-session".into()).spawn(move || session.run())?;
-    Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), _unmounter: unmounter, thread, rings, transport })
+    Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), session, classic, rings, transport })
+}
+
+/// `umount2(dir, 0)`, or with `lazy` `MNT_DETACH`.
+fn umount(dir: &Path, lazy: bool) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
