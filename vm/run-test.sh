@@ -112,7 +112,8 @@ COMPCACHE_BIN="$bin" INITRAMFS_OUT="$initramfs" NBD_CLIENT_DIR="$nbd_client_dir"
 
 # 3. Boot. qemu is the only process started here; it is ended by its PID on timeout.
 # Its monitor socket (vm/cache/monitor-PID.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
-# guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks).
+# guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks; CC_VM_SYSRQ
+# chooses the sysrq keys, default 7wlm: add t for every task).
 log="$cache/run-$$.log"
 monitor_sock="$cache/monitor-$$.sock"
 case "$accel" in
@@ -157,11 +158,11 @@ tail_pid=$!
 # give the console time to print them, then stop qemu. The dump is in the console log and
 # printed below.
 sysrq_dump() {
-  python3 - "$monitor_sock" <<'PY' || echo "run-test: could not reach qemu's monitor for a sysrq dump"
+  python3 - "$monitor_sock" "${CC_VM_SYSRQ:-7wlm}" <<'PY' || echo "run-test: could not reach qemu's monitor for a sysrq dump"
 import socket, sys, time
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
-for key in "7wlm":
+for key in sys.argv[2]:
     s.sendall(f"sendkey alt-sysrq-{key}\n".encode())
     time.sleep(1)
 s.close()
