@@ -73,11 +73,16 @@ pub fn buffer_bytes(max_request: usize) -> usize {
 }
 
 /// Starts `threads` threads serving the connection of `session` (a `/dev/fuse` descriptor whose
-/// INIT was answered). Every buffer is made before this returns.
+/// INIT was answered). Returns once every thread has its buffer and is about to read its first
+/// request: whatever a thread's start costs (its stack, its first allocation) is paid before
+/// the device is used.
 pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize) -> io::Result<Threads> {
     let bytes = buffer_bytes(dev.max_request);
-    let mut handles = Vec::with_capacity(threads.max(1));
-    for i in 0..threads.max(1) {
+    let n = threads.max(1);
+    // A bounded channel's buffer is made here, so a thread's `send` allocates nothing.
+    let (ready, up) = std::sync::mpsc::sync_channel::<()>(n);
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
         let fd = clone_fd(session)?;
         // Written (0x5a) so that the pages exist now, then locked: nothing on the I/O path
         // faults or allocates (the swap server also runs under mlockall).
@@ -88,8 +93,18 @@ pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize) -> io::R
         unsafe { libc::mlock(buf.as_ptr().cast(), buf.len()) };
         let ctx = dev.store.context();
         let dev = Arc::clone(&dev);
-        let t = std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || serve(&fd, &dev, buf, ctx))?;
+        let ready = ready.clone();
+        let t = std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || {
+            let rejects = Rejects::new("compcache-fuse");
+            let _ = ready.send(());
+            drop(ready);
+            serve(&fd, &dev, buf, ctx, &rejects)
+        })?;
         handles.push(t);
+    }
+    drop(ready);
+    for _ in 0..n {
+        up.recv().map_err(|_| io::Error::other("a FUSE thread ended before serving"))?;
     }
     Ok(Threads { threads: handles })
 }
@@ -147,8 +162,7 @@ fn answer(dev: &Device, ctx: &mut Context, rejects: &Rejects, buf: &mut [u8], n:
 }
 
 /// One thread: read a request, answer it, write the reply; until the connection ends.
-fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context) -> io::Result<()> {
-    let rejects = Rejects::new("compcache-fuse");
+fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context, rejects: &Rejects) -> io::Result<()> {
     loop {
         // SAFETY: reads at most buf.len() bytes into the thread's own buffer.
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -162,12 +176,12 @@ fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context) -> io
                 _ => return Err(io::Error::new(e.kind(), format!("reading /dev/fuse: {e}"))),
             }
         }
-        let Some((unique, at, result)) = answer(dev, &mut ctx, &rejects, &mut buf, n as usize) else { continue };
+        let Some((unique, at, result)) = answer(dev, &mut ctx, rejects, &mut buf, n as usize) else { continue };
         let (error, body) = match result {
             Ok(len) => (0, &buf[at..at + len]),
             Err(errno) => (-errno, &buf[at..at]),
         };
-        if !reply(fd, unique, error, body, &rejects)? {
+        if !reply(fd, unique, error, body, rejects)? {
             return Ok(());
         }
     }
