@@ -140,9 +140,9 @@ fn fixed_arg_len(opcode: u32) -> usize {
     }
 }
 
-/// What to do with one request read into a buffer: `None` for requests that get no reply.
-/// Otherwise `(unique, result)` with the reply body (`result`'s length) at the start of
-/// `buf[body_at(..)..]`.
+/// What to do with the request of `n` bytes read into `buf`: `None` for requests that get no
+/// reply; otherwise `(unique, at, result)`, the reply's body (`result`'s length) starting at
+/// `buf[at]`.
 fn answer(dev: &Device, ctx: &mut Context, rejects: &Rejects, buf: &mut [u8], n: usize) -> Option<(u64, usize, Result<usize, i32>)> {
     let hdr = size_of::<abi::InHeader>();
     if n < hdr {
