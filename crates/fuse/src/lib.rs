@@ -3,8 +3,8 @@
 //! The FUSE front end: serves a [`compcache_store::Store`] as one regular file,
 //! `<mountpoint>/device`, of the device's size, on a FUSE mount; `compcache fuse` attaches it
 //! to a loop device (`losetup --direct-io=on --sector-size 4096`) for the kernel to swap to.
-//! For kernels with FUSE and loop but neither ublk nor nbd.ko. Built on the `fuser` crate
-//! (0.18, pure-Rust mount: `mount(2)` as root, else `fusermount3`; no libfuse linked).
+//! For kernels with FUSE and loop but neither ublk nor nbd.ko. Mounted with the `fuser` crate,
+//! served by this crate's own transports ("fuser's part", below).
 //!
 //! One job per file:
 //! - [`request`]: decoding and validating one read, write, fallocate, fsync or flush, and

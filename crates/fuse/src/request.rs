@@ -1,6 +1,6 @@
 //! One FUSE request on the device file: decode and validate it completely first (range,
 //! flags), then hand it to the store in one `match`, each arm one call. Errors are positive
-//! errno values, ready for `fuser::Errno::from_i32`.
+//! errno values (a reply carries them negated: [`crate::answer`]).
 //!
 //! The file behaves as the block device it stands for (`blkdev_read_iter`,
 //! `blkdev_write_iter`, `blkdev_fallocate`), but at any byte offset, as the store allows:
