@@ -226,15 +226,15 @@ pub fn dispatch(
     }
 }
 
+/// A 1 MiB device over a fresh store, 128 KiB requests: the transports' tests share it.
+#[cfg(test)]
+pub(crate) fn test_device() -> Device {
+    Device::new(Arc::new(Store::new(compcache_store::Config::with_disksize(1 << 20)).unwrap()), 128 << 10)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use compcache_store::Config;
-
-    fn device() -> Device {
-        let store = Arc::new(Store::new(Config::with_disksize(1 << 20)).unwrap());
-        Device { store, size: 1 << 20, max_request: 128 << 10, uid: 0, gid: 0, started: SystemTime::now() }
-    }
 
     fn header(opcode: u32, nodeid: u64) -> abi::InHeader {
         abi::InHeader { opcode, nodeid, unique: 9, ..abi::InHeader::default() }
@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn write_then_read_through_dispatch() {
-        let dev = device();
+        let dev = test_device();
         let mut ctx = dev.store.context();
         let rejects = Rejects::new("test");
         let mut payload = vec![0u8; 128 << 10];
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn metadata_answers() {
-        let dev = device();
+        let dev = test_device();
         let mut ctx = dev.store.context();
         let rejects = Rejects::new("test");
         let mut payload = vec![0u8; 8192];

@@ -218,23 +218,40 @@ fn reply(fd: &OwnedFd, unique: u64, error: i32, body: &[u8], rejects: &Rejects) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use compcache_store::{Config, Store};
-    use std::time::SystemTime;
+    use crate::answer::test_device;
 
-    fn device() -> Device {
-        let store = Arc::new(Store::new(Config::with_disksize(1 << 20)).unwrap());
-        Device { store, size: 1 << 20, max_request: 128 << 10, uid: 0, gid: 0, started: SystemTime::now() }
+    /// One serving thread's state, without the descriptor: requests are laid into its buffer
+    /// as the kernel would and answered.
+    struct Thread {
+        dev: Device,
+        ctx: Context,
+        rejects: Rejects,
+        buf: Vec<u8>,
     }
 
-    /// A request as the kernel lays it out in the buffer: header, fixed argument, payload.
-    fn request(buf: &mut [u8], opcode: u32, nodeid: u64, arg: &[u8], payload: &[u8]) -> usize {
-        let hdr = size_of::<abi::InHeader>();
-        let len = hdr + arg.len() + payload.len();
-        let h = abi::InHeader { len: len as u32, opcode, unique: 42, nodeid, ..abi::InHeader::default() };
-        buf[..hdr].copy_from_slice(abi::bytes(&h));
-        buf[hdr..hdr + arg.len()].copy_from_slice(arg);
-        buf[hdr + arg.len()..len].copy_from_slice(payload);
-        len
+    impl Thread {
+        fn new() -> Thread {
+            let dev = test_device();
+            let ctx = dev.store.context();
+            let buf = vec![0u8; buffer_bytes(dev.max_request)];
+            Thread { dev, ctx, rejects: Rejects::new("test"), buf }
+        }
+
+        /// A request as the kernel lays it out in the buffer (header, fixed argument, payload),
+        /// answered.
+        fn send(&mut self, opcode: u32, nodeid: u64, arg: &[u8], payload: &[u8]) -> Option<(u64, usize, Result<usize, i32>)> {
+            let hdr = size_of::<abi::InHeader>();
+            let len = hdr + arg.len() + payload.len();
+            let h = abi::InHeader { len: len as u32, opcode, unique: 42, nodeid, ..abi::InHeader::default() };
+            self.buf[..hdr].copy_from_slice(abi::bytes(&h));
+            self.buf[hdr..hdr + arg.len()].copy_from_slice(arg);
+            self.buf[hdr + arg.len()..len].copy_from_slice(payload);
+            self.answer(len)
+        }
+
+        fn answer(&mut self, n: usize) -> Option<(u64, usize, Result<usize, i32>)> {
+            answer(&self.dev, &mut self.ctx, &self.rejects, &mut self.buf, n)
+        }
     }
 
     #[test]
@@ -251,59 +268,43 @@ mod tests {
 
     #[test]
     fn write_then_read_framed_as_on_dev_fuse() {
-        let dev = device();
-        let mut ctx = dev.store.context();
-        let rejects = Rejects::new("test");
-        let mut buf = vec![0u8; buffer_bytes(dev.max_request)];
+        let mut t = Thread::new();
         let data: Vec<u8> = (0..12288u32).map(|i| (i % 241) as u8 + 1).collect();
         let w = abi::WriteIn { offset: 8192, size: data.len() as u32, ..abi::WriteIn::default() };
-        let n = request(&mut buf, op::WRITE, 2, abi::bytes(&w), &data);
-        let (unique, at, r) = answer(&dev, &mut ctx, &rejects, &mut buf, n).unwrap();
+        let (unique, at, r) = t.send(op::WRITE, 2, abi::bytes(&w), &data).unwrap();
         assert_eq!((unique, at), (42, 80));
         let len = r.unwrap();
-        assert_eq!(abi::read::<abi::WriteOut>(&buf[at..at + len]).size, data.len() as u32);
+        assert_eq!(abi::read::<abi::WriteOut>(&t.buf[at..at + len]).size, data.len() as u32);
 
         let rd = abi::ReadIn { offset: 8192, size: data.len() as u32, ..abi::ReadIn::default() };
-        let n = request(&mut buf, op::READ, 2, abi::bytes(&rd), &[]);
-        let (_, at, r) = answer(&dev, &mut ctx, &rejects, &mut buf, n).unwrap();
-        assert_eq!(buf[at..at + r.unwrap()], data[..]);
+        let (_, at, r) = t.send(op::READ, 2, abi::bytes(&rd), &[]).unwrap();
+        assert_eq!(t.buf[at..at + r.unwrap()], data[..]);
 
         // The largest read the kernel may send fits in the buffer after its header.
-        let rd = abi::ReadIn { offset: 0, size: dev.max_request as u32, ..abi::ReadIn::default() };
-        let n = request(&mut buf, op::READ, 2, abi::bytes(&rd), &[]);
-        assert_eq!(answer(&dev, &mut ctx, &rejects, &mut buf, n).unwrap().2, Ok(dev.max_request));
+        let max = t.dev.max_request;
+        let rd = abi::ReadIn { offset: 0, size: max as u32, ..abi::ReadIn::default() };
+        assert_eq!(t.send(op::READ, 2, abi::bytes(&rd), &[]).unwrap().2, Ok(max));
     }
 
     #[test]
     fn a_lookup_name_follows_the_header() {
-        let dev = device();
-        let mut ctx = dev.store.context();
-        let rejects = Rejects::new("test");
-        let mut buf = vec![0u8; buffer_bytes(dev.max_request)];
-        let n = request(&mut buf, op::LOOKUP, 1, &[], b"device\0");
-        let (_, at, r) = answer(&dev, &mut ctx, &rejects, &mut buf, n).unwrap();
-        let e: abi::EntryOut = abi::read(&buf[at..at + r.unwrap()]);
+        let mut t = Thread::new();
+        let (_, at, r) = t.send(op::LOOKUP, 1, &[], b"device\0").unwrap();
+        let e: abi::EntryOut = abi::read(&t.buf[at..at + r.unwrap()]);
         assert_eq!((e.nodeid, e.attr.size), (2, 1 << 20));
-        let n = request(&mut buf, op::LOOKUP, 1, &[], b"devicf\0");
-        assert_eq!(answer(&dev, &mut ctx, &rejects, &mut buf, n).unwrap().2, Err(libc::ENOENT));
+        assert_eq!(t.send(op::LOOKUP, 1, &[], b"devicf\0").unwrap().2, Err(libc::ENOENT));
     }
 
     #[test]
     fn requests_without_replies_and_short_reads() {
-        let dev = device();
-        let mut ctx = dev.store.context();
-        let rejects = Rejects::new("test");
-        let mut buf = vec![0u8; buffer_bytes(dev.max_request)];
+        let mut t = Thread::new();
         for opcode in [op::FORGET, op::BATCH_FORGET, op::INTERRUPT, op::NOTIFY_REPLY] {
-            let n = request(&mut buf, opcode, 2, &[0; 16], &[]);
-            assert!(answer(&dev, &mut ctx, &rejects, &mut buf, n).is_none(), "opcode {opcode}");
+            assert!(t.send(opcode, 2, &[0; 16], &[]).is_none(), "opcode {opcode}");
         }
-        assert!(answer(&dev, &mut ctx, &rejects, &mut buf, 10).is_none());
-        let n = request(&mut buf, op::DESTROY, 0, &[], &[]);
-        assert_eq!(answer(&dev, &mut ctx, &rejects, &mut buf, n).unwrap().2, Ok(0));
+        assert!(t.answer(10).is_none());
+        assert_eq!(t.send(op::DESTROY, 0, &[], &[]).unwrap().2, Ok(0));
         // A write whose request is shorter than its fixed argument: nothing past the end is read.
-        let n = request(&mut buf, op::WRITE, 2, &[0; 20], &[]);
-        assert!(answer(&dev, &mut ctx, &rejects, &mut buf, n).is_some());
-        assert_eq!(dev.store.stats().num_writes, 0);
+        assert!(t.send(op::WRITE, 2, &[0; 20], &[]).is_some());
+        assert_eq!(t.dev.store.stats().num_writes, 0);
     }
 }

@@ -172,10 +172,7 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
     // from now on; until every queue has its entries, requests keep coming through /dev/fuse.
     let mut rings = None;
     if opts.io_uring && granted.load(Ordering::Acquire) {
-        let started = session
-            .as_fd()
-            .try_clone_to_owned()
-            .and_then(|fd| uring::start(fd, Arc::clone(&dev), opts.uring_depth, opts.max_request_bytes));
+        let started = session.as_fd().try_clone_to_owned().and_then(|fd| uring::start(fd, Arc::clone(&dev), opts.uring_depth));
         match started {
             Ok(r) => {
                 transport = format!("io_uring ({} queues x {} entries)", uring::kernel_queues(), opts.uring_depth.max(1));

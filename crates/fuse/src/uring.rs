@@ -98,14 +98,14 @@ pub fn kernel_enabled() -> Result<bool, String> {
 }
 
 /// Starts one thread per kernel queue, each registering `depth` entries with payload buffers
-/// of `payload_bytes`, on `fd` (a `/dev/fuse` descriptor of the mounted connection, which
+/// that hold the device's largest request (`dev.max_request`), on `fd` (a `/dev/fuse` descriptor of the mounted connection, which
 /// negotiated `FUSE_OVER_IO_URING`). Returns once every entry is registered, or the first
 /// error (then the connection stays on `/dev/fuse`: the kernel switches only when all queues
 /// have entries).
-pub fn start(fd: OwnedFd, dev: Arc<Device>, depth: usize, payload_bytes: usize) -> io::Result<Rings> {
+pub fn start(fd: OwnedFd, dev: Arc<Device>, depth: usize) -> io::Result<Rings> {
     let fd = Arc::new(fd);
     let queues = kernel_queues();
-    let payload_bytes = payload_bytes.max(abi::FUSE_MIN_READ_BUFFER).next_multiple_of(PAGE_SIZE);
+    let payload_bytes = dev.max_request.max(abi::FUSE_MIN_READ_BUFFER).next_multiple_of(PAGE_SIZE);
     let (tx, rx) = mpsc::channel::<io::Result<()>>();
     let served = Arc::new(AtomicU64::new(0));
     let mut threads = Vec::with_capacity(queues);
