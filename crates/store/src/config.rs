@@ -37,6 +37,87 @@ pub struct Config {
     /// In cache mode `disksize_bytes` equals the origin's size and `mem_limit_bytes` is the
     /// cache's memory budget (required).
     pub origin: Option<OriginConfig>,
+    /// Background recompression of idle and raw pages (`recompress/`); `None`: off.
+    pub recompress: Option<RecompressConfig>,
+}
+
+/// Recompression (`recompress/`, docs/store.md "Recompression"): which pages, with what, and
+/// at what cost. [`RecompressConfig::default`] holds the defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecompressConfig {
+    /// Pages not accessed for this long are recompressed (seconds).
+    pub idle_secs: u64,
+    /// The zstd level of the recompression codec (1..=22).
+    pub level: i32,
+    /// A recompressed page is kept only if it is at least this many bytes smaller (zram's
+    /// `threshold`, as a saving).
+    pub min_saving_bytes: usize,
+    /// Raw ("huge") pages are recompressed too (zram's `type=huge`).
+    pub huge: bool,
+    /// CPU budget: percent of one core, averaged over steps.
+    pub cpu_percent: u8,
+    /// A step is skipped when the device served more page requests per second than this since
+    /// the last one (0: never skipped).
+    pub busy_pages_per_sec: u64,
+    /// The dictionary recompressed pages use.
+    pub dict: DictSource,
+    /// `DictSource::Train`: pages sampled for one training; one in nine is held out to measure
+    /// the dictionary's gain. zstd's advice is samples of about 100 times the dictionary
+    /// (16 KiB): the default, 576 pages, is 2.25 MiB.
+    pub dict_samples: usize,
+}
+
+/// Where recompression's zstd dictionary comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DictSource {
+    /// No dictionary.
+    None,
+    /// Trained from the device's own pages, and retrained when its gain drifts.
+    Train,
+    /// An administrator's dictionary file (zstd's format, e.g. from `compcache dict train` or
+    /// `zstd --train`).
+    File(std::path::PathBuf),
+}
+
+/// Default idle age before recompression.
+pub const DEFAULT_RECOMPRESS_IDLE_SECS: u64 = 60;
+/// Default zstd level of the recompression codec.
+pub const DEFAULT_RECOMPRESS_LEVEL: i32 = 9;
+
+impl Default for RecompressConfig {
+    fn default() -> RecompressConfig {
+        RecompressConfig {
+            idle_secs: DEFAULT_RECOMPRESS_IDLE_SECS,
+            level: DEFAULT_RECOMPRESS_LEVEL,
+            min_saving_bytes: 32,
+            huge: true,
+            cpu_percent: 10,
+            busy_pages_per_sec: 20_000,
+            dict: DictSource::Train,
+            dict_samples: 576,
+        }
+    }
+}
+
+impl RecompressConfig {
+    fn validate(&self) -> Result<(), StoreError> {
+        if !(1..=22).contains(&self.level) {
+            return Err(StoreError::Config(format!("recompression level {} is outside zstd's 1..=22", self.level)));
+        }
+        if !(1..=100).contains(&self.cpu_percent) {
+            return Err(StoreError::Config(format!("recompression CPU budget {}% is outside 1..=100", self.cpu_percent)));
+        }
+        if self.dict_samples < 9 {
+            return Err(StoreError::Config(format!("{} dictionary samples are too few (at least 9 pages)", self.dict_samples)));
+        }
+        if self.min_saving_bytes >= PAGE_SIZE {
+            return Err(StoreError::Config(format!(
+                "recompression threshold {} bytes is not below a page ({PAGE_SIZE} bytes)",
+                self.min_saving_bytes
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The default largest readahead window of cache mode (`OriginConfig::readahead_max_bytes`).
@@ -163,6 +244,7 @@ impl Config {
             huge_threshold_bytes: default_huge_threshold_bytes(),
             backing: None,
             origin: None,
+            recompress: None,
         }
     }
 
@@ -195,6 +277,9 @@ impl Config {
                 )));
             }
             o.validate()?;
+        }
+        if let Some(r) = &self.recompress {
+            r.validate()?;
         }
         self.algorithm.check_level(self.level)
     }

@@ -25,10 +25,11 @@
 //!    caller's: a record it wrote is freed by the caller (`Backing::free`), a pool object
 //!    [`Mover::install_in_ram`] made is freed here before it returns.
 //!
-//! Only one mover may hold a MOVING mark at a time: writeback sets it under the maintenance
-//! mutex (`backing/mod.rs`); cache mode and recompression run under that mutex too. Every
-//! `replace` (a request's write or discard) clears the mark, so a page rewritten during a move
-//! is never overwritten by the stale copy.
+//! Each mark has one owner at a time: MOVING is writeback's (under the backing tier's
+//! maintenance mutex, `backing/mod.rs`), RECOMPRESSING recompression's (under its state mutex,
+//! `recompress/`). Every `replace` (a request's write or discard, or another mover's install)
+//! clears both, so a page rewritten during a move is never overwritten by the stale copy, and
+//! of two movers that copied the same page only the first to install succeeds.
 //!
 //! Statistics follow the entries: [`Mover::install`] and the RAM path account the new entry
 //! and un-account the old one in the same step (`stats.rs`).
@@ -37,7 +38,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use crate::backing::Backing;
-use crate::slot::{Entry, Hint, Slot, SlotGuard};
+use crate::compress::Codec;
+use crate::slot::{Entry, Hint, Mark, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zspool::ZsPool;
 use crate::{PAGE, PAGE_SIZE};
@@ -71,9 +73,9 @@ impl Clock {
 /// (slot.rs rule 8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unchanged {
-    /// The copy set MOVING (`copy_out` with `mark`), and no `replace` cleared it since. For RAM
-    /// entries, whose handle a rewrite may get back.
-    Marked,
+    /// The copy set the mover's mark (`copy_out` with `mark`), and no `replace` cleared it
+    /// since. For RAM entries, whose handle a rewrite may get back.
+    Marked(Mark),
     /// The entry is a `BACKING` one whose segment the caller has kept pinned since it read the
     /// entry: its location cannot be reused meanwhile, so an equal entry is the same record.
     Pinned,
@@ -87,6 +89,8 @@ pub(crate) struct Seen {
     pub stored_bytes: usize,
     /// The slot's last access ([`Clock`] ticks).
     pub ac_time: u16,
+    /// Recompression tried the page and kept it as it was.
+    pub rejected: bool,
 }
 
 /// A view of the store for movers; see the module docs for the contract. Cheap to make (a few
@@ -134,6 +138,12 @@ impl<'a> Mover<'a> {
         self.pool.total_pages() * PAGE
     }
 
+    /// Whether background work (recompression) may allocate pool memory now: always, except in
+    /// fault-free mode with fewer than `floor` resident free pages (the I/O path's reserve).
+    pub fn background_may_allocate(&self, floor: u64) -> bool {
+        !self.pool.is_fault_free() || self.pool.resident_free_pages() >= floor
+    }
+
     /// The memory limit in bytes (0: none).
     pub fn mem_limit_bytes(&self) -> u64 {
         self.mem_limit_bytes.load(Relaxed)
@@ -154,24 +164,34 @@ impl<'a> Mover<'a> {
 
     /// Under slot `index`'s lock: if it holds a RAM entry (compressed or raw) and `take`
     /// returns a buffer (of exactly `seen.stored_bytes`) for it, copies the pool bytes there
-    /// and, with `mark`, sets MOVING. Returns the entry copied, to give to [`Mover::install`].
-    pub fn copy_out<'b>(&self, index: u64, mark: bool, take: impl FnOnce(&Seen) -> Option<&'b mut [u8]>) -> Option<Entry> {
+    /// and sets `mark` if given (the caller must own that mark: slot.rs rule 8). Returns the
+    /// entry copied, to give to [`Mover::install`].
+    pub fn copy_out<'b>(&self, index: u64, mark: Option<Mark>, take: impl FnOnce(&Seen) -> Option<&'b mut [u8]>) -> Option<Entry> {
         let mut g = self.slots[index as usize].lock();
         let entry = g.entry();
         let (handle, stored_bytes) = match entry {
-            Entry::Compressed { handle, len } => (handle, len as usize),
+            Entry::Compressed { handle, len, .. } => (handle, len as usize),
             Entry::Huge { handle } => (handle, PAGE_SIZE),
             _ => return None,
         };
-        let seen = Seen { entry, stored_bytes, ac_time: g.ac_time() };
+        let seen = Seen { entry, stored_bytes, ac_time: g.ac_time(), rejected: g.peek_rejected() };
         let out = take(&seen)?;
         // SAFETY: `g` is the owner's slot lock and `handle` its live object (pool contract 1);
         // the length is the object's (`stored_bytes`), checked by the slice index.
         unsafe { self.pool.read(handle, &mut out[..stored_bytes]) };
-        if mark {
-            g.mark_moving();
+        if let Some(m) = mark {
+            g.mark(m);
         }
         Some(entry)
+    }
+
+    /// Recompression kept slot `index`'s page as it was: marks it REJECTED if the slot still
+    /// holds the page recompression copied (its mark), so later scans pass it by.
+    pub fn reject(&self, index: u64) {
+        let mut g = self.slots[index as usize].lock();
+        if g.is_marked(Mark::Recompress) {
+            g.set_rejected();
+        }
     }
 
     /// Slot `index`'s entry, read under its lock (for `BACKING` entries, whose bytes the
@@ -186,7 +206,11 @@ impl<'a> Mover<'a> {
     /// then frees `old`. False if the slot changed: `new` is then still the caller's.
     pub fn install(&self, index: u64, old: Entry, new: Entry, unchanged: Unchanged) -> bool {
         let mut g = self.slots[index as usize].lock();
-        if g.entry() != old || (unchanged == Unchanged::Marked && !g.is_moving()) {
+        let marked = match unchanged {
+            Unchanged::Marked(m) => g.is_marked(m),
+            Unchanged::Pinned => true,
+        };
+        if g.entry() != old || !marked {
             return false;
         }
         g.replace(new);
@@ -196,14 +220,14 @@ impl<'a> Mover<'a> {
         true
     }
 
-    /// Stores `payload` (compressed bytes, or a raw page if it is `PAGE_SIZE` long) as a new
-    /// pool object and installs it in slot `index` as [`Mover::install`] does. False if the
-    /// pool is full or the slot changed (the new object is freed then).
-    pub fn install_in_ram(&self, index: u64, old: Entry, payload: &[u8], unchanged: Unchanged) -> bool {
+    /// Stores `payload` (bytes encoded by `codec`, or a raw page if it is `PAGE_SIZE` long) as
+    /// a new pool object and installs it in slot `index` as [`Mover::install`] does. False if
+    /// the pool is full or the slot changed (the new object is freed then).
+    pub fn install_in_ram(&self, index: u64, old: Entry, payload: &[u8], codec: Codec, unchanged: Unchanged) -> bool {
         let Ok(handle) = self.pool.alloc(payload, index as u32) else { return false };
         let new = match payload.len() {
             PAGE_SIZE => Entry::Huge { handle },
-            len => Entry::Compressed { handle, len: len as u16 },
+            len => Entry::Compressed { handle, len: len as u16, codec },
         };
         if self.install(index, old, new, unchanged) {
             return true;
@@ -219,10 +243,10 @@ impl<'a> Mover<'a> {
     pub fn compact(&self) -> u64 {
         self.pool.compact(&mut |owner, h, mv| {
             let mut g = self.slots[owner as usize].lock();
-            if let Entry::Compressed { handle, len } = g.entry() {
+            if let Entry::Compressed { handle, .. } = g.entry() {
                 if handle == h {
                     if let Some(new) = mv() {
-                        g.replace(Entry::Compressed { handle: new, len });
+                        g.relocate(new);
                     }
                 }
             }
@@ -240,7 +264,7 @@ impl<'a> Mover<'a> {
             // one free of a live object and nobody can reach it any more.
             Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(handle) },
             Entry::Empty | Entry::Same(_) => {}
-            Entry::Backing { loc, len } => self.backing.expect("BACKING entries exist only with a backing device").free(loc, len),
+            Entry::Backing { loc, len, .. } => self.backing.expect("BACKING entries exist only with a backing device").free(loc, len),
         }
     }
 
@@ -251,8 +275,10 @@ impl<'a> Mover<'a> {
         match e {
             Entry::Empty => return,
             Entry::Same(_) => upd(&c.same_pages, 1),
-            Entry::Compressed { len, .. } => {
+            Entry::Compressed { len, codec, .. } => {
                 upd(&c.compr_data_size, len as u64);
+                upd(&c.codec_pages[codec.index()], 1);
+                upd(&c.codec_bytes[codec.index()], len as u64);
                 if len as usize <= PAGE_SIZE / 2 {
                     upd(&c.good_compress, 1);
                 }
@@ -264,9 +290,15 @@ impl<'a> Mover<'a> {
                     Counters::inc(&c.huge_pages_since);
                 }
             }
-            Entry::Backing { len, .. } => {
+            Entry::Backing { len, codec, .. } => {
                 upd(&c.bd_count, 1);
                 upd(&c.bd_bytes, len as u64);
+                // A raw page on the device has no codec; an encoded one keeps its dictionary
+                // in use (`recompress/dict.rs`).
+                if (len as usize) < PAGE_SIZE {
+                    upd(&c.codec_pages[codec.index()], 1);
+                    upd(&c.codec_bytes[codec.index()], len as u64);
+                }
             }
         }
         upd(&c.pages_stored, 1);

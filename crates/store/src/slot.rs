@@ -6,6 +6,14 @@
 //!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING
 //!              bit 59       MOVING      set by writeback when it copies the page out; cleared
 //!                                       by every `replace` (see rule 8)
+//!              bit 58       RECOMPRESSING  set by recompression when it copies the page out;
+//!                                       cleared by every `replace` (see rule 8)
+//!              bit 57       REJECTED    recompression tried this page and kept the old
+//!                                       encoding; cleared by every `replace` (a new page)
+//!              bits 53..=56 codec       how a COMPRESSED or BACKING payload is encoded
+//!                                       (`compress::Codec`: the store's algorithm, the
+//!                                       recompression codec, or it with a dictionary
+//!                                       version); zero for the other kinds
 //!              bits 48..=52 policy      cache mode only (`cache/policy.rs`), zero otherwise:
 //!                                       48..=49 FREQ (0..=3), 50 READAHEAD, 51 GHOST,
 //!                                       52 QUEUED; kept by `replace` (see rule 9)
@@ -44,13 +52,15 @@
 //!    count, taken under the slot lock (`backing::space::Pin`): a segment is reused only when
 //!    it holds no live record and no reader, so a reader that drops the slot lock before its
 //!    `pread` never reads a reused segment.
-//! 8. Movers (writeback, GC, promotion; all through `mover.rs`, whose contract spells this
-//!    out) copy a page out under the lock, work without it, and install the new place only if
-//!    the slot still holds the same page. For a RAM entry,
-//!    "same entry" is not enough (a rewrite may get the freed handle back with the same
-//!    length): writeback sets MOVING when it copies, every `replace` clears it, and install
-//!    requires it. Only a mover under the maintenance mutex sets it (today writeback), so it
-//!    has one owner at a time. For a BACKING entry the location is unique while its segment is pinned, so
+//! 8. Movers (writeback, GC, promotion, recompression; all through `mover.rs`, whose contract
+//!    spells this out) copy a page out under the lock, work without it, and install the new
+//!    place only if the slot still holds the same page. For a RAM entry, "same entry" is not
+//!    enough (a rewrite may get the freed handle back with the same length): the mover sets
+//!    its mark when it copies, every `replace` clears every mark, and install requires the
+//!    mark. There are two marks, each with one owner at a time: MOVING (writeback, under the
+//!    backing tier's maintenance mutex) and RECOMPRESSING (recompression, under its own
+//!    mutex). A page both copied out is installed by at most one of them: the first install
+//!    is a `replace`, which clears the other's mark. For a BACKING entry the location is unique while its segment is pinned, so
 //!    GC and promotion hold a pin on the segment from the copy to the install instead.
 //! 9. The policy bits (cache mode's eviction state) are read and changed only under the slot
 //!    lock, like the entry. `replace` keeps them: whether the slot's index sits in an eviction
@@ -59,6 +69,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
+use crate::compress::Codec;
 use crate::zspool::Handle;
 
 /// Slots are indexed by u32 in pool object headers (the owner back-pointer), top bit reserved.
@@ -71,6 +82,10 @@ const AC_SHIFT: u32 = 32;
 const AC_MASK: u64 = 0xffff << AC_SHIFT;
 const SIZE_MASK: u64 = 0x1fff;
 const MOVING: u64 = 1 << 59;
+const RECOMPRESSING: u64 = 1 << 58;
+const REJECTED: u64 = 1 << 57;
+const CODEC_SHIFT: u32 = 53;
+const CODEC_MASK: u64 = 0xf << CODEC_SHIFT;
 const POLICY_SHIFT: u32 = 48;
 const POLICY_MASK: u64 = 0x1f << POLICY_SHIFT;
 
@@ -87,34 +102,69 @@ pub(crate) enum Entry {
     Empty,
     /// Every 8-byte word of the page equals this value.
     Same(u64),
-    /// A compressed object of `len` bytes in the pool.
-    Compressed { handle: Handle, len: u16 },
+    /// A compressed object of `len` bytes in the pool, encoded by `codec`.
+    Compressed { handle: Handle, len: u16, codec: Codec },
     /// A raw page (did not compress below the huge threshold) in the pool.
     Huge { handle: Handle },
-    /// On the backing device at `loc`, `len` stored bytes (the backing tier interprets both).
-    Backing { loc: u64, len: u16 },
+    /// On the backing device at `loc`, `len` stored bytes (the backing tier interprets both),
+    /// encoded by `codec` unless raw (`len` 4096).
+    Backing { loc: u64, len: u16, codec: Codec },
 }
 
 impl Entry {
+    /// How the entry's payload is encoded: `codec` of a compressed or backing entry, the
+    /// primary codec for the others (whose payload, if any, is a raw page).
+    pub fn codec(self) -> Codec {
+        match self {
+            Entry::Compressed { codec, .. } | Entry::Backing { codec, .. } => codec,
+            _ => Codec::PRIMARY,
+        }
+    }
+
     fn encode(self) -> (u64, u64) {
         match self {
             Entry::Empty => (KIND_EMPTY << KIND_SHIFT, 0),
             Entry::Same(w) => (KIND_SAME << KIND_SHIFT, w),
-            Entry::Compressed { handle, len } => ((KIND_COMPRESSED << KIND_SHIFT) | len as u64, handle.0),
+            Entry::Compressed { handle, len, codec } => {
+                ((KIND_COMPRESSED << KIND_SHIFT) | codec_bits(codec) | len as u64, handle.0)
+            }
             Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE, handle.0),
-            Entry::Backing { loc, len } => ((KIND_BACKING << KIND_SHIFT) | len as u64, loc),
+            Entry::Backing { loc, len, codec } => ((KIND_BACKING << KIND_SHIFT) | codec_bits(codec) | len as u64, loc),
         }
     }
 
     fn decode(meta: u64, data: u64) -> Entry {
         let size = (meta & SIZE_MASK) as u16;
+        let codec = Codec::from_bits(((meta & CODEC_MASK) >> CODEC_SHIFT) as u8);
         match (meta & KIND_MASK) >> KIND_SHIFT {
             KIND_EMPTY => Entry::Empty,
             KIND_SAME => Entry::Same(data),
-            KIND_COMPRESSED => Entry::Compressed { handle: Handle(data), len: size },
+            KIND_COMPRESSED => Entry::Compressed { handle: Handle(data), len: size, codec },
             KIND_HUGE => Entry::Huge { handle: Handle(data) },
-            KIND_BACKING => Entry::Backing { loc: data, len: size },
+            KIND_BACKING => Entry::Backing { loc: data, len: size, codec },
             k => unreachable!("slot kind {k} is never written"),
+        }
+    }
+}
+
+fn codec_bits(codec: Codec) -> u64 {
+    ((codec.bits() as u64) << CODEC_SHIFT) & CODEC_MASK
+}
+
+/// The two movers' marks (rule 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// MOVING: writeback's, under the backing tier's maintenance mutex.
+    Writeback,
+    /// RECOMPRESSING: recompression's, under its own mutex (`recompress/`).
+    Recompress,
+}
+
+impl Mark {
+    fn bit(self) -> u64 {
+        match self {
+            Mark::Writeback => MOVING,
+            Mark::Recompress => RECOMPRESSING,
         }
     }
 }
@@ -148,6 +198,10 @@ pub(crate) struct Hint {
     pub kind: Kind,
     pub ac_time: u16,
     pub size: u16,
+    /// The codec bits (meaningful for COMPRESSED and BACKING).
+    pub codec: Codec,
+    /// Recompression tried this page and kept it as it was.
+    pub rejected: bool,
 }
 
 impl Slot {
@@ -161,7 +215,13 @@ impl Slot {
             KIND_HUGE => Kind::Huge,
             _ => Kind::Backing,
         };
-        Hint { kind, ac_time: ((m & AC_MASK) >> AC_SHIFT) as u16, size: (m & SIZE_MASK) as u16 }
+        Hint {
+            kind,
+            ac_time: ((m & AC_MASK) >> AC_SHIFT) as u16,
+            size: (m & SIZE_MASK) as u16,
+            codec: Codec::from_bits(((m & CODEC_MASK) >> CODEC_SHIFT) as u8),
+            rejected: m & REJECTED != 0,
+        }
     }
 
     /// Takes this slot's lock (rule 1).
@@ -203,14 +263,32 @@ impl SlotGuard<'_> {
         old
     }
 
-    /// Marks the page as being copied out by writeback (rule 8).
-    pub fn mark_moving(&mut self) {
-        self.meta |= MOVING;
+    /// Compaction moved the slot's compressed object to `handle`: only the handle changes.
+    /// The page is the same, so marks, REJECTED and the codec stay (a mover's install still
+    /// fails: its old entry named the old handle).
+    pub fn relocate(&mut self, handle: Handle) {
+        debug_assert!(matches!(self.entry(), Entry::Compressed { .. }));
+        self.slot.data.store(handle.0, Relaxed);
     }
 
-    /// True if nothing replaced the entry since `mark_moving`.
-    pub fn is_moving(&self) -> bool {
-        self.meta & MOVING != 0
+    /// Marks the page as being copied out by the mover that owns `mark` (rule 8).
+    pub fn mark(&mut self, mark: Mark) {
+        self.meta |= mark.bit();
+    }
+
+    /// True if nothing replaced the entry since `mark(mark)`.
+    pub fn is_marked(&self, mark: Mark) -> bool {
+        self.meta & mark.bit() != 0
+    }
+
+    /// Whether recompression kept this page as it was.
+    pub fn peek_rejected(&self) -> bool {
+        self.meta & REJECTED != 0
+    }
+
+    /// Records that recompression kept this page as it was (until the next `replace`).
+    pub fn set_rejected(&mut self) {
+        self.meta |= REJECTED;
     }
 
     /// Records an access at `tick`.
@@ -249,9 +327,11 @@ mod tests {
         let cases = [
             Entry::Empty,
             Entry::Same(0xdead_beef_0000_0001),
-            Entry::Compressed { handle: Handle((1 << 52) | 77), len: 3071 },
+            Entry::Compressed { handle: Handle((1 << 52) | 77), len: 3071, codec: Codec::PRIMARY },
+            Entry::Compressed { handle: Handle(5), len: 17, codec: Codec::with_dict(Codec::DICT_VERSIONS - 1) },
             Entry::Huge { handle: Handle(42) },
-            Entry::Backing { loc: u64::MAX >> 1, len: 4096 },
+            Entry::Backing { loc: u64::MAX >> 1, len: 4096, codec: Codec::PRIMARY },
+            Entry::Backing { loc: 7, len: 1000, codec: Codec::STRONG },
         ];
         for e in cases {
             let mut g = s.lock();
@@ -279,17 +359,23 @@ mod tests {
     }
 
     #[test]
-    fn the_moving_mark_survives_touch_and_dies_with_replace() {
+    fn marks_survive_touch_and_die_with_replace() {
         let s = Slot::default();
         let mut g = s.lock();
-        g.replace(Entry::Compressed { handle: Handle(9), len: 100 });
-        g.mark_moving();
+        let e = Entry::Compressed { handle: Handle(9), len: 100, codec: Codec::PRIMARY };
+        g.replace(e);
+        g.mark(Mark::Writeback);
+        g.mark(Mark::Recompress);
+        g.set_rejected();
         g.touch(7);
         drop(g);
+        let hint = s.peek();
+        assert!(hint.rejected && hint.codec == Codec::PRIMARY);
         let mut g = s.lock();
-        assert!(g.is_moving() && g.entry() == Entry::Compressed { handle: Handle(9), len: 100 });
-        g.replace(Entry::Compressed { handle: Handle(9), len: 100 });
-        assert!(!g.is_moving(), "a rewrite with the same handle and length is still a rewrite");
+        assert!(g.is_marked(Mark::Writeback) && g.is_marked(Mark::Recompress) && g.entry() == e);
+        g.replace(e);
+        assert!(!g.is_marked(Mark::Writeback), "a rewrite with the same handle and length is still a rewrite");
+        assert!(!g.is_marked(Mark::Recompress) && !g.peek_rejected());
     }
 
     #[test]

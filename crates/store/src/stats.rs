@@ -10,6 +10,9 @@
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::compress::Codec;
+use crate::recompress::dict::DictsSummary;
+use crate::recompress::RecompressCounters;
 use crate::PAGE;
 
 /// Live counters, owned by the store.
@@ -51,6 +54,11 @@ pub(crate) struct Counters {
     pub readahead_pages: AtomicU64,
     pub readahead_used: AtomicU64,
     pub readahead_wasted: AtomicU64,
+    /// Pages (RAM and backing device) encoded by each codec, and their stored bytes, indexed
+    /// by `Codec::index` (raw and same-filled pages excluded). A dictionary codec's count is
+    /// what keeps that dictionary alive (`recompress/dict.rs`).
+    pub codec_pages: [AtomicU64; Codec::COUNT],
+    pub codec_bytes: [AtomicU64; Codec::COUNT],
 }
 
 /// The backing tier's own counters (in `Backing`, which exists only with a device).
@@ -77,6 +85,13 @@ pub(crate) struct Gauges<'a> {
     pub reserve_free_pages: u64,
     pub slot_table_bytes: u64,
     pub backing: Option<BackingGauges<'a>>,
+    pub recompress: Option<RecompressGauges<'a>>,
+}
+
+/// Recompression's part of [`Gauges`].
+pub(crate) struct RecompressGauges<'a> {
+    pub counters: &'a RecompressCounters,
+    pub dicts: DictsSummary,
 }
 
 /// The backing tier's part of [`Gauges`].
@@ -102,6 +117,10 @@ impl Counters {
         let (bd_size_bytes, bd_space_bytes) = gauges.backing.as_ref().map_or((0, 0), |b| (b.size_bytes, b.space_bytes));
         let bd = gauges.backing.as_ref().map(|b| b.counters);
         let bdc = |f: fn(&BackingCounters) -> &AtomicU64| bd.map_or(0, |c| g(f(c)));
+        let rc = gauges.recompress.as_ref().map(|r| r.counters);
+        let rcc = |f: fn(&RecompressCounters) -> &AtomicU64| rc.map_or(0, |c| g(f(c)));
+        let dicts = gauges.recompress.as_ref().map_or(DictsSummary::default(), |r| r.dicts);
+        let codec_sum = |f: fn(&Counters) -> &[AtomicU64; Codec::COUNT], from: usize| f(c)[from..].iter().map(g).sum::<u64>();
         Stats {
             disksize: gauges.disksize,
             comp_algorithm: gauges.comp_algorithm.to_string(),
@@ -143,6 +162,23 @@ impl Counters {
             readahead_pages: g(&c.readahead_pages),
             readahead_used: g(&c.readahead_used),
             readahead_wasted: g(&c.readahead_wasted),
+            recomp_pages: codec_sum(|c| &c.codec_pages, Codec::STRONG.index()),
+            recomp_bytes: codec_sum(|c| &c.codec_bytes, Codec::STRONG.index()),
+            recomp_dict_pages: codec_sum(|c| &c.codec_pages, Codec::with_dict(0).index()),
+            recomp_dict_bytes: codec_sum(|c| &c.codec_bytes, Codec::with_dict(0).index()),
+            recompress_done: rcc(|c| &c.done),
+            recompress_rejected: rcc(|c| &c.rejected),
+            recompress_raced: rcc(|c| &c.raced),
+            recompress_saved_bytes: rcc(|c| &c.saved_bytes),
+            recompress_cpu_ms: rcc(|c| &c.cpu_ns) / 1_000_000,
+            recompress_busy_skips: rcc(|c| &c.busy_skips),
+            dict_version: rcc(|c| &c.dict_version),
+            dict_gain_permille: rcc(|c| &c.dict_gain_permille),
+            dict_measured_permille: rcc(|c| &c.dict_measured_permille),
+            dicts_installed: rcc(|c| &c.dicts_installed),
+            dicts_refused: rcc(|c| &c.dicts_refused),
+            dicts_live: dicts.live,
+            dicts_bytes: dicts.bytes,
             num_reads: g(&c.num_reads),
             num_writes: g(&c.num_writes),
             pages_stored: stored,
@@ -265,6 +301,42 @@ pub struct Stats {
     /// Read-ahead pages evicted or dropped before any read hit them.
     pub readahead_wasted: u64,
 
+    // --- recompression (`docs/store.md`, "Recompression"); all zero when it is off
+    /// Pages (in RAM or on the backing device) encoded by the recompression codec, with or
+    /// without a dictionary; the rest of the compressed pages use `comp_algorithm`.
+    pub recomp_pages: u64,
+    /// Their stored bytes (included in `compr_data_size` for those in RAM).
+    pub recomp_bytes: u64,
+    /// Of `recomp_pages`, those encoded with a dictionary, and their bytes.
+    pub recomp_dict_pages: u64,
+    pub recomp_dict_bytes: u64,
+    /// Pages recompressed and installed since the device was created.
+    pub recompress_done: u64,
+    /// Pages recompressed but kept as they were (they did not save the threshold).
+    pub recompress_rejected: u64,
+    /// Pages rewritten or moved while being recompressed (the result was dropped).
+    pub recompress_raced: u64,
+    /// Bytes saved by recompression (stored size before minus after), summed over installs.
+    pub recompress_saved_bytes: u64,
+    /// CPU time recompression and dictionary training used.
+    pub recompress_cpu_ms: u64,
+    /// Recompression steps skipped because the device was busy.
+    pub recompress_busy_skips: u64,
+    /// The dictionary version new recompressions use (0: none).
+    pub dict_version: u64,
+    /// Its gain when it was made: bytes saved per 1000 against the same codec without it, on
+    /// pages it was not trained on.
+    pub dict_gain_permille: u64,
+    /// Its gain measured since, on pages recompressed with it (0 until measured); a new
+    /// dictionary is trained when this falls under half of `dict_gain_permille`.
+    pub dict_measured_permille: u64,
+    /// Dictionaries installed (trained or given) and trained but refused (too little gain).
+    pub dicts_installed: u64,
+    pub dicts_refused: u64,
+    /// Dictionary versions held now (used by pages, or current), and their bytes.
+    pub dicts_live: u64,
+    pub dicts_bytes: u64,
+
     // --- request counters (the block layer's `stat`), in pages
     pub num_reads: u64,
     pub num_writes: u64,
@@ -292,6 +364,11 @@ pub enum Unit {
     Pages,
     Requests,
     Percent,
+    /// Parts per thousand.
+    Permille,
+    Milliseconds,
+    /// A plain count or number (a version).
+    Number,
     /// A name (the algorithm).
     Text,
 }
@@ -304,7 +381,9 @@ impl Unit {
             Unit::Pages => "pages",
             Unit::Requests => "requests",
             Unit::Percent => "%",
-            Unit::Text => "",
+            Unit::Permille => "‰",
+            Unit::Milliseconds => "ms",
+            Unit::Number | Unit::Text => "",
         }
     }
 }
@@ -352,6 +431,23 @@ pub const UNITS: &[(&str, Unit)] = &[
     ("readahead_pages", Unit::Pages),
     ("readahead_used", Unit::Pages),
     ("readahead_wasted", Unit::Pages),
+    ("recomp_pages", Unit::Pages),
+    ("recomp_bytes", Unit::Bytes),
+    ("recomp_dict_pages", Unit::Pages),
+    ("recomp_dict_bytes", Unit::Bytes),
+    ("recompress_done", Unit::Pages),
+    ("recompress_rejected", Unit::Pages),
+    ("recompress_raced", Unit::Pages),
+    ("recompress_saved_bytes", Unit::Bytes),
+    ("recompress_cpu_ms", Unit::Milliseconds),
+    ("recompress_busy_skips", Unit::Number),
+    ("dict_version", Unit::Number),
+    ("dict_gain_permille", Unit::Permille),
+    ("dict_measured_permille", Unit::Permille),
+    ("dicts_installed", Unit::Number),
+    ("dicts_refused", Unit::Number),
+    ("dicts_live", Unit::Number),
+    ("dicts_bytes", Unit::Bytes),
     ("num_reads", Unit::Pages),
     ("num_writes", Unit::Pages),
     ("pages_stored", Unit::Pages),

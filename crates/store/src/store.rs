@@ -20,6 +20,7 @@
 //! backing tier gets a [`Mover`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backing::log::HEADER as RECORD_HEADER;
@@ -27,12 +28,15 @@ use crate::backing::read::{self, Pending, PendingList, MAX_RUN_BYTES, READ_CHUNK
 use crate::backing::{self, resident_bytes, Backing, BackingDevice, GcReport, MaintenanceReport, ReadBuf};
 use crate::backing::{WritebackBudget, WritebackReport};
 use crate::cache::{AlignedBuf, Cache, FileOrigin, OriginDevice};
-use crate::compress::{Backend, BackendContext, MAX_COMPRESSED_BYTES};
+use crate::compress::strong::StrongDecoder;
+use crate::compress::{Backend, BackendContext, Codec, MAX_COMPRESSED_BYTES};
 use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES, ORIGIN_WITH_BACKING};
 use crate::error::StoreError;
 use crate::mover::{Clock, Mover};
+use crate::recompress::dict::Dict;
+use crate::recompress::{RecompressReport, Recompressor};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
-use crate::stats::{BackingGauges, Counters, Gauges, Stats};
+use crate::stats::{BackingGauges, Counters, Gauges, RecompressGauges, Stats};
 use crate::zeroed::ZeroedSlice;
 use crate::zspool::{PoolFull, ZsPool};
 use crate::{PAGE, PAGE_SIZE};
@@ -55,12 +59,16 @@ pub struct Store {
     backing: Option<Backing>,
     /// Cache mode: the origin and the cache's own state (`cache/`).
     cache: Option<Cache>,
+    /// Background recompression and its dictionaries (`recompress/`); `None` when off.
+    pub(crate) recomp: Option<Recompressor>,
 }
 
 /// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
 /// for compression and does not allocate. Not shared: one per thread.
 pub struct Context {
     pub(crate) comp: Box<dyn BackendContext>,
+    /// Decodes pages recompression re-encoded (`compress/strong.rs`).
+    pub(crate) strong: StrongDecoder,
     pub(crate) cbuf: Box<[u8]>,
     pub(crate) page: Box<[u8]>,
     /// A backing record being written: header, then payload.
@@ -77,8 +85,9 @@ pub struct Context {
 /// What `fetch` left to do after releasing the slot lock.
 pub(crate) enum Fetched<'a> {
     Done,
-    /// `ctx.cbuf[..len]` holds compressed bytes to decompress into the output.
-    Compressed(usize),
+    /// `ctx.cbuf[..len]` holds bytes encoded by `codec` to decode into the output, with
+    /// `dict` if the codec needs one (taken under the slot lock: `recompress/dict.rs`).
+    Compressed { len: usize, codec: Codec, dict: Option<Arc<Dict>> },
     /// The page is a record on the backing device, its segment pinned: for `backing::read`.
     Backing(Pending<'a>),
 }
@@ -151,6 +160,15 @@ impl Store {
         let capacity = (num_pages * 2 + 16384).min(u32::MAX as u64 - 3) as u32;
         let limit_pages = cfg.mem_limit_bytes.div_ceil(PAGE);
         let pool = ZsPool::new(capacity, limit_pages).map_err(|e| os("pool address space", e))?;
+        let recomp = match &cfg.recompress {
+            Some(r) => Some(Recompressor::new(r.clone()).map_err(|e| {
+                if let Some(b) = &backing {
+                    b.abandon();
+                }
+                StoreError::Config(e)
+            })?),
+            None => None,
+        };
         Ok(Store {
             slots,
             pool,
@@ -162,6 +180,7 @@ impl Store {
             reserve_wait_us: AtomicU64::new(0),
             backing,
             cache,
+            recomp,
             cfg,
         })
     }
@@ -183,6 +202,7 @@ impl Store {
     pub fn context(&self) -> Context {
         Context {
             comp: self.backend.new_context(),
+            strong: StrongDecoder::new(),
             cbuf: resident_bytes(MAX_COMPRESSED_BYTES).into_boxed_slice(),
             page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
             rec: resident_bytes(RECORD_HEADER + PAGE_SIZE).into_boxed_slice(),
@@ -542,7 +562,7 @@ impl Store {
         let owner = index as u32;
         let clen = ctx.comp.compress(page, &mut ctx.cbuf).filter(|&n| n <= self.cfg.huge_threshold_bytes && n < PAGE_SIZE - 8);
         let r = match clen {
-            Some(n) => self.pool.alloc(&ctx.cbuf[..n], owner).map(|handle| Entry::Compressed { handle, len: n as u16 }),
+            Some(n) => self.pool.alloc(&ctx.cbuf[..n], owner).map(|handle| Entry::Compressed { handle, len: n as u16, codec: Codec::PRIMARY }),
             None if self.backing.as_ref().is_some_and(|b| b.cfg.incompressible) => {
                 return self.overflow(&mut ctx.rec, index, page);
             }
@@ -571,7 +591,7 @@ impl Store {
         let loc = b.write_record(index, rec)?;
         Counters::inc(&self.counters.bd_writes);
         Counters::inc(&b.ctr.overflow_pages);
-        Ok(Entry::Backing { loc, len: payload.len() as u16 })
+        Ok(Entry::Backing { loc, len: payload.len() as u16, codec: Codec::PRIMARY })
     }
 
     /// Copies what slot `g` (slot `index`, last accessed at `last_access`) holds into `out`,
@@ -581,18 +601,19 @@ impl Store {
         match g.entry() {
             Entry::Empty => out.fill(0),
             Entry::Same(w) => out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&w.to_ne_bytes())),
-            Entry::Compressed { handle, len } => {
+            Entry::Compressed { handle, len, codec } => {
                 // SAFETY: we hold the owner's slot lock and the handle is the slot's live object.
                 unsafe { self.pool.read(handle, &mut ctx.cbuf[..len as usize]) };
-                return Fetched::Compressed(len as usize);
+                return Fetched::Compressed { len: len as usize, codec, dict: self.dict_of(codec) };
             }
             // SAFETY: as above.
             Entry::Huge { handle } => unsafe { self.pool.read(handle, out) },
-            Entry::Backing { loc, len } => {
+            Entry::Backing { loc, len, codec } => {
                 // Under the slot lock the record is live, so its segment cannot be reused
                 // before the pin is dropped (slot.rs rule 7).
                 let pin = self.backing().space.pin(loc);
-                return Fetched::Backing(Pending { index, loc, len, last_access, pin });
+                let dict = self.dict_of(codec);
+                return Fetched::Backing(Pending { index, loc, len, codec, dict, last_access, pin });
             }
         }
         Fetched::Done
@@ -602,9 +623,20 @@ impl Store {
     pub(crate) fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
         match fetched {
             Fetched::Done => Ok(()),
-            Fetched::Compressed(len) => ctx.comp.decompress(&ctx.cbuf[..len], out).map_err(|reason| StoreError::Corrupt { index, reason }),
+            Fetched::Compressed { len, codec, dict } => {
+                crate::compress::decode(&mut *ctx.comp, &mut ctx.strong, codec, dict.as_deref(), &ctx.cbuf[..len], out)
+                    .map_err(|reason| StoreError::Corrupt { index, reason })
+            }
             Fetched::Backing(_) => unreachable!("pages on the backing device are read by backing::read"),
         }
+    }
+
+    /// The dictionary a page of `codec` needs, for a reader holding the page's slot lock (so
+    /// that the dictionary is in its table place: `recompress/dict.rs`). `None` for the other
+    /// codecs: the common case costs one comparison.
+    fn dict_of(&self, codec: Codec) -> Option<Arc<Dict>> {
+        let place = codec.dict()?;
+        self.recomp.as_ref()?.dicts.get(place)
     }
 
     /// Statistics and freeing after a request replaced a slot's entry `old` with `new`.
@@ -664,12 +696,44 @@ impl Store {
     /// In cache mode (no backing device) it compacts the pool when compaction can give pages
     /// back: evictions free objects all over the zspages, and only compaction turns those
     /// holes into free pages (`docs/cache.md`).
+    ///
+    /// With recompression on, it then runs a recompression step within its CPU budget
+    /// ([`Store::recompress`]).
     pub fn maintain(&self, elapsed: Duration) -> MaintenanceReport {
         if self.cache.is_some() && self.pool.compactable_pages() > 0 {
             self.compact();
         }
-        let Some(b) = &self.backing else { return MaintenanceReport::default() };
-        backing::maintain(&self.mover(), b, elapsed)
+        let mut rep = match &self.backing {
+            Some(b) => backing::maintain(&self.mover(), b, elapsed),
+            None => MaintenanceReport::default(),
+        };
+        if let Some(r) = &self.recomp {
+            rep.recompress = crate::recompress::step(&self.mover(), r, elapsed, None, || self.context());
+            if rep.recompress.done > 0 && self.pool.compactable_pages() > 0 {
+                self.compact();
+            }
+        }
+        rep
+    }
+
+    /// Whether background recompression is configured ([`crate::RecompressConfig`]).
+    pub fn recompresses(&self) -> bool {
+        self.recomp.is_some()
+    }
+
+    /// Runs recompression now, busy or not, for up to `cpu` of this thread's CPU time
+    /// (`maintain` runs it within the configured budget instead). Pages must still be idle
+    /// for the configured age. Does nothing when recompression is off, or when another thread
+    /// is recompressing right now. Compacts the pool afterwards, so that `mem_used_total`
+    /// shows the saving.
+    pub fn recompress(&self, cpu: Duration) -> RecompressReport {
+        let Some(r) = &self.recomp else { return RecompressReport::default() };
+        let ns = cpu.as_nanos().min(i64::MAX as u128) as i64;
+        let rep = crate::recompress::step(&self.mover(), r, Duration::ZERO, Some(ns), || self.context());
+        if rep.done > 0 {
+            self.compact();
+        }
+        rep
     }
 
     /// Makes up to `pages` pool pages resident now and keeps them free for the I/O path: a
@@ -740,6 +804,7 @@ impl Store {
             reserve_free_pages: self.pool.resident_free_pages(),
             slot_table_bytes: self.slots.bytes() as u64,
             backing,
+            recompress: self.recomp.as_ref().map(|r| RecompressGauges { counters: &r.ctr, dicts: r.dicts.summary() }),
         })
     }
 }

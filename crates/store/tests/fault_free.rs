@@ -11,7 +11,7 @@ mod common;
 
 use common::{write_until_error, xorshift, PAGE};
 use compcache_store::testing::TempDir;
-use compcache_store::{BackingConfig, Config, FileDevice, Store, StoreError, WritebackBudget};
+use compcache_store::{BackingConfig, Config, DictSource, FileDevice, RecompressConfig, Store, StoreError, WritebackBudget};
 use std::sync::Arc;
 
 /// Page faults this thread has taken so far (minor and major).
@@ -44,9 +44,30 @@ fn touch_stack() {
 
 #[test]
 fn the_io_path_takes_no_page_fault_once_the_reserve_is_prefaulted() {
+    ram_io_path_faults(Config::with_disksize(RAM_PAGES * PAGE as u64), false);
+}
+
+/// The same with recompression running on another thread all along (re-encoding pages,
+/// training and installing dictionaries): the I/O thread decodes recompressed pages and still
+/// faults nothing.
+#[test]
+fn recompression_in_the_background_adds_no_page_fault() {
+    // An administrator's dictionary (installed whatever its gain), so that the reads decode
+    // pages with one.
+    let dir = TempDir::new("fault-free-dict");
+    let dict = dir.path().join("pages.dict");
+    let samples: Vec<Vec<u8>> = (0..300).map(|i| page_of(i + RAM_PAGES, 1, (i * 13 % 3000) as usize)).collect();
+    std::fs::write(&dict, zstd::dict::from_samples(&samples, 16 << 10).unwrap()).unwrap();
+    let rc = RecompressConfig { idle_secs: 0, min_saving_bytes: 1, dict: DictSource::File(dict), ..RecompressConfig::default() };
+    ram_io_path_faults(Config { recompress: Some(rc), ..Config::with_disksize(RAM_PAGES * PAGE as u64) }, true);
+}
+
+const RAM_PAGES: u64 = 8192;
+
+fn ram_io_path_faults(cfg: Config, recompress: bool) {
     const RESERVE_PAGES: u64 = 3000;
-    const PAGES: u64 = 8192;
-    let store = Store::new(Config::with_disksize(PAGES * PAGE as u64)).unwrap();
+    const PAGES: u64 = RAM_PAGES;
+    let store = Arc::new(Store::new(cfg).unwrap());
     let mut ctx = store.context();
     // What a swap server does before it starts: slot table resident (a write and a discard
     // touch each slot's entry), reserve filled, fault-free on.
@@ -63,10 +84,29 @@ fn the_io_path_takes_no_page_fault_once_the_reserve_is_prefaulted() {
     let sizes = |i: u64| ((i * 2654435761) % 4000) as usize;
     let data: Vec<Vec<u8>> = (0..PAGES).map(|i| page_of(i, 1, sizes(i))).collect();
     let again: Vec<Vec<u8>> = (0..PAGES).map(|i| page_of(i, 2, sizes(i + 7))).collect();
-    // Warm this thread's stack and the context's buffers on a page outside the test.
-    store.write_page(&mut ctx, PAGES - 1, &data[0]).unwrap();
+    // Warm this thread's stack and the context's buffers on a page outside the test (with
+    // recompression: also its decoders, on a page recompressed with and without dictionary).
+    store.write_page(&mut ctx, PAGES - 1, &data[3]).unwrap();
+    if recompress {
+        store.recompress(std::time::Duration::from_secs(1));
+        assert_eq!(store.stats().recomp_dict_pages, 1, "the page is recompressed with the dictionary: {:?}", store.stats());
+        store.read_page(&mut ctx, PAGES - 1, &mut page).unwrap();
+    }
     store.read_page(&mut ctx, PAGES - 1, &mut page).unwrap();
     store.discard_page(PAGES - 1);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = recompress.then(|| {
+        let (store, stop) = (Arc::clone(&store), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                store.recompress(std::time::Duration::from_millis(5));
+                rounds += 1;
+            }
+            rounds
+        })
+    });
 
     touch_stack();
     let before = thread_faults();
@@ -94,6 +134,11 @@ fn the_io_path_takes_no_page_fault_once_the_reserve_is_prefaulted() {
         }
     }
     let faults = thread_faults() - before;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(bg) = background {
+        assert!(bg.join().unwrap() > 0);
+        assert!(store.stats().recompress_done > 0, "{:?}", store.stats());
+    }
 
     assert!(stored > 1000 && refused > 0, "the reserve should take some pages and refuse the rest: stored {stored}, refused {refused}");
     assert!(good > 1000, "pages read back: {good}");

@@ -8,7 +8,7 @@ use super::log::BatchError;
 use super::{Backing, Maint};
 use crate::error::StoreError;
 use crate::mover::{Mover, Unchanged};
-use crate::slot::Entry;
+use crate::slot::{Entry, Mark};
 use crate::stats::Counters;
 
 /// What a batch is for: its pages are counted differently, and installed under a different
@@ -58,11 +58,11 @@ pub(super) fn flush_batch(mv: &Mover<'_>, b: &Backing, m: &mut Maint, purpose: P
             f.full = full;
             f.writes = writes;
             let unchanged = match purpose {
-                Purpose::Writeback => Unchanged::Marked,
+                Purpose::Writeback => Unchanged::Marked(Mark::Writeback),
                 Purpose::Gc => Unchanged::Pinned,
             };
             for it in &batch.items {
-                if mv.install(it.index, it.old, Entry::Backing { loc: it.loc, len: it.len }, unchanged) {
+                if mv.install(it.index, it.old, Entry::Backing { loc: it.loc, len: it.len, codec: it.old.codec() }, unchanged) {
                     f.installed += 1;
                     f.bytes += it.len as u64;
                 } else {

@@ -104,7 +104,7 @@ fn collect(mv: &Mover<'_>, b: &Backing, m: &mut Maint, victims: &[u32], rep: &mu
         if h.kind != Kind::Backing {
             continue;
         }
-        let Entry::Backing { loc, len } = mv.entry(index) else { continue };
+        let Entry::Backing { loc, len, codec } = mv.entry(index) else { continue };
         let seg = sp.seg_of(loc);
         let Some(k) = victims.iter().position(|&v| v == seg) else { continue };
         if !readable[k] {
@@ -117,7 +117,7 @@ fn collect(mv: &Mover<'_>, b: &Backing, m: &mut Maint, victims: &[u32], rep: &mu
         let rec = &mut image[off..off + HEADER + len as usize];
         let poison = b.run.open(gen, loc, index, rec).is_err();
         rep.corrupt += poison as u64;
-        m.batch.push(index, Entry::Backing { loc, len }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
+        m.batch.push(index, Entry::Backing { loc, len, codec }, len as usize, poison).copy_from_slice(&rec[HEADER..]);
         if m.batch.is_full() && !gc_batch(mv, b, m, rep) {
             return;
         }

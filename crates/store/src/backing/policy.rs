@@ -30,7 +30,7 @@ use super::space::GC_RESERVE_SEGMENTS;
 use super::{Backing, Maint};
 use crate::error::StoreError;
 use crate::mover::{Mover, Unchanged};
-use crate::slot::Kind;
+use crate::slot::{Kind, Mark};
 use crate::PAGE_SIZE;
 
 /// A page read again within this many ticks (seconds) of its last access is promoted.
@@ -157,7 +157,7 @@ fn write_back_coldest(mv: &Mover<'_>, b: &Backing, m: &mut Maint, want: u64, min
         }
         // Decided again under the slot lock, where the page is copied and marked.
         let batch = &mut m.batch;
-        let taken = mv.copy_out(index, true, |seen| {
+        let taken = mv.copy_out(index, Some(Mark::Writeback), |seen| {
             let age = mv.age(now, seen.ac_time);
             let old_enough = age >= min_age && age_bucket(age) >= cut;
             old_enough.then(|| batch.push(index, seen.entry, seen.stored_bytes, false))
@@ -210,7 +210,7 @@ pub(crate) fn maybe_promote(mv: &Mover<'_>, b: &Backing, p: &Pending<'_>, payloa
     if limit != 0 && mv.pool_bytes() + payload.len() as u64 > room {
         return;
     }
-    if mv.install_in_ram(p.index, p.entry(), payload, Unchanged::Pinned) {
+    if mv.install_in_ram(p.index, p.entry(), payload, p.codec, Unchanged::Pinned) {
         crate::stats::Counters::inc(&b.ctr.promoted_pages);
     }
 }

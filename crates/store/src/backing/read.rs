@@ -11,12 +11,15 @@
 //! replaced by another in the same place before promotion installs (slot.rs rule 8).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::log::HEADER;
 use super::policy::maybe_promote;
 use super::space::Pin;
 use super::Backing;
-use crate::compress::BackendContext;
+use crate::compress::strong::StrongDecoder;
+use crate::compress::{BackendContext, Codec};
+use crate::recompress::dict::Dict;
 use crate::error::StoreError;
 use crate::mover::Mover;
 use crate::slot::Entry;
@@ -37,6 +40,10 @@ pub(crate) struct Pending<'a> {
     pub loc: u64,
     /// Payload bytes of the record (compressed length, or `PAGE_SIZE` for a raw page).
     pub len: u16,
+    /// How the payload is encoded, and the dictionary it needs (taken under the slot lock,
+    /// `recompress/dict.rs`).
+    pub codec: Codec,
+    pub dict: Option<Arc<Dict>>,
     /// The slot's access time before this read touched it (promotion compares against it).
     pub last_access: u16,
     /// Keeps the record's segment from reuse until the read and any promotion are done.
@@ -47,7 +54,7 @@ pub(crate) struct Pending<'a> {
 impl Pending<'_> {
     /// The slot entry the page had (what promotion installs over, if it is still there).
     pub fn entry(&self) -> Entry {
-        Entry::Backing { loc: self.loc, len: self.len }
+        Entry::Backing { loc: self.loc, len: self.len, codec: self.codec }
     }
 
     fn record_bytes(&self) -> u64 {
@@ -62,7 +69,7 @@ pub(crate) fn read_one(mv: &Mover<'_>, b: &Backing, ctx: &mut Context, p: &Pendi
     let len = p.len as usize;
     b.read_record(p.index, p.loc, &mut ctx.cbuf[..HEADER + len], &mut ctx.read)?;
     Counters::inc(&mv.counters().bd_reads);
-    decode(&mut *ctx.comp, p.index, &ctx.cbuf[HEADER..HEADER + len], out)
+    decode(&mut *ctx.comp, &mut ctx.strong, p, &ctx.cbuf[HEADER..HEADER + len], out)
 }
 
 /// [`read_one`], then promotion; the pin is released when both are done. For a whole-page
@@ -79,13 +86,13 @@ pub(crate) fn read_one_and_promote(
     Ok(())
 }
 
-/// A record's payload into a page: a raw page is copied, anything shorter decompressed.
-fn decode(comp: &mut dyn BackendContext, index: u64, payload: &[u8], out: &mut [u8]) -> Result<(), StoreError> {
+/// A record's payload into a page: a raw page is copied, anything shorter decoded by its codec.
+fn decode(comp: &mut dyn BackendContext, strong: &mut StrongDecoder, p: &Pending<'_>, payload: &[u8], out: &mut [u8]) -> Result<(), StoreError> {
     if payload.len() == PAGE_SIZE {
         out.copy_from_slice(payload);
         Ok(())
     } else {
-        comp.decompress(payload, out).map_err(|reason| StoreError::Corrupt { index, reason })
+        crate::compress::decode(comp, strong, p.codec, p.dict.as_deref(), payload, out).map_err(|reason| StoreError::Corrupt { index: p.index, reason })
     }
 }
 
@@ -195,7 +202,7 @@ pub(crate) fn read_pending(
             Counters::inc(&mv.counters().bd_reads);
             let payload = &rec[HEADER..];
             let page = &mut out[(p.index - first) as usize * PAGE_SIZE..][..PAGE_SIZE];
-            if let Err(e) = decode(&mut *ctx.comp, p.index, payload, page) {
+            if let Err(e) = decode(&mut *ctx.comp, &mut ctx.strong, p, payload, page) {
                 fail(e);
                 continue;
             }

@@ -46,6 +46,7 @@ mod stripes;
 
 pub use origin::{origin_size, AlignedBuf, FileOrigin, OriginDevice};
 
+use crate::compress::Codec;
 use crate::error::StoreError;
 use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::Counters;
@@ -273,7 +274,7 @@ impl Cache {
         };
         let handle = self.alloc_evicting(s, payload, index)?;
         Some(match clen {
-            Some(n) => Entry::Compressed { handle, len: n as u16 },
+            Some(n) => Entry::Compressed { handle, len: n as u16, codec: Codec::PRIMARY },
             None => Entry::Huge { handle },
         })
     }

@@ -3,6 +3,7 @@
 //! its scratch state, so compression takes no lock. Backends are one small file each.
 
 mod lz4;
+pub(crate) mod strong;
 mod zstd;
 
 use crate::error::StoreError;
@@ -68,6 +69,49 @@ impl FromStr for Algorithm {
     }
 }
 
+/// How a stored payload is encoded, as its slot records it (4 bits, `slot.rs`): with the
+/// store's own algorithm ([`Codec::PRIMARY`], what every write uses), with the recompression
+/// codec (zstd at the recompression level, [`Codec::STRONG`]), or with that codec and one of
+/// [`Codec::DICT_VERSIONS`] dictionary versions (`recompress/dict.rs`). Raw and same-filled
+/// pages are slot kinds of their own and have no codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct Codec(u8);
+
+impl Codec {
+    pub const PRIMARY: Codec = Codec(0);
+    pub const STRONG: Codec = Codec(1);
+    /// Dictionary versions that can be in use at once.
+    pub const DICT_VERSIONS: usize = 14;
+    /// Every codec value.
+    pub const COUNT: usize = 2 + Codec::DICT_VERSIONS;
+
+    /// The recompression codec with the dictionary in table place `version`.
+    pub fn with_dict(version: usize) -> Codec {
+        assert!(version < Codec::DICT_VERSIONS, "dictionary place {version} out of range");
+        Codec(2 + version as u8)
+    }
+
+    /// The dictionary's table place, for a dictionary codec.
+    pub fn dict(self) -> Option<usize> {
+        (self.0 >= 2).then(|| (self.0 - 2) as usize)
+    }
+
+    /// The 4 bits a slot keeps.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The codec from a slot's 4 bits.
+    pub fn from_bits(bits: u8) -> Codec {
+        Codec(bits & 0xf)
+    }
+
+    /// An index for per-codec tables (`0..COUNT`).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
 /// Immutable, shared compressor parameters. One per store.
 pub trait Backend: Send + Sync {
     /// The algorithm's name.
@@ -86,6 +130,28 @@ pub trait BackendContext: Send {
     /// Decompresses `src`, which must yield exactly `dst.len()` bytes. Any other outcome is
     /// an error message (the store turns it into [`StoreError::Corrupt`]).
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), String>;
+}
+
+/// Decodes `src`, encoded by `codec`, into `out` (which it must fill exactly): the store's own
+/// algorithm through the worker's `primary` context, the recompression codecs through its
+/// `strong` decoder with `dict` (which a dictionary codec needs: the reader took it under the
+/// slot lock). Any failure is a message for [`StoreError::Corrupt`]: never wrong data.
+pub(crate) fn decode(
+    primary: &mut dyn BackendContext,
+    strong: &mut strong::StrongDecoder,
+    codec: Codec,
+    dict: Option<&crate::recompress::dict::Dict>,
+    src: &[u8],
+    out: &mut [u8],
+) -> Result<(), String> {
+    if codec == Codec::PRIMARY {
+        return primary.decompress(src, out);
+    }
+    match (codec.dict(), dict) {
+        (None, _) => strong.decompress(src, out, None),
+        (Some(_), Some(d)) => strong.decompress(src, out, Some(&d.ddict)),
+        (Some(place), None) => Err(format!("the page needs dictionary place {place}, which holds none")),
+    }
 }
 
 /// Room for the worst-case expansion of one page by any backend.

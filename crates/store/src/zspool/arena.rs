@@ -261,6 +261,10 @@ impl Arena {
     }
 
     /// In fault-free mode allocations take only resident pages.
+    pub fn is_fault_free(&self) -> bool {
+        self.fault_free.load(Relaxed)
+    }
+
     pub fn set_fault_free(&self, on: bool) {
         self.fault_free.store(on, Relaxed);
     }

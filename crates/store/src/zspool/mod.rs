@@ -203,6 +203,9 @@ impl ZsPool {
     pub fn set_fault_free(&self, on: bool) {
         self.arena.set_fault_free(on)
     }
+    pub fn is_fault_free(&self) -> bool {
+        self.arena.is_fault_free()
+    }
     /// See [`Arena::may_refill`].
     pub fn may_refill(&self) -> bool {
         self.arena.may_refill()

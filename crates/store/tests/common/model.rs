@@ -18,6 +18,8 @@ pub enum Op {
     Age { secs: u64 },
     Writeback { idle_secs: u64 },
     Gc,
+    // With recompression:
+    Recompress,
 }
 
 fn write(pages: u64) -> impl Strategy<Value = Op> {
@@ -65,6 +67,25 @@ pub fn backing_op(pages: u64) -> impl Strategy<Value = Op> {
         1 => (1..30u64).prop_map(|secs| Op::Age { secs }),
         2 => (0..10u64).prop_map(|idle_secs| Op::Writeback { idle_secs }),
         1 => Just(Op::Gc),
+        1 => Just(Op::Compact),
+    ]
+}
+
+/// The mix of a store with recompression (and a backing device, if `backing`): pages age, get
+/// recompressed (and trained on), written back, read, rewritten.
+pub fn recompress_op(pages: u64, backing: bool) -> impl Strategy<Value = Op> {
+    let size = pages * PAGE as u64;
+    let wb = if backing { 2 } else { 0 };
+    prop_oneof![
+        8 => write(pages),
+        2 => partial(size),
+        2 => discard(size, 8),
+        1 => zeroes(size),
+        5 => read(size),
+        2 => (1..30u64).prop_map(|secs| Op::Age { secs }),
+        3 => Just(Op::Recompress),
+        wb => (0..10u64).prop_map(|idle_secs| Op::Writeback { idle_secs }),
+        wb => Just(Op::Gc),
         1 => Just(Op::Compact),
     ]
 }
@@ -151,6 +172,9 @@ impl Model {
             Op::Gc => {
                 let r = store.gc(u64::MAX);
                 prop_assert!(r.error.is_none() && r.corrupt == 0, "{:?}", r);
+            }
+            Op::Recompress => {
+                store.recompress(std::time::Duration::from_secs(1));
             }
         }
         Ok(())

@@ -1,0 +1,148 @@
+//! The dictionary table: the zstd dictionaries recompressed pages may point at, one per table
+//! place ([`Codec::with_dict`]), each with a version number that only grows.
+//!
+//! # Lifetime of a dictionary (the invariant readers rely on)
+//! A place holds a dictionary from [`Dicts::install`] until [`Dicts::free_unused`] drops it,
+//! and `free_unused` drops it only when no slot uses it: the per-codec page count
+//! (`Counters::codec_pages`, kept by `Mover::account` in the same step as every entry change,
+//! the new entry counted before the old one is released) is zero, and it is not the place
+//! recompression is installing into. Both run on the recompression thread only (under its
+//! mutex), so no install of a new user can race a free. Hence: a reader that finds a slot with
+//! a dictionary codec under the slot lock always finds that place filled with the dictionary
+//! the page was encoded with, and it takes its own `Arc` of it there ([`Dicts::get`]: a read
+//! lock and a reference count, no allocation), so a dictionary freed while a read is in flight
+//! is dropped only when that read lets go of it.
+//!
+//! # Locking
+//! Each place's `RwLock` is a leaf: readers take it shared under a slot lock, for one `Arc`
+//! clone; the recompression thread takes it exclusive (no slot lock held) to fill or empty the
+//! place. There is no lock over the whole table.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use zstd::zstd_safe::DDict;
+
+use crate::compress::{strong, Codec};
+use crate::stats::Counters;
+
+/// One dictionary version (its number and gain are recompression's counters).
+pub(crate) struct Dict {
+    /// The raw dictionary, for the encoder.
+    pub bytes: Box<[u8]>,
+    /// The decoders' form of it.
+    pub ddict: DDict<'static>,
+}
+
+impl Dict {
+    pub fn new(bytes: Vec<u8>) -> Result<Dict, String> {
+        let ddict = strong::ddict(&bytes)?;
+        Ok(Dict { bytes: bytes.into_boxed_slice(), ddict })
+    }
+}
+
+/// The table of dictionary versions in use.
+pub(crate) struct Dicts {
+    places: [RwLock<Option<Arc<Dict>>>; Codec::DICT_VERSIONS],
+}
+
+/// What the table holds, for statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DictsSummary {
+    /// Dictionaries held (in use by pages, or the current one).
+    pub live: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+impl Dicts {
+    pub fn new() -> Dicts {
+        Dicts { places: std::array::from_fn(|_| RwLock::new(None)) }
+    }
+
+    /// The dictionary in `place`, for a reader holding the lock of a slot that names it (see
+    /// the module docs: then it is there).
+    pub fn get(&self, place: usize) -> Option<Arc<Dict>> {
+        self.places[place].read().clone()
+    }
+
+    /// Puts `dict` in an empty place and returns the place; `None` if every place is taken.
+    /// Recompression thread only.
+    pub fn install(&self, dict: Dict) -> Option<usize> {
+        let place = self.places.iter().position(|p| p.read().is_none())?;
+        *self.places[place].write() = Some(Arc::new(dict));
+        Some(place)
+    }
+
+    /// Drops every dictionary no page uses, except the one in `keep` (the current one).
+    /// Returns how many it dropped. Recompression thread only.
+    pub fn free_unused(&self, counters: &Counters, keep: Option<usize>) -> u64 {
+        let mut freed = 0;
+        for (place, lock) in self.places.iter().enumerate() {
+            if Some(place) == keep || lock.read().is_none() {
+                continue;
+            }
+            if Counters::get(&counters.codec_pages[Codec::with_dict(place).index()]) == 0 {
+                lock.write().take();
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// Puts `dict` in `place` whatever it held (tests: a damaged dictionary).
+    #[cfg(test)]
+    pub fn replace(&self, place: usize, dict: Dict) {
+        *self.places[place].write() = Some(Arc::new(dict));
+    }
+
+    pub fn summary(&self) -> DictsSummary {
+        let mut s = DictsSummary::default();
+        for p in &self.places {
+            if let Some(d) = p.read().as_ref() {
+                s.live += 1;
+                s.bytes += d.bytes.len() as u64;
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trained() -> Vec<u8> {
+        let samples: Vec<Vec<u8>> = (0..100u32).map(|i| format!("{i:04} the quick brown fox {i:x} jumps ").repeat(60).into_bytes()).collect();
+        zstd::dict::from_samples(&samples, 2048).expect("training")
+    }
+
+    #[test]
+    fn a_dictionary_lives_while_pages_use_it() {
+        let counters = Counters::default();
+        let dicts = Dicts::new();
+        let bytes = trained();
+        let place = dicts.install(Dict::new(bytes.clone()).unwrap()).unwrap();
+        let users = &counters.codec_pages[Codec::with_dict(place).index()];
+        Counters::inc(users);
+        assert_eq!(dicts.free_unused(&counters, None), 0, "a page uses it");
+        let held = dicts.get(place).expect("installed");
+        Counters::sub(users, 1);
+        assert_eq!(dicts.free_unused(&counters, Some(place)), 0, "the current one is kept");
+        assert_eq!(dicts.free_unused(&counters, None), 1);
+        assert!(dicts.get(place).is_none());
+        assert_eq!(&*held.bytes, &bytes[..], "a reader's Arc outlives the table's");
+        assert_eq!(dicts.summary(), DictsSummary::default());
+    }
+
+    #[test]
+    fn the_table_has_a_fixed_number_of_places() {
+        let dicts = Dicts::new();
+        let bytes = trained();
+        for _ in 0..Codec::DICT_VERSIONS {
+            assert!(dicts.install(Dict::new(bytes.clone()).unwrap()).is_some());
+        }
+        assert!(dicts.install(Dict::new(bytes).unwrap()).is_none());
+        assert_eq!(dicts.summary().live, Codec::DICT_VERSIONS as u64);
+    }
+}

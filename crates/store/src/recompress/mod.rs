@@ -1,0 +1,583 @@
+//! Recompression: pages that have been idle a while, and raw ("huge") pages, are re-encoded in
+//! the background with a stronger codec (zstd at a high level, with a dictionary trained from
+//! the device's own pages), as zram's `recompress type=idle|huge` does when an administrator
+//! asks; here the store does it by itself, within a CPU budget (`docs/store.md`,
+//! "Recompression").
+//!
+//! One step ([`step`], from `Store::maintain` on a front end's maintenance thread, or
+//! `Store::recompress` directly):
+//! 1. skip the step if the device is busy (more page requests per second than
+//!    `RecompressConfig::busy_pages_per_sec` since the last step);
+//! 2. scan slots from where the last step stopped, by their lock-free hints (slot.rs rule 5):
+//!    a compressed page still in the store's own codec, a raw page, or (once there is a
+//!    dictionary) a page recompressed without it or with an older version, idle for
+//!    `idle_secs`, not rejected before;
+//! 3. copy it out and mark it RECOMPRESSING under its slot lock (`Mover::copy_out`), decode
+//!    and re-encode it holding no lock, and install the result only if it saves at least
+//!    `min_saving_bytes` and the slot still holds the page (the mark; slot.rs rule 8);
+//!    otherwise mark the slot REJECTED so the next scans pass it by, until it is rewritten;
+//! 4. stop when the step's CPU time (this thread's, measured) has used the budget,
+//!    `cpu_percent` of the time since the last step.
+//!
+//! A page written again is encoded by the write path with the store's own codec: recompression
+//! never touches the I/O path. Readers decode whatever codec a slot names (`store.rs`).
+//!
+//! Dictionaries (`dict.rs`): with [`DictSource::Train`], the first pages recompressed are
+//! also kept as samples; once there are `dict_samples`, zstd's trainer (`ZDICT_trainFromBuffer`, via
+//! the `zstd` crate) builds a dictionary, which is installed as a new version only if it saves
+//! at least `MIN_DICT_GAIN_PERMILLE` on held-out samples. Every `DRIFT_EVERY`th page
+//! recompressed with the dictionary is also encoded without it; when the gain measured that
+//! way over `DRIFT_WINDOW` pages falls under half of the gain at training time, a new
+//! dictionary is trained from fresh samples. Versions no page uses any more are freed.
+//!
+//! # Memory and the swap server's guarantees
+//! Nothing here runs on the I/O path. The state (contexts, sample buffer) is made on the first
+//! step and kept. New pool objects come from the pool like a write's; in fault-free mode (a
+//! swap server with a reserve) a step stops while fewer than `RESERVE_FLOOR_PAGES` resident
+//! pages are free, so it never takes the reserve the I/O path needs. Each install frees a
+//! larger object, so recompression only ever lowers `mem_used_total` (after compaction).
+//!
+//! # Locking
+//! `Recompressor::state` (a mutex, one step at a time) is taken before any slot lock; slot
+//! locks are taken one at a time, briefly (one copy; one install), as every mover does. It is
+//! independent of the backing tier's maintenance mutex: writeback and recompression may copy
+//! the same page, and the first to install wins (slot.rs rule 8).
+
+pub(crate) mod dict;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::compress::strong::StrongEncoder;
+use crate::compress::{Codec, MAX_COMPRESSED_BYTES};
+use crate::config::{DictSource, RecompressConfig};
+use crate::mover::{Mover, Unchanged};
+use crate::slot::{Kind, Mark};
+use crate::stats::Counters;
+use crate::store::Context;
+use crate::PAGE_SIZE;
+use dict::{Dict, Dicts};
+
+/// Pages a step looks at, at most (so a step over a large, cold device stays short even when
+/// nothing qualifies).
+const SCAN_PER_STEP: u64 = 1 << 16;
+/// In fault-free mode, resident free pool pages below which a step allocates nothing.
+const RESERVE_FLOOR_PAGES: u64 = 64;
+/// The largest dictionary trained (bytes). zstd's advice: about 1/100 of the samples.
+const DICT_MAX_BYTES: usize = 16 << 10;
+/// A trained dictionary is installed only if it saves at least this (per mille).
+const MIN_DICT_GAIN_PERMILLE: u32 = 20;
+/// Drift measurement: one page in `DRIFT_EVERY` is encoded both ways; the gain is judged over
+/// `DRIFT_WINDOW` such pages.
+const DRIFT_EVERY: u64 = 8;
+const DRIFT_WINDOW: u64 = 256;
+/// CPU time a step may bank for the next ones (so a step after a busy pause is bounded).
+const MAX_BANKED_NS: i64 = 200_000_000;
+
+/// The recompression side of a store.
+pub(crate) struct Recompressor {
+    pub cfg: RecompressConfig,
+    pub dicts: Dicts,
+    pub ctr: RecompressCounters,
+    state: Mutex<Option<State>>,
+    /// The administrator's dictionary, read when the store was made (`DictSource::File`);
+    /// installed on the first step.
+    given_dict: Option<Vec<u8>>,
+}
+
+/// Recompression's counters (statistics `recompress_*`, `dict_*`).
+#[derive(Default, Debug)]
+pub(crate) struct RecompressCounters {
+    /// Pages re-encoded and installed.
+    pub done: AtomicU64,
+    /// Pages re-encoded and kept as they were (did not save enough).
+    pub rejected: AtomicU64,
+    /// Pages rewritten (or moved) while being re-encoded: the result was dropped.
+    pub raced: AtomicU64,
+    /// Bytes saved by installs (old stored size minus new), summed.
+    pub saved_bytes: AtomicU64,
+    /// CPU time spent in steps, ns (this thread's clock).
+    pub cpu_ns: AtomicU64,
+    /// Steps skipped because the device was busy.
+    pub busy_skips: AtomicU64,
+    /// Dictionaries installed (trained or given).
+    pub dicts_installed: AtomicU64,
+    /// Dictionaries trained but not installed (too little gain, or training failed).
+    pub dicts_refused: AtomicU64,
+    /// The current dictionary's version (0: none) and its gain at training (per mille), and the
+    /// gain measured since (per mille, over the drift window; 0 until measured).
+    pub dict_version: AtomicU64,
+    pub dict_gain_permille: AtomicU64,
+    pub dict_measured_permille: AtomicU64,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RecompressReport {
+    /// Slots looked at.
+    pub scanned: u64,
+    pub done: u64,
+    pub rejected: u64,
+    pub raced: u64,
+    pub saved_bytes: u64,
+    /// The step did nothing because the device was busy.
+    pub busy: bool,
+    /// A dictionary version was installed in this step.
+    pub dict_installed: Option<u64>,
+}
+
+/// The state a step keeps between steps (made on the first one).
+struct State {
+    enc: StrongEncoder,
+    /// Primary-codec decoding and a page buffer.
+    ctx: Context,
+    out: Box<[u8]>,
+    cursor: u64,
+    last_requests: u64,
+    budget_ns: i64,
+    /// The dictionary new recompressions use: its place and the dictionary.
+    current: Option<(usize, Arc<Dict>)>,
+    next_version: u64,
+    /// Self-training (`DictSource::Train`) only.
+    trainer: Option<Trainer>,
+}
+
+struct Trainer {
+    /// Sample pages, back to back (`pages` at most).
+    samples: Vec<u8>,
+    pages: usize,
+    /// Drift window: bytes with and without the dictionary, and pages measured.
+    with: u64,
+    without: u64,
+    measured: u64,
+    /// Pages recompressed with the current dictionary (one in `DRIFT_EVERY` is measured).
+    since: u64,
+}
+
+impl Trainer {
+    fn new(pages: usize) -> Trainer {
+        Trainer { samples: Vec::with_capacity(pages * PAGE_SIZE), pages, with: 0, without: 0, measured: 0, since: 0 }
+    }
+
+    fn wants_samples(&self, current: bool) -> bool {
+        !current && !self.full()
+    }
+
+    fn full(&self) -> bool {
+        self.samples.len() >= self.pages * PAGE_SIZE
+    }
+
+    /// Pages trained on; the rest (one in nine) are held out.
+    fn train_pages(&self) -> usize {
+        self.pages - self.pages / 9
+    }
+}
+
+impl Recompressor {
+    pub fn new(cfg: RecompressConfig) -> Result<Recompressor, String> {
+        let given_dict = match &cfg.dict {
+            DictSource::File(path) => {
+                let bytes = std::fs::read(path).map_err(|e| format!("cannot read the dictionary {}: {e}", path.display()))?;
+                // Checked now, so that a bad file fails the start instead of the first step.
+                crate::compress::strong::ddict(&bytes).map_err(|e| format!("dictionary {}: {e}", path.display()))?;
+                Some(bytes)
+            }
+            _ => None,
+        };
+        Ok(Recompressor { cfg, dicts: Dicts::new(), ctr: RecompressCounters::default(), state: Mutex::new(None), given_dict })
+    }
+}
+
+/// Current thread's CPU time in ns.
+fn thread_cpu_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// One step of recompression (see the module docs). `make_ctx` makes the step's decoding
+/// context the first time. `budget`: `None` takes the configured CPU share of `elapsed`;
+/// `Some(ns)` spends up to that much CPU time now (an explicit request, busy or not).
+pub(crate) fn step(
+    mv: &Mover<'_>,
+    r: &Recompressor,
+    elapsed: Duration,
+    budget: Option<i64>,
+    make_ctx: impl FnOnce() -> Context,
+) -> RecompressReport {
+    let mut rep = RecompressReport::default();
+    let Some(mut guard) = r.state.try_lock() else { return rep };
+    let st = guard.get_or_insert_with(|| State {
+        enc: StrongEncoder::new(r.cfg.level),
+        ctx: make_ctx(),
+        out: vec![0u8; MAX_COMPRESSED_BYTES].into_boxed_slice(),
+        cursor: 0,
+        last_requests: 0,
+        budget_ns: 0,
+        current: None,
+        next_version: 1,
+        trainer: matches!(r.cfg.dict, DictSource::Train).then(|| Trainer::new(r.cfg.dict_samples)),
+    });
+    if st.current.is_none() {
+        if let Some(bytes) = &r.given_dict {
+            rep.dict_installed = install(r, st, bytes.clone(), 0);
+        }
+    }
+    let c = mv.counters();
+    let requests = Counters::get(&c.num_reads) + Counters::get(&c.num_writes);
+    let recent = requests.saturating_sub(st.last_requests);
+    st.last_requests = requests;
+    match budget {
+        Some(ns) => st.budget_ns = ns,
+        None => {
+            let secs = elapsed.as_secs_f64().max(1e-3);
+            if r.cfg.busy_pages_per_sec > 0 && recent as f64 / secs > r.cfg.busy_pages_per_sec as f64 {
+                Counters::inc(&r.ctr.busy_skips);
+                rep.busy = true;
+                return rep;
+            }
+            let earned = (elapsed.as_nanos() as f64 * r.cfg.cpu_percent as f64 / 100.0) as i64;
+            st.budget_ns = (st.budget_ns + earned).min(MAX_BANKED_NS);
+        }
+    }
+    let start = thread_cpu_ns();
+    if st.budget_ns > 0 {
+        scan(mv, r, st, start, &mut rep);
+    }
+    r.dicts.free_unused(c, st.current.as_ref().map(|(p, _)| *p));
+    let used = thread_cpu_ns() - start;
+    st.budget_ns -= used;
+    Counters::add(&r.ctr.cpu_ns, used.max(0) as u64);
+    rep
+}
+
+/// Step 2-4 of the module docs.
+fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut RecompressReport) {
+    let now = mv.now();
+    let idle = r.cfg.idle_secs.min(u16::MAX as u64) as u16;
+    let threshold = r.cfg.min_saving_bytes;
+    let n = mv.num_slots();
+    for (index, h) in mv.hints_from(st.cursor).take(SCAN_PER_STEP.min(n) as usize) {
+        st.cursor = (index + 1) % n.max(1);
+        rep.scanned += 1;
+        // Pages in the store's codec; raw pages; and, once there is a dictionary, pages
+        // recompressed without it or with an older one (so that old versions empty out).
+        let current = st.current.as_ref().map(|(place, _)| Codec::with_dict(*place));
+        let wanted = |kind: Kind, codec: Codec, rejected: bool, ac_time: u16| {
+            let kind_ok = match kind {
+                Kind::Compressed => codec == Codec::PRIMARY || current.is_some_and(|c| c != codec),
+                Kind::Huge => r.cfg.huge,
+                _ => false,
+            };
+            kind_ok && !rejected && mv.age(now, ac_time) >= idle
+        };
+        if !wanted(h.kind, h.codec, h.rejected, h.ac_time) {
+            continue;
+        }
+        if !mv.background_may_allocate(RESERVE_FLOOR_PAGES) {
+            break;
+        }
+        let cbuf = &mut st.ctx.cbuf;
+        let Some(old) = mv.copy_out(index, Some(Mark::Recompress), |seen| {
+            wanted(kind_of(seen), seen.entry.codec(), seen.rejected, seen.ac_time).then_some(&mut cbuf[..seen.stored_bytes])
+        }) else {
+            continue;
+        };
+        // Decode (raw pages are their own page). The dictionary a page names is in the table:
+        // only this thread frees dictionaries (`dict.rs`).
+        let old_len = match old {
+            crate::slot::Entry::Compressed { len, codec, .. } => {
+                let dict = codec.dict().and_then(|place| r.dicts.get(place));
+                let ctx = &mut st.ctx;
+                let src = &ctx.cbuf[..len as usize];
+                if crate::compress::decode(&mut *ctx.comp, &mut ctx.strong, codec, dict.as_deref(), src, &mut ctx.page).is_err() {
+                    // A page that does not decode stays as it is: its reader gets the error.
+                    mv.reject(index);
+                    continue;
+                }
+                len as usize
+            }
+            _ => {
+                st.ctx.page.copy_from_slice(&st.ctx.cbuf[..PAGE_SIZE]);
+                PAGE_SIZE
+            }
+        };
+        if let Some(t) = &mut st.trainer {
+            if t.wants_samples(st.current.is_some()) {
+                t.samples.extend_from_slice(&st.ctx.page);
+                if t.full() {
+                    // Trained as soon as the samples are in, so that the pages after them
+                    // get the dictionary.
+                    train(r, st, rep);
+                }
+            }
+        }
+        let (codec, new_len) = encode(st);
+        match new_len {
+            Some(n) if n + threshold <= old_len => {
+                if mv.install_in_ram(index, old, &st.out[..n], codec, Unchanged::Marked(Mark::Recompress)) {
+                    rep.done += 1;
+                    rep.saved_bytes += (old_len - n) as u64;
+                } else {
+                    rep.raced += 1;
+                }
+            }
+            _ => {
+                mv.reject(index);
+                rep.rejected += 1;
+            }
+        }
+        if thread_cpu_ns() - start >= st.budget_ns {
+            break;
+        }
+    }
+    Counters::add(&r.ctr.done, rep.done);
+    Counters::add(&r.ctr.rejected, rep.rejected);
+    Counters::add(&r.ctr.raced, rep.raced);
+    Counters::add(&r.ctr.saved_bytes, rep.saved_bytes);
+    if let (Some(t), Some(_)) = (&mut st.trainer, &st.current) {
+        if t.measured >= DRIFT_WINDOW {
+            let measured = gain_permille(t.with, t.without);
+            r.ctr.dict_measured_permille.store(measured as u64, std::sync::atomic::Ordering::Relaxed);
+            let trained = Counters::get(&r.ctr.dict_gain_permille) as u32;
+            (t.with, t.without, t.measured) = (0, 0, 0);
+            if measured * 2 < trained {
+                // Drifted: train a new one from fresh samples; until then, no dictionary.
+                st.current = None;
+                st.enc.set_dict(None).ok();
+                t.samples.clear();
+            }
+        }
+    }
+}
+
+fn kind_of(seen: &crate::mover::Seen) -> Kind {
+    match seen.entry {
+        crate::slot::Entry::Compressed { .. } => Kind::Compressed,
+        crate::slot::Entry::Huge { .. } => Kind::Huge,
+        _ => Kind::Backing,
+    }
+}
+
+/// Encodes `st.ctx.page` into `st.out` with the current dictionary (or none), measuring the
+/// dictionary's gain on one page in `DRIFT_EVERY`.
+fn encode(st: &mut State) -> (Codec, Option<usize>) {
+    let page = &st.ctx.page[..];
+    match &st.current {
+        Some((place, _)) => {
+            let n = st.enc.compress(page, &mut st.out, true);
+            if let (Some(t), Some(with)) = (&mut st.trainer, n) {
+                t.since += 1;
+                if t.since % DRIFT_EVERY == 0 {
+                    let mut scratch = [0u8; MAX_COMPRESSED_BYTES];
+                    if let Some(without) = st.enc.compress(page, &mut scratch, false) {
+                        t.with += with as u64;
+                        t.without += without as u64;
+                        t.measured += 1;
+                    }
+                }
+            }
+            (Codec::with_dict(*place), n)
+        }
+        None => (Codec::STRONG, st.enc.compress(page, &mut st.out, false)),
+    }
+}
+
+fn gain_permille(with: u64, without: u64) -> u32 {
+    if without == 0 || with >= without {
+        return 0;
+    }
+    ((without - with) * 1000 / without) as u32
+}
+
+/// Trains a dictionary on the samples and installs it if it pays.
+fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
+    let t = st.trainer.as_mut().expect("training needs a trainer");
+    let split = t.train_pages() * PAGE_SIZE;
+    let sizes = vec![PAGE_SIZE; t.train_pages()];
+    let bytes = match zstd::dict::from_continuous(&t.samples[..split], &sizes, DICT_MAX_BYTES) {
+        Ok(b) => b,
+        Err(e) => {
+            compcache_log::warning("compcache", &format!("recompression: training a dictionary failed: {e}; retrying with new samples"));
+            Counters::inc(&r.ctr.dicts_refused);
+            t.samples.clear();
+            return;
+        }
+    };
+    // The gain on held-out pages, encoded without and with it.
+    let mut probe = StrongEncoder::new(r.cfg.level);
+    let (mut with, mut without) = (0u64, 0u64);
+    let mut out = [0u8; MAX_COMPRESSED_BYTES];
+    let dict_ok = probe.set_dict(Some(&bytes)).is_ok();
+    for page in t.samples[split..].chunks_exact(PAGE_SIZE) {
+        let (Some(a), Some(b)) = (probe.compress(page, &mut out, false), dict_ok.then(|| probe.compress(page, &mut out, true)).flatten())
+        else {
+            continue;
+        };
+        without += a as u64;
+        with += b as u64;
+    }
+    t.samples.clear();
+    let gain = gain_permille(with, without);
+    if !dict_ok || gain < MIN_DICT_GAIN_PERMILLE {
+        Counters::inc(&r.ctr.dicts_refused);
+        return;
+    }
+    rep.dict_installed = install(r, st, bytes, gain);
+}
+
+/// Installs `bytes` as the next dictionary version and makes it current. `None` if every
+/// table place is still in use or the dictionary does not load.
+fn install(r: &Recompressor, st: &mut State, bytes: Vec<u8>, gain: u32) -> Option<u64> {
+    let version = st.next_version;
+    let dict = match Dict::new(bytes) {
+        Ok(d) => d,
+        Err(e) => {
+            compcache_log::warning("compcache", &format!("recompression: {e}"));
+            Counters::inc(&r.ctr.dicts_refused);
+            return None;
+        }
+    };
+    st.enc.set_dict(Some(&dict.bytes)).ok()?;
+    let place = r.dicts.install(dict)?;
+    st.next_version += 1;
+    st.current = Some((place, r.dicts.get(place).expect("just installed")));
+    if let Some(t) = &mut st.trainer {
+        (t.with, t.without, t.measured, t.since) = (0, 0, 0, 0);
+    }
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    Counters::inc(&r.ctr.dicts_installed);
+    r.ctr.dict_version.store(version, relaxed);
+    r.ctr.dict_gain_permille.store(gain as u64, relaxed);
+    r.ctr.dict_measured_permille.store(0, relaxed);
+    Some(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::{Store, StoreError, PAGE};
+
+    /// A page of JSON-like records: lz4 compresses it, zstd more, a dictionary more still.
+    fn record_page(i: u64) -> Vec<u8> {
+        let mut p = Vec::with_capacity(PAGE_SIZE);
+        let mut n = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        while p.len() < PAGE_SIZE {
+            n ^= n << 13;
+            n ^= n >> 7;
+            n ^= n << 17;
+            let rec = format!("{{\"id\":{},\"user\":\"u{:05}\",\"score\":{},\"tags\":[\"a{}\",\"b\"]}},", n % 100_000, n % 977, n % 1000, n % 7);
+            p.extend_from_slice(rec.as_bytes());
+        }
+        p.truncate(PAGE_SIZE);
+        p
+    }
+
+    fn store(pages: u64, rc: RecompressConfig) -> Store {
+        Store::new(Config { recompress: Some(rc), ..Config::with_disksize(pages * PAGE) }).unwrap()
+    }
+
+    #[test]
+    fn a_damaged_dictionary_is_an_error_for_its_pages_never_wrong_data() {
+        let rc = RecompressConfig { idle_secs: 1, dict_samples: 90, ..RecompressConfig::default() };
+        let s = store(256, rc);
+        let mut ctx = s.context();
+        for i in 0..256 {
+            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
+        }
+        s.advance_clock(10);
+        // Enough steps to sample, train, and recompress the rest with the dictionary.
+        for _ in 0..4 {
+            s.recompress(std::time::Duration::from_secs(5));
+        }
+        let st = s.stats();
+        assert!(st.dict_version >= 1 && st.recomp_dict_pages > 0, "{st:?}");
+        let mut page = vec![0u8; PAGE_SIZE];
+        for i in 0..256 {
+            s.read_page(&mut ctx, i, &mut page).unwrap();
+            assert_eq!(page, record_page(i), "page {i}");
+        }
+        // Another dictionary in the place the pages name: every such page is an error.
+        let r = s.recomp.as_ref().unwrap();
+        let samples: Vec<Vec<u8>> = (9000..9200).map(|i| record_page(i).into_iter().rev().collect()).collect();
+        let other = zstd::dict::from_samples(&samples, 8192).unwrap();
+        r.dicts.replace(0, Dict::new(other).unwrap());
+        let (mut errors, mut good) = (0, 0);
+        for i in 0..256 {
+            match s.read_page(&mut ctx, i, &mut page) {
+                Ok(()) => {
+                    assert_eq!(page, record_page(i), "page {i} read back wrong");
+                    good += 1;
+                }
+                Err(StoreError::Corrupt { index, .. }) => {
+                    assert_eq!(index, i);
+                    errors += 1;
+                }
+                Err(e) => panic!("page {i}: {e}"),
+            }
+        }
+        assert_eq!(errors, st.recomp_dict_pages, "every page encoded with the dictionary fails ({good} others read)");
+        assert_eq!(s.stats().failed_reads, errors);
+    }
+
+    #[test]
+    fn a_page_written_again_goes_back_to_the_fast_codec() {
+        let rc = RecompressConfig { idle_secs: 1, dict: DictSource::None, ..RecompressConfig::default() };
+        let s = store(16, rc);
+        let mut ctx = s.context();
+        for i in 0..16 {
+            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
+        }
+        s.recompress(std::time::Duration::from_secs(1));
+        assert_eq!(s.stats().recomp_pages, 0, "nothing is idle yet");
+        s.advance_clock(5);
+        let rep = s.recompress(std::time::Duration::from_secs(1));
+        assert_eq!((rep.done, s.stats().recomp_pages), (16, 16), "{rep:?}");
+        assert!(rep.saved_bytes >= 16 * 64);
+        s.write_page(&mut ctx, 3, &record_page(100)).unwrap();
+        let st = s.stats();
+        assert_eq!(st.recomp_pages, 15);
+        assert_eq!(st.recompress_saved_bytes, rep.saved_bytes);
+        let mut page = vec![0u8; PAGE_SIZE];
+        s.read_page(&mut ctx, 3, &mut page).unwrap();
+        assert_eq!(page, record_page(100));
+    }
+
+    #[test]
+    fn pages_that_do_not_save_enough_are_tried_once() {
+        let rc = RecompressConfig { idle_secs: 0, min_saving_bytes: 4000, dict: DictSource::None, ..RecompressConfig::default() };
+        let s = store(8, rc);
+        let mut ctx = s.context();
+        for i in 0..8 {
+            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
+        }
+        let first = s.recompress(std::time::Duration::from_secs(1));
+        assert_eq!((first.done, first.rejected), (0, 8));
+        let again = s.recompress(std::time::Duration::from_secs(1));
+        assert_eq!((again.done, again.rejected), (0, 0), "rejected pages are passed by");
+        s.write_page(&mut ctx, 0, &record_page(50)).unwrap();
+        assert_eq!(s.recompress(std::time::Duration::from_secs(1)).rejected, 1, "a rewritten page is a new page");
+    }
+
+    #[test]
+    fn a_busy_device_is_left_alone_and_the_budget_bounds_a_step() {
+        let rc = RecompressConfig { idle_secs: 0, busy_pages_per_sec: 100, dict: DictSource::None, ..RecompressConfig::default() };
+        let s = store(512, rc);
+        let mut ctx = s.context();
+        for i in 0..512 {
+            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
+        }
+        let rep = s.maintain(std::time::Duration::from_millis(100));
+        assert!(rep.recompress.busy && rep.recompress.done == 0, "512 writes in 100 ms is busy: {:?}", rep.recompress);
+        // Quiet now: a step of 100 ms at 10% may spend about 10 ms, far from all 512 pages.
+        let rep = s.maintain(std::time::Duration::from_millis(100));
+        assert!(!rep.recompress.busy && rep.recompress.done > 0 && rep.recompress.done < 512, "{:?}", rep.recompress);
+        assert_eq!(s.stats().recompress_busy_skips, 1);
+    }
+}
