@@ -7,6 +7,7 @@
 //! and read with O_DIRECT, memory from its `mm_stat`). Times are wall-clock medians of
 //! `--runs` runs; every figure that is compared is a ratio within this run.
 
+mod recomp;
 mod zram;
 
 use clap::Parser;
@@ -36,6 +37,11 @@ struct Args {
     /// Write the results as JSON to this file as well.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Instead: the recompression comparison (memory once recompression has settled, its CPU
+    /// time, read latency of recompressed pages; against zram's lzo-rle, lz4, zstd and zstd
+    /// with a dictionary on the same pages). See recomp.rs.
+    #[arg(long)]
+    recompress: bool,
 }
 
 #[derive(Serialize, Default, Clone)]
@@ -85,6 +91,10 @@ fn main() {
         eprintln!("compcache-storebench: the page files hold no whole page");
         std::process::exit(2);
     }
+    if args.recompress {
+        recomp::main(&data, !args.no_zram, args.json.as_deref());
+        return;
+    }
     let data = Arc::new(data);
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     eprintln!("{pages} pages ({} MiB) from {} file(s), {} runs each", (pages * PAGE_SIZE) >> 20, files.len(), args.runs);
@@ -104,7 +114,7 @@ fn main() {
         match zram::available() {
             Ok(()) => {
                 for t in [1, threads] {
-                    let (row, _) = median_row(args.runs, || match zram::bench(&data, args.algorithm.name(), t) {
+                    let (row, _) = median_row(args.runs, || match zram::bench(&data, args.algorithm.name(), None, t) {
                         Ok(r) => (r, ()),
                         Err(e) => {
                             eprintln!("compcache-storebench: zram run failed: {e}");

@@ -26,7 +26,7 @@ struct Device {
 }
 
 impl Device {
-    fn create(algorithm: &str, disksize: u64) -> Result<Device, String> {
+    fn create(algorithm: &str, params: Option<&str>, disksize: u64) -> Result<Device, String> {
         let id: u32 = fs::read_to_string(format!("{CONTROL}/hot_add"))
             .map_err(|e| format!("hot_add: {e}"))?
             .trim()
@@ -34,6 +34,10 @@ impl Device {
             .map_err(|e| format!("hot_add answer: {e}"))?;
         let dev = Device { id };
         dev.set("comp_algorithm", algorithm)?;
+        if let Some(p) = params {
+            // zram's algorithm_params (Linux 6.12+): "algo=NAME level=N dict=PATH".
+            dev.set("algorithm_params", &format!("algo={algorithm} {p}"))?;
+        }
         dev.set("disksize", &disksize.to_string())?;
         Ok(dev)
     }
@@ -61,9 +65,11 @@ impl Drop for Device {
 #[repr(C, align(4096))]
 struct AlignedPage([u8; PAGE_SIZE]);
 
-pub fn bench(data: &[u8], algorithm: &str, threads: usize) -> Result<Row, String> {
+/// Writes and reads `data` through a zram device of `algorithm` (with zram's
+/// `algorithm_params` `params`, e.g. "level=9 dict=/path", if given) on `threads` threads.
+pub fn bench(data: &[u8], algorithm: &str, params: Option<&str>, threads: usize) -> Result<Row, String> {
     let pages = data.len() / PAGE_SIZE;
-    let dev = Device::create(algorithm, (pages * PAGE_SIZE) as u64)?;
+    let dev = Device::create(algorithm, params, (pages * PAGE_SIZE) as u64)?;
     let path = format!("/dev/zram{}", dev.id);
     let open = || -> Result<File, String> {
         OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(&path).map_err(|e| format!("{path}: {e}"))

@@ -11,6 +11,7 @@ mod maintenance;
 mod paths;
 mod private_file;
 mod process;
+mod recompress_args;
 mod store_args;
 #[cfg(test)]
 mod test_flags;

@@ -1,4 +1,5 @@
-//! Background maintenance of a served device: automatic compaction.
+//! Background maintenance of a served device: automatic compaction, and the recompression
+//! thread.
 //!
 //! zram compacts only when userspace writes to `compact` or the kernel's shrinker asks. A swap
 //! device sees constant overwrite and discard churn, which leaves zspages half empty; here a
@@ -29,6 +30,31 @@ pub fn spawn(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> 
         let compactable = store.compactable_pages();
         if worth_compacting(compactable, store.stats().pages_used) {
             store.compact();
+        }
+    })
+}
+
+/// How often the recompression thread takes a step.
+const RECOMPRESS_PERIOD: Duration = Duration::from_millis(200);
+/// The recompression thread's nice value: it yields the CPU to the I/O threads.
+const RECOMPRESS_NICE: libc::c_int = 10;
+
+/// Starts the recompression thread for `store` (which has recompression on): a step every
+/// 200 ms within the configured CPU share (`Store::recompress_step`), at nice 10. It runs for
+/// the life of the process. In a swap server it is started after the memory is pinned, so
+/// it inherits `PR_SET_IO_FLUSHER` and its allocations are locked.
+pub fn spawn_recompression(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("recompress".into()).spawn(move || {
+        // SAFETY: setpriority with PRIO_PROCESS and who = 0 changes this thread's nice value
+        // only (Linux: a thread is a "process" to it); no memory is passed.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, RECOMPRESS_NICE) } != 0 {
+            crate::log::warning(&format!("recompression thread: cannot lower its priority: {}", std::io::Error::last_os_error()));
+        }
+        let mut last = std::time::Instant::now();
+        loop {
+            std::thread::sleep(RECOMPRESS_PERIOD);
+            store.recompress_step(last.elapsed());
+            last = std::time::Instant::now();
         }
     })
 }

@@ -35,6 +35,7 @@ use crate::backing::BackingArgs;
 use crate::cmd::zramconf;
 use crate::failure::Failure;
 use crate::log;
+use crate::recompress_args::RecompressArgs;
 use crate::units::human;
 
 /// The fewest pages a device may have: the smallest swap area mkswap(8) makes.
@@ -68,6 +69,9 @@ pub struct StoreArgs {
 
     #[command(flatten)]
     pub backing: BackingArgs,
+
+    #[command(flatten)]
+    pub recompress: RecompressArgs,
 
     /// Cache mode (zcache): the device fronts this block device or disk image (the origin),
     /// has its size, and keeps recently used blocks compressed in RAM within --mem-limit
@@ -248,7 +252,9 @@ impl StoreArgs {
         warnings.extend(check_against_ram(size_text, size, mem_limit_text, mem_limit, ram, cache)?);
         let origin = self.origin_config(ram)?;
         let backing = self.backing.config(ram, mem_limit)?;
-        let cfg = Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, backing, origin, ..Config::with_disksize(size) };
+        let recompress = self.recompress.config()?;
+        let cfg =
+            Config { algorithm, level: self.level, mem_limit_bytes: mem_limit, backing, origin, recompress, ..Config::with_disksize(size) };
         cfg.validate().map_err(|e| Failure::usage(config_error_line(&e)))?;
         for w in warnings {
             log::warning(&w);

@@ -42,8 +42,8 @@ pub mod compress;
 pub mod config;
 pub mod error;
 mod mover;
-pub mod request;
 pub(crate) mod recompress;
+pub mod request;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;
@@ -56,8 +56,8 @@ pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, Maintenanc
 pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
 pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config, DictSource, OriginConfig, RecompressConfig};
-pub use recompress::RecompressReport;
 pub use error::StoreError;
+pub use recompress::RecompressReport;
 pub use stats::Stats;
 pub use store::{Allocation, Context, Extent, Extents, Store};
 

@@ -125,9 +125,7 @@ impl Entry {
         match self {
             Entry::Empty => (KIND_EMPTY << KIND_SHIFT, 0),
             Entry::Same(w) => (KIND_SAME << KIND_SHIFT, w),
-            Entry::Compressed { handle, len, codec } => {
-                ((KIND_COMPRESSED << KIND_SHIFT) | codec_bits(codec) | len as u64, handle.0)
-            }
+            Entry::Compressed { handle, len, codec } => ((KIND_COMPRESSED << KIND_SHIFT) | codec_bits(codec) | len as u64, handle.0),
             Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE, handle.0),
             Entry::Backing { loc, len, codec } => ((KIND_BACKING << KIND_SHIFT) | codec_bits(codec) | len as u64, loc),
         }

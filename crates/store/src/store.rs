@@ -87,7 +87,11 @@ pub(crate) enum Fetched<'a> {
     Done,
     /// `ctx.cbuf[..len]` holds bytes encoded by `codec` to decode into the output, with
     /// `dict` if the codec needs one (taken under the slot lock: `recompress/dict.rs`).
-    Compressed { len: usize, codec: Codec, dict: Option<Arc<Dict>> },
+    Compressed {
+        len: usize,
+        codec: Codec,
+        dict: Option<Arc<Dict>>,
+    },
     /// The page is a record on the backing device, its segment pinned: for `backing::read`.
     Backing(Pending<'a>),
 }
@@ -562,7 +566,9 @@ impl Store {
         let owner = index as u32;
         let clen = ctx.comp.compress(page, &mut ctx.cbuf).filter(|&n| n <= self.cfg.huge_threshold_bytes && n < PAGE_SIZE - 8);
         let r = match clen {
-            Some(n) => self.pool.alloc(&ctx.cbuf[..n], owner).map(|handle| Entry::Compressed { handle, len: n as u16, codec: Codec::PRIMARY }),
+            Some(n) => {
+                self.pool.alloc(&ctx.cbuf[..n], owner).map(|handle| Entry::Compressed { handle, len: n as u16, codec: Codec::PRIMARY })
+            }
             None if self.backing.as_ref().is_some_and(|b| b.cfg.incompressible) => {
                 return self.overflow(&mut ctx.rec, index, page);
             }
@@ -696,22 +702,24 @@ impl Store {
     /// In cache mode (no backing device) it compacts the pool when compaction can give pages
     /// back: evictions free objects all over the zspages, and only compaction turns those
     /// holes into free pages (`docs/cache.md`).
-    ///
-    /// With recompression on, it then runs a recompression step within its CPU budget
-    /// ([`Store::recompress`]).
     pub fn maintain(&self, elapsed: Duration) -> MaintenanceReport {
         if self.cache.is_some() && self.pool.compactable_pages() > 0 {
             self.compact();
         }
-        let mut rep = match &self.backing {
-            Some(b) => backing::maintain(&self.mover(), b, elapsed),
-            None => MaintenanceReport::default(),
-        };
-        if let Some(r) = &self.recomp {
-            rep.recompress = crate::recompress::step(&self.mover(), r, elapsed, None, || self.context());
-            if rep.recompress.done > 0 && self.pool.compactable_pages() > 0 {
-                self.compact();
-            }
+        let Some(b) = &self.backing else { return MaintenanceReport::default() };
+        backing::maintain(&self.mover(), b, elapsed)
+    }
+
+    /// One step of background recompression, called every `elapsed` from a thread of the
+    /// front end's (at low priority): skipped while the device is busy, and within the
+    /// configured CPU share of `elapsed` (`recompress/`). Compacts the pool afterwards when
+    /// that gives pages back, so that the saving shows in `mem_used_total`. Does nothing when
+    /// recompression is off.
+    pub fn recompress_step(&self, elapsed: Duration) -> RecompressReport {
+        let Some(r) = &self.recomp else { return RecompressReport::default() };
+        let rep = crate::recompress::step(&self.mover(), r, elapsed, None, || self.context());
+        if rep.done > 0 && self.pool.compactable_pages() > 0 {
+            self.compact();
         }
         rep
     }
@@ -722,7 +730,7 @@ impl Store {
     }
 
     /// Runs recompression now, busy or not, for up to `cpu` of this thread's CPU time
-    /// (`maintain` runs it within the configured budget instead). Pages must still be idle
+    /// ([`Store::recompress_step`] runs it within the configured budget instead). Pages must still be idle
     /// for the configured age. Does nothing when recompression is off, or when another thread
     /// is recompressing right now. Compacts the pool afterwards, so that `mem_used_total`
     /// shows the saving.

@@ -21,7 +21,8 @@ fn record_page(i: u64) -> Vec<u8> {
     let mut rng = common::xorshift(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     while p.len() < PAGE {
         let n = rng();
-        let rec = format!("{{\"id\":{},\"user\":\"u{:05}\",\"score\":{},\"tags\":[\"a{}\",\"b\"]}},", n % 100_000, n % 977, n % 1000, n % 7);
+        let rec =
+            format!("{{\"id\":{},\"user\":\"u{:05}\",\"score\":{},\"tags\":[\"a{}\",\"b\"]}},", n % 100_000, n % 977, n % 1000, n % 7);
         p.extend_from_slice(rec.as_bytes());
     }
     p.truncate(PAGE);

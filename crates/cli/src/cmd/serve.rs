@@ -160,6 +160,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if store.has_backing() {
         spawn_writeback(store.clone()).map_err(|e| Failure::new(format!("cannot start the writeback thread: {e}")))?;
     }
+    if store.recompresses() {
+        crate::maintenance::spawn_recompression(store.clone())
+            .map_err(|e| Failure::new(format!("cannot start the recompression thread: {e}")))?;
+    }
     let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
     spawn("control", tx, move || control::serve(state, control_listener));
     start.started();

@@ -135,6 +135,10 @@ impl Session {
         if store.has_backing() {
             spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
         }
+        if store.recompresses() {
+            crate::maintenance::spawn_recompression(Arc::clone(&store))
+                .map_err(|e| Failure::new(format!("starting the recompression thread: {e}")))?;
+        }
         let start = std::sync::Mutex::new(Some(start));
         Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend, start })
     }

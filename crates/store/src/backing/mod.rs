@@ -125,8 +125,6 @@ pub(crate) struct Maint {
 pub struct MaintenanceReport {
     pub writeback: WritebackReport,
     pub gc: GcReport,
-    /// The recompression step (`recompress/`), when recompression is on.
-    pub recompress: crate::recompress::RecompressReport,
 }
 
 /// `Store::maintain`: one step of background work, called every `elapsed`: writeback within
@@ -136,7 +134,7 @@ pub(crate) fn maintain(mv: &Mover<'_>, b: &Backing, elapsed: Duration) -> Mainte
     let budget = if rate == 0 { u64::MAX } else { (rate as f64 * elapsed.as_secs_f64().min(1.0)) as u64 };
     let writeback = policy::writeback(mv, b, WritebackBudget { max_bytes: budget });
     let gc = gc::gc(mv, b, budget.saturating_sub(writeback.bytes));
-    MaintenanceReport { writeback, gc, ..MaintenanceReport::default() }
+    MaintenanceReport { writeback, gc }
 }
 
 /// A buffer of `bytes` whose every page has been written, so that it is resident now (under

@@ -19,9 +19,9 @@ use super::space::Pin;
 use super::Backing;
 use crate::compress::strong::StrongDecoder;
 use crate::compress::{BackendContext, Codec};
-use crate::recompress::dict::Dict;
 use crate::error::StoreError;
 use crate::mover::Mover;
+use crate::recompress::dict::Dict;
 use crate::slot::Entry;
 use crate::stats::Counters;
 use crate::store::Context;
@@ -87,12 +87,19 @@ pub(crate) fn read_one_and_promote(
 }
 
 /// A record's payload into a page: a raw page is copied, anything shorter decoded by its codec.
-fn decode(comp: &mut dyn BackendContext, strong: &mut StrongDecoder, p: &Pending<'_>, payload: &[u8], out: &mut [u8]) -> Result<(), StoreError> {
+fn decode(
+    comp: &mut dyn BackendContext,
+    strong: &mut StrongDecoder,
+    p: &Pending<'_>,
+    payload: &[u8],
+    out: &mut [u8],
+) -> Result<(), StoreError> {
     if payload.len() == PAGE_SIZE {
         out.copy_from_slice(payload);
         Ok(())
     } else {
-        crate::compress::decode(comp, strong, p.codec, p.dict.as_deref(), payload, out).map_err(|reason| StoreError::Corrupt { index: p.index, reason })
+        crate::compress::decode(comp, strong, p.codec, p.dict.as_deref(), payload, out)
+            .map_err(|reason| StoreError::Corrupt { index: p.index, reason })
     }
 }
 

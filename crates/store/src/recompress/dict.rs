@@ -113,7 +113,8 @@ mod tests {
     use super::*;
 
     fn trained() -> Vec<u8> {
-        let samples: Vec<Vec<u8>> = (0..100u32).map(|i| format!("{i:04} the quick brown fox {i:x} jumps ").repeat(60).into_bytes()).collect();
+        let samples: Vec<Vec<u8>> =
+            (0..100u32).map(|i| format!("{i:04} the quick brown fox {i:x} jumps ").repeat(60).into_bytes()).collect();
         zstd::dict::from_samples(&samples, 2048).expect("training")
     }
 

@@ -4,8 +4,8 @@
 //! asks; here the store does it by itself, within a CPU budget (`docs/store.md`,
 //! "Recompression").
 //!
-//! One step ([`step`], from `Store::maintain` on a front end's maintenance thread, or
-//! `Store::recompress` directly):
+//! One step ([`step`], from `Store::recompress_step` on a front end's recompression thread,
+//! or `Store::recompress` directly):
 //! 1. skip the step if the device is busy (more page requests per second than
 //!    `RecompressConfig::busy_pages_per_sec` since the last step);
 //! 2. scan slots from where the last step stopped, by their lock-free hints (slot.rs rule 5):
@@ -472,7 +472,8 @@ mod tests {
             n ^= n << 13;
             n ^= n >> 7;
             n ^= n << 17;
-            let rec = format!("{{\"id\":{},\"user\":\"u{:05}\",\"score\":{},\"tags\":[\"a{}\",\"b\"]}},", n % 100_000, n % 977, n % 1000, n % 7);
+            let rec =
+                format!("{{\"id\":{},\"user\":\"u{:05}\",\"score\":{},\"tags\":[\"a{}\",\"b\"]}},", n % 100_000, n % 977, n % 1000, n % 7);
             p.extend_from_slice(rec.as_bytes());
         }
         p.truncate(PAGE_SIZE);
@@ -573,11 +574,11 @@ mod tests {
         for i in 0..512 {
             s.write_page(&mut ctx, i, &record_page(i)).unwrap();
         }
-        let rep = s.maintain(std::time::Duration::from_millis(100));
-        assert!(rep.recompress.busy && rep.recompress.done == 0, "512 writes in 100 ms is busy: {:?}", rep.recompress);
+        let rep = s.recompress_step(std::time::Duration::from_millis(100));
+        assert!(rep.busy && rep.done == 0, "512 writes in 100 ms is busy: {rep:?}");
         // Quiet now: a step of 100 ms at 10% may spend about 10 ms, far from all 512 pages.
-        let rep = s.maintain(std::time::Duration::from_millis(100));
-        assert!(!rep.recompress.busy && rep.recompress.done > 0 && rep.recompress.done < 512, "{:?}", rep.recompress);
+        let rep = s.recompress_step(std::time::Duration::from_millis(100));
+        assert!(!rep.busy && rep.done > 0 && rep.done < 512, "{rep:?}");
         assert_eq!(s.stats().recompress_busy_skips, 1);
     }
 }

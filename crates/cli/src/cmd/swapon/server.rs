@@ -93,6 +93,7 @@ fn server_command(frontend: Frontend, s: &Settings, reserve: &str, ready_fd: i32
         v.extend(["--level".into(), l.to_string().into()]);
     }
     v.extend(s.backing.to_args());
+    v.extend(s.recompress.to_args());
     v
 }
 

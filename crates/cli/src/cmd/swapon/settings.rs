@@ -7,6 +7,7 @@ use crate::backing::BackingArgs;
 use crate::cmd::zramconf;
 use crate::failure::Failure;
 use crate::log;
+use crate::recompress_args::RecompressArgs;
 use crate::store_args::StoreArgs;
 
 /// The settings swapon ends up with, and where each came from.
@@ -19,6 +20,8 @@ pub(super) struct Settings {
     pub(super) mem_limit_bytes: u64,
     /// The backing flags for the server, `--backing` from the flag or else `writeback-device`.
     pub(super) backing: BackingArgs,
+    /// The recompression flags for the server, as given.
+    pub(super) recompress: RecompressArgs,
     pub(super) source: String,
 }
 
@@ -64,6 +67,7 @@ pub(super) fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Setti
         level: flags.level.or_else(|| conf.as_ref().and_then(|c| c.level)),
         mem_limit: flags.mem_limit.clone().or_else(|| conf.as_ref().and_then(|c| c.mem_limit_bytes).map(|b| b.to_string())),
         backing: flags.backing.clone(),
+        recompress: flags.recompress.clone(),
         origin: None,
         readahead: None,
     };
@@ -79,6 +83,7 @@ pub(super) fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Setti
         priority: args.priority.or_else(|| conf.as_ref().and_then(|c| c.priority)).unwrap_or(zramconf::DEFAULT_PRIORITY),
         mem_limit_bytes: cfg.mem_limit_bytes,
         backing: store.backing,
+        recompress: store.recompress,
         source,
     }))
 }

@@ -1,0 +1,200 @@
+//! `compcache-storebench --recompress`: what background recompression (`recompress/` in the
+//! store) buys on real pages, in one run, against kernel zram given the same pages.
+//!
+//! compcache rows: the store with lz4 and no recompression; with recompression (zstd level 9,
+//! no dictionary); with recompression and a self-trained dictionary. Each is filled, its pages
+//! aged past the idle age, and recompressed until a whole pass of the device changes nothing
+//! ("settled"); then `mem_used_total`, the CPU time recompression took per GiB of data, and the
+//! latency of single-page reads (random order, one thread, p50/p99) are taken. Writes are timed
+//! before recompression: the write path does not change with it.
+//!
+//! zram rows: lzo-rle (its default), lz4, zstd, and zstd with a dictionary through
+//! `algorithm_params` (Linux 6.12+; trained by zstd's trainer on a sample of the same pages,
+//! which favours zram slightly), memory from `mm_stat` after the same pages are written.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use compcache_store::{Config, DictSource, RecompressConfig, Store, PAGE_SIZE};
+use serde::Serialize;
+
+use crate::zram;
+
+#[derive(Serialize, Clone)]
+struct RecompRow {
+    name: String,
+    mem_bytes: u64,
+    write_pages_per_s: f64,
+    /// compcache with recompression: CPU seconds it took per GiB of data stored.
+    recompress_cpu_s_per_gib: Option<f64>,
+    /// Single-page reads, ns (compcache only).
+    read_p50_ns: Option<u64>,
+    read_p99_ns: Option<u64>,
+    /// Pages recompressed (with a dictionary) when settled.
+    recomp_pages: u64,
+    recomp_dict_pages: u64,
+}
+
+pub fn main(data: &[u8], with_zram: bool, json: Option<&Path>) {
+    let pages = data.len() / PAGE_SIZE;
+    let gib = data.len() as f64 / (1u64 << 30) as f64;
+    let mut rows = vec![
+        compcache(data, "compcache lz4", None),
+        compcache(
+            data,
+            "compcache lz4 + recompress zstd-9",
+            Some(RecompressConfig { dict: DictSource::None, ..RecompressConfig::default() }),
+        ),
+        compcache(data, "compcache lz4 + recompress zstd-9 + dict", Some(RecompressConfig::default())),
+    ];
+    for r in &mut rows {
+        if let Some(cpu) = r.recompress_cpu_s_per_gib.as_mut() {
+            *cpu /= gib;
+        }
+    }
+    if with_zram {
+        match zram::available() {
+            Ok(()) => {
+                let dict = train_dict(data);
+                for (name, alg, params) in [
+                    ("zram lzo-rle", "lzo-rle", None),
+                    ("zram lz4", "lz4", None),
+                    ("zram zstd", "zstd", None),
+                    ("zram zstd + dict", "zstd", dict.as_ref().map(|p| format!("dict={}", p.display()))),
+                ] {
+                    if name.ends_with("dict") && params.is_none() {
+                        continue;
+                    }
+                    match zram::bench(data, alg, params.as_deref(), 1) {
+                        Ok(r) => rows.push(RecompRow {
+                            name: name.into(),
+                            mem_bytes: r.mem_bytes,
+                            write_pages_per_s: r.write_pages_per_s,
+                            recompress_cpu_s_per_gib: None,
+                            read_p50_ns: None,
+                            read_p99_ns: None,
+                            recomp_pages: 0,
+                            recomp_dict_pages: 0,
+                        }),
+                        Err(e) => eprintln!("  {name} skipped: {e}"),
+                    }
+                }
+                if let Some(p) = dict {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            Err(why) => eprintln!("  zram skipped: {why}"),
+        }
+    }
+    print(pages, &rows);
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("compcache-storebench: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+}
+
+fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>) -> RecompRow {
+    let pages = data.len() / PAGE_SIZE;
+    let idle = rc.as_ref().map_or(0, |r| r.idle_secs);
+    let store = Store::new(Config { recompress: rc, ..Config::with_disksize(data.len() as u64) }).expect("store for the page set");
+    let mut ctx = store.context();
+    let start = Instant::now();
+    for (i, p) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        store.write_page(&mut ctx, i as u64, p).expect("write");
+    }
+    let write_pages_per_s = pages as f64 / start.elapsed().as_secs_f64();
+    store.advance_clock(idle + 1);
+    if store.recompresses() {
+        // Settled: a pass over every slot that installs and rejects nothing.
+        let mut quiet = 0u64;
+        while quiet < pages as u64 {
+            let r = store.recompress(Duration::from_secs(3600));
+            quiet = if r.done + r.rejected == 0 { quiet + r.scanned.max(1) } else { 0 };
+        }
+    }
+    store.compact();
+    let s = store.stats();
+    let (p50, p99) = read_latency(&store, data);
+    eprintln!(
+        "  {name}: mem_used_total {:.1} MiB, recompressed {} (with dictionary {})",
+        s.mem_used_total as f64 / 1048576.0,
+        s.recomp_pages,
+        s.recomp_dict_pages
+    );
+    RecompRow {
+        name: name.into(),
+        mem_bytes: s.mem_used_total,
+        write_pages_per_s,
+        recompress_cpu_s_per_gib: store.recompresses().then_some(s.recompress_cpu_ms as f64 / 1000.0),
+        read_p50_ns: Some(p50),
+        read_p99_ns: Some(p99),
+        recomp_pages: s.recomp_pages,
+        recomp_dict_pages: s.recomp_dict_pages,
+    }
+}
+
+/// Single-page reads in a random order (every page checked): p50 and p99 in ns.
+fn read_latency(store: &Store, data: &[u8]) -> (u64, u64) {
+    let pages = data.len() / PAGE_SIZE;
+    let mut ctx = store.context();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut order: Vec<usize> = (0..pages).collect();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in (1..pages).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let mut ns: Vec<u64> = Vec::with_capacity(pages);
+    for i in order {
+        let t = Instant::now();
+        store.read_page(&mut ctx, i as u64, &mut buf).expect("read");
+        ns.push(t.elapsed().as_nanos() as u64);
+        assert!(buf == data[i * PAGE_SIZE..][..PAGE_SIZE], "page {i} read back wrong");
+    }
+    ns.sort_unstable();
+    (ns[ns.len() / 2], ns[ns.len() * 99 / 100])
+}
+
+/// A zstd dictionary (16 KiB) trained on every 16th page, for zram's `algorithm_params`, in a
+/// private temporary file; `None` if training fails.
+fn train_dict(data: &[u8]) -> Option<std::path::PathBuf> {
+    let sample: Vec<u8> = data.chunks_exact(PAGE_SIZE).step_by(16).take(4096).flatten().copied().collect();
+    let sizes = vec![PAGE_SIZE; sample.len() / PAGE_SIZE];
+    let dict = zstd::dict::from_continuous(&sample, &sizes, 16 << 10).map_err(|e| eprintln!("  dictionary training failed: {e}")).ok()?;
+    let path = std::env::temp_dir().join(format!("compcache-storebench-{}.dict", std::process::id()));
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).ok()?;
+    std::io::Write::write_all(&mut f, &dict).ok()?;
+    Some(path)
+}
+
+fn print(pages: usize, rows: &[RecompRow]) {
+    let by = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.mem_bytes as f64);
+    let (lzo, zstd) = (by("zram lzo-rle"), by("zram zstd"));
+    let ratio = |m: u64, b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.3}x", m as f64 / b));
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    println!("### Recompression: {pages} pages ({} MiB)", (pages * PAGE_SIZE) >> 20);
+    println!();
+    println!("| store | mem_used_total MiB | vs zram lzo-rle | vs zram zstd | write pages/s | recompress CPU s/GiB | read p50 ns | read p99 ns | recompressed (dict) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {:.1} | {} | {} | {:.0} | {} | {} | {} | {} ({}) |",
+            r.name,
+            r.mem_bytes as f64 / 1048576.0,
+            ratio(r.mem_bytes, lzo),
+            ratio(r.mem_bytes, zstd),
+            r.write_pages_per_s,
+            r.recompress_cpu_s_per_gib.map_or("-".to_string(), |c| format!("{c:.1}")),
+            opt(r.read_p50_ns),
+            opt(r.read_p99_ns),
+            r.recomp_pages,
+            r.recomp_dict_pages,
+        );
+    }
+}
