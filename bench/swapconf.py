@@ -14,6 +14,7 @@ end, so one stuck step does not leave the rest behind.
   nbdkit-zstd   nbdkit memory allocator=zstd, via nbdfuse + loop device
   compcache     compcache serve, via nbdfuse + loop device
   compcache-fuse  compcache fuse: its own FUSE file + loop device ("compcache (FUSE)")
+  compcache-fuse-recompress  the same with --recompress on (idle after 10 s; docs/store.md)
 """
 
 from __future__ import annotations
@@ -446,10 +447,12 @@ class CompcacheFuseSwap(SwapConfig):
     label = "compcache (FUSE)"
     tools = ("mkswap", "swapon", "swapoff", "losetup")
 
-    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None, algorithm: str = "lz4"):
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None, algorithm: str = "lz4",
+                 extra_args: tuple = ()):
         super().__init__(system, ledger, workdir, size_bytes)
         self.binary = binary
         self.algorithm = algorithm
+        self.extra_args = list(extra_args)
 
     def unavailable(self):
         if self.binary and not self.system.exists("/dev/fuse"):
@@ -461,7 +464,7 @@ class CompcacheFuseSwap(SwapConfig):
         self.system.mkdir(base)
         self.log_path = os.path.join(base, "server.log")
         self.server_log = self.system.open_log(self.log_path)
-        argv = [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm]
+        argv = [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm, *self.extra_args]
         self.info["server_argv"] = argv
         self.server = self.system.spawn(argv, stdout=self.server_log, stderr=subprocess.STDOUT)
         self.ledger.add("pids", self.server.pid)
@@ -519,7 +522,20 @@ class CompcacheFuseSwap(SwapConfig):
         return compcache_stats(self.system, self.binary, f"/run/compcache/{os.path.basename(loop)}.ctl", self.server_rss_bytes())
 
 
-ALL_CONFIGS = ("noswap", "disk", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache", "compcache-fuse")
+class CompcacheFuseRecompressSwap(CompcacheFuseSwap):
+    """`compcache fuse --recompress on`: background recompression of pages idle for 10 s
+    (zstd level 9 and a trained dictionary, docs/store.md "Recompression")."""
+
+    name = "compcache-fuse-recompress"
+    label = "compcache (FUSE, recompress)"
+
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None):
+        super().__init__(system, ledger, workdir, size_bytes, binary,
+                         extra_args=("--recompress", "on", "--recompress-idle", "10"))
+
+
+ALL_CONFIGS = ("noswap", "disk", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache", "compcache-fuse",
+               "compcache-fuse-recompress")
 
 
 def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_bytes: int,
@@ -538,4 +554,6 @@ def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_by
         return CompcacheSwap(system, ledger, workdir, size_bytes, compcache_bin)
     if name == "compcache-fuse":
         return CompcacheFuseSwap(system, ledger, workdir, size_bytes, compcache_bin)
+    if name == "compcache-fuse-recompress":
+        return CompcacheFuseRecompressSwap(system, ledger, workdir, size_bytes, compcache_bin)
     raise ValueError(f"unknown configuration {name!r} (known: {', '.join(ALL_CONFIGS)})")

@@ -8,7 +8,8 @@
 //! changed for it.
 //!
 //! Checked: no panic (and no stack overflow); an expression's value is finite; a device size or
-//! memory limit is whole pages; a size is positive when it is given.
+//! memory limit is whole pages; a size is positive when it is given; an algorithm list names an
+//! algorithm first.
 
 #[allow(dead_code)]
 // Formatted with the main workspace, not from here.
@@ -16,7 +17,7 @@
 #[path = "../../crates/cli/src/cmd/zramconf.rs"]
 pub mod parser;
 
-use parser::{eval, interpret, parse_algorithm, parse_into};
+use parser::{eval, interpret, parse_algorithms, parse_into};
 
 pub fn run(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
@@ -40,6 +41,8 @@ pub fn run(data: &[u8]) {
         if let Ok(v) = eval(line, 2048.0) {
             assert!(v.is_finite(), "`{line}` evaluates to {v}");
         }
-        let _ = parse_algorithm(line);
+        if let Ok(specs) = parse_algorithms(line) {
+            assert!(specs[0].name.is_some(), "`{line}`: the first entry names no algorithm");
+        }
     }
 }

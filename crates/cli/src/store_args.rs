@@ -54,10 +54,11 @@ pub struct StoreArgs {
     pub size: Option<String>,
 
     /// Compression algorithm [default: lz4] (zram-generator: compression-algorithm).
-    #[arg(long, value_name = "lz4|zstd")]
+    #[arg(long, value_name = "lz4|lz4hc|zstd")]
     pub algorithm: Option<String>,
 
-    /// Compression level (zstd: 1..=22 or -7..=-1; lz4 ignores it).
+    /// Compression level, as zram's algorithm_params level (zstd: 1..=22 or -7..=-1; lz4: the
+    /// acceleration, 1..=65537, higher is faster and compresses less; lz4hc: 1..=12).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub level: Option<i32>,
 

@@ -286,7 +286,7 @@ fn bad_flags_fail_with_one_clear_line() {
     let cases: &[(&[&str], &str)] = &[
         (&["serve", "--size", "12Q"], "--size"),
         (&["serve", "--size", "0"], "at least one"),
-        (&["serve", "--algorithm", "lzo"], "lz4 or zstd"),
+        (&["serve", "--algorithm", "lzo"], "lz4, lz4hc or zstd"),
         (&["serve", "--algorithm", "zstd", "--level", "40"], "level 40"),
         (&["serve", "--mem-limit", "1000T"], "above physical RAM"),
         (&["serve", "--size", "100000T"], "slot table"),

@@ -410,7 +410,7 @@ mod tests {
         let e = args(&["--size", "12Q"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.starts_with("--size"), "{e}");
         let e = args(&["--algorithm", "lzo"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
-        assert!(e.contains("lz4 or zstd"), "{e}");
+        assert!(e.contains("lz4, lz4hc or zstd"), "{e}");
         let e = args(&["--algorithm", "zstd", "--level", "99"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.contains("level 99"), "{e}");
     }

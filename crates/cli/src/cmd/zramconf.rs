@@ -106,8 +106,20 @@ pub struct Device {
     pub mem_limit_bytes: Option<u64>,
     /// `writeback-device`: the backing device.
     pub writeback_device: Option<PathBuf>,
+    /// Recompression, asked for by a second algorithm in `compression-algorithm` (zram's
+    /// `recomp_algorithm`) or a dictionary (`dict=PATH`); compcache recompresses with zstd.
+    pub recompress: Option<Recompress>,
     /// Things worth telling the user (ignored keys, substituted algorithms).
     pub notes: Vec<String>,
+}
+
+/// Recompression settings from `compression-algorithm`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recompress {
+    /// The zstd level of a zstd secondary algorithm (`zstd(level=N)`).
+    pub level: Option<i32>,
+    /// A dictionary (`dict=PATH`, on the primary or a secondary algorithm).
+    pub dict: Option<PathBuf>,
 }
 
 /// Interprets a section on a machine with `ram_mib` MiB of RAM.
@@ -119,6 +131,7 @@ pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
         priority: None,
         mem_limit_bytes: None,
         writeback_device: None,
+        recompress: None,
         notes: Vec::new(),
     };
     let ctx = |key: &str, e: String| format!("[{}] {key}: {e}", section.name);
@@ -154,15 +167,8 @@ pub fn interpret(section: &Section, ram_mib: f64) -> Result<Device, String> {
         dev.mem_limit_bytes = Some(mib_to_pages_bytes(mib.max(0.0)));
     }
     if let Some(alg) = section.keys.get("compression-algorithm") {
-        let (name, level) = parse_algorithm(alg).map_err(|e| ctx("compression-algorithm", e))?;
-        match name.as_str() {
-            "lz4" | "zstd" => dev.algorithm = Some(name),
-            other => {
-                dev.notes.push(format!("[{}] compression-algorithm {other}: compcache has lz4 and zstd; using lz4", section.name));
-                dev.algorithm = Some("lz4".into());
-            }
-        }
-        dev.level = level;
+        let specs = parse_algorithms(alg).map_err(|e| ctx("compression-algorithm", e))?;
+        interpret_algorithms(&section.name, &specs, &mut dev);
     }
     dev.writeback_device = section.keys.get("writeback-device").filter(|p| !p.is_empty()).map(PathBuf::from);
     if let Some(p) = section.keys.get("swap-priority") {
@@ -177,21 +183,120 @@ fn mib_to_pages_bytes(mib: f64) -> u64 {
 }
 
 /// `zstd(level=3)`, `lzo-rle`, `lz4 zstd(level=9) (type=idle)`: the first algorithm and its level.
-pub fn parse_algorithm(text: &str) -> Result<(String, Option<i32>), String> {
-    let first = text.split_whitespace().next().ok_or("empty")?;
-    let (name, params) = match first.split_once('(') {
-        Some((n, rest)) => (n, Some(rest.trim_end_matches(')'))),
-        None => (first, None),
-    };
-    let mut level = None;
-    for p in params.into_iter().flat_map(|p| p.split(',')) {
-        match p.trim().split_once('=') {
-            Some(("level", v)) => level = Some(v.trim().parse().map_err(|_| format!("level `{v}` is not a number"))?),
-            Some(_) | None if p.trim().is_empty() => {}
-            _ => {} // dict=..., other parameters: zram-only
+/// One entry of a `compression-algorithm` list: `name`, `name(key=value, ...)`, or a bare
+/// `(key=value, ...)` group (zram-generator's recompression parameters, e.g. `(type=idle)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlgorithmSpec {
+    pub name: Option<String>,
+    pub params: Vec<(String, String)>,
+}
+
+impl AlgorithmSpec {
+    fn param(&self, key: &str) -> Option<&str> {
+        self.params.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    fn level(&self) -> Result<Option<i32>, String> {
+        self.param("level").map(|v| v.parse().map_err(|_| format!("level `{v}` is not a number"))).transpose()
+    }
+}
+
+/// Splits a `compression-algorithm` value into its entries: the first names the primary
+/// algorithm, the others zram's recompression algorithms (`recomp_algorithm`); parentheses
+/// may hold spaces.
+pub fn parse_algorithms(text: &str) -> Result<Vec<AlgorithmSpec>, String> {
+    let mut specs = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let name_end = rest.find(|c: char| c == '(' || c.is_whitespace()).unwrap_or(rest.len());
+        let name = &rest[..name_end];
+        rest = &rest[name_end..];
+        let mut params = Vec::new();
+        if let Some(inner) = rest.strip_prefix('(') {
+            let close = inner.find(')').ok_or_else(|| format!("`{text}`: a `(` is not closed"))?;
+            // `key=value` pairs, separated by commas or spaces (zram's algorithm_params uses
+            // spaces); spaces around `=` are allowed.
+            let inner_text = inner[..close].replace(|c: char| c.is_whitespace(), " ");
+            let mut words = inner_text.split([',', ' ']).filter(|w| !w.is_empty()).peekable();
+            while let Some(w) = words.next() {
+                let (k, v) = match w.split_once('=') {
+                    Some((k, "")) => (k, words.next().unwrap_or("")),
+                    Some((k, v)) => (k, v),
+                    None if words.peek() == Some(&"=") => {
+                        words.next();
+                        (w, words.next().unwrap_or(""))
+                    }
+                    None => match words.peek().and_then(|n| n.strip_prefix('=')) {
+                        Some(v) => {
+                            words.next();
+                            (w, v)
+                        }
+                        None => return Err(format!("`{w}` is not key=value")),
+                    },
+                };
+                params.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+            rest = &inner[close + 1..];
+        }
+        if name.is_empty() && params.is_empty() {
+            return Err(format!("`{text}`: an empty entry"));
+        }
+        specs.push(AlgorithmSpec { name: (!name.is_empty()).then(|| name.to_ascii_lowercase()), params });
+        rest = rest.trim_start();
+    }
+    if specs.first().is_none_or(|s| s.name.is_none()) {
+        return Err(format!("`{text}`: no algorithm named first"));
+    }
+    Ok(specs)
+}
+
+/// The primary algorithm (`dev.algorithm`, `dev.level`) and recompression (`dev.recompress`)
+/// from a `compression-algorithm` list, with a note for each thing compcache does its own way.
+fn interpret_algorithms(section: &str, specs: &[AlgorithmSpec], dev: &mut Device) {
+    let primary = &specs[0];
+    let name = primary.name.clone().unwrap_or_default();
+    match name.as_str() {
+        "lz4" | "lz4hc" | "zstd" => {
+            dev.algorithm = Some(name.clone());
+            match primary.level() {
+                Ok(level) => dev.level = level,
+                Err(e) => dev.notes.push(format!("[{section}] compression-algorithm {name}: {e}; using the default level")),
+            }
+        }
+        other => {
+            dev.notes.push(format!("[{section}] compression-algorithm {other}: compcache has lz4, lz4hc and zstd; using lz4"));
+            dev.algorithm = Some("lz4".into());
         }
     }
-    Ok((name.to_ascii_lowercase(), level))
+    let mut recompress: Option<Recompress> = None;
+    if let Some(dict) = primary.param("dict") {
+        dev.notes.push(format!(
+            "[{section}] compression-algorithm {name}(dict={dict}): compcache uses the dictionary for recompressed pages (--recompress on --dict {dict})"
+        ));
+        recompress.get_or_insert_with(Recompress::default).dict = Some(PathBuf::from(dict));
+    }
+    for spec in &specs[1..] {
+        match spec.name.as_deref() {
+            Some("zstd") => {
+                let r = recompress.get_or_insert_with(Recompress::default);
+                r.level = spec.level().ok().flatten().or(r.level);
+                if let Some(d) = spec.param("dict") {
+                    r.dict = Some(PathBuf::from(d));
+                }
+            }
+            Some(other) => {
+                dev.notes.push(format!(
+                    "[{section}] recompression algorithm {other}: compcache recompresses with zstd (level 9 and a dictionary of its own)"
+                ));
+                recompress.get_or_insert_with(Recompress::default);
+            }
+            None => dev.notes.push(format!(
+                "[{section}] recompression parameters ({}): compcache recompresses idle and huge pages by itself, within its CPU budget",
+                spec.params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+    dev.recompress = recompress;
 }
 
 /// How deeply an expression may nest (parentheses, function arguments, unary minus). The
@@ -349,9 +454,41 @@ mod tests {
 
     #[test]
     fn algorithms_take_the_first_and_its_level() {
-        assert_eq!(parse_algorithm("lz4").unwrap(), ("lz4".into(), None));
-        assert_eq!(parse_algorithm("zstd(level=3)").unwrap(), ("zstd".into(), Some(3)));
-        assert_eq!(parse_algorithm("lzo-rle zstd(level=9) (type=idle)").unwrap(), ("lzo-rle".into(), None));
+        let first = |t: &str| {
+            let s = parse_algorithms(t).unwrap().remove(0);
+            let level = s.level().unwrap();
+            (s.name.unwrap(), level)
+        };
+        assert_eq!(first("lz4"), ("lz4".into(), None));
+        assert_eq!(first("zstd(level=3)"), ("zstd".into(), Some(3)));
+        assert_eq!(first("lzo-rle zstd(level=9) (type=idle)"), ("lzo-rle".into(), None));
+    }
+
+    fn device_of(alg: &str) -> Device {
+        let mut s = Vec::new();
+        parse_into(&mut s, &format!("[zram0]\ncompression-algorithm = {alg}\n"), "t").unwrap();
+        interpret(&s[0], 1024.0).unwrap()
+    }
+
+    #[test]
+    fn secondary_algorithms_and_dictionaries_become_recompression() {
+        let d = device_of("lz4 zstd(level=12, dict=/etc/zram.dict) (type=idle)");
+        assert_eq!((d.algorithm.as_deref(), d.level), (Some("lz4"), None));
+        assert_eq!(d.recompress, Some(Recompress { level: Some(12), dict: Some("/etc/zram.dict".into()) }));
+        assert!(d.notes.iter().any(|n| n.contains("type=idle")), "{:?}", d.notes);
+        let d = device_of("zstd(level=3,dict=/d)");
+        assert_eq!((d.algorithm.as_deref(), d.level), (Some("zstd"), Some(3)));
+        assert_eq!(d.recompress, Some(Recompress { level: None, dict: Some("/d".into()) }));
+        let d = device_of("lzo-rle lz4hc (type=huge)");
+        assert_eq!((d.algorithm.as_deref(), d.recompress.clone()), (Some("lz4"), Some(Recompress::default())));
+        assert_eq!(device_of("lz4hc(level=10)").recompress, None);
+        assert_eq!(device_of("lz4hc(level=10)").level, Some(10));
+        let both = vec![("level".into(), "3".into()), ("dict".into(), "/a".into())];
+        assert_eq!(parse_algorithms("zstd( level = 3 , dict=/a )").unwrap()[0].params, both);
+        assert_eq!(parse_algorithms("zstd(level=3 dict=/a)").unwrap()[0].params, both);
+        assert_eq!(parse_algorithms("zstd(level =3,dict= /a)").unwrap()[0].params, both);
+        assert!(parse_algorithms("zstd(level)").is_err());
+        assert!(parse_algorithms("(type=idle)").is_err() && parse_algorithms("zstd(level=3").is_err());
     }
 
     #[test]

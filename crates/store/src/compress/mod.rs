@@ -15,20 +15,25 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Algorithm {
-    /// LZ4 (the reference liblz4): the default, as in zram; fastest.
+    /// LZ4 (the reference liblz4): the default, as in zram; fastest. Its level is the
+    /// acceleration (1, the default, ..=65537: faster, less compression), as zram's.
     Lz4,
+    /// LZ4HC, lz4's high-compression mode (level 1..=12, default 9): slower to write, the same
+    /// lz4 format and read speed.
+    Lz4hc,
     /// Zstandard with a level (1..=22; default 3): better ratio, slower.
     Zstd,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order `--help` lists them.
-    pub const ALL: [Algorithm; 2] = [Algorithm::Lz4, Algorithm::Zstd];
+    pub const ALL: [Algorithm; 3] = [Algorithm::Lz4, Algorithm::Lz4hc, Algorithm::Zstd];
 
     /// The name used on the command line and in statistics (zram's `comp_algorithm` names).
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Lz4 => "lz4",
+            Algorithm::Lz4hc => "lz4hc",
             Algorithm::Zstd => "zstd",
         }
     }
@@ -37,7 +42,10 @@ impl Algorithm {
     pub fn check_level(self, level: Option<i32>) -> Result<(), StoreError> {
         match (self, level) {
             (_, None) => Ok(()),
-            (Algorithm::Lz4, Some(_)) => Ok(()), // accepted and ignored, as zram does
+            (Algorithm::Lz4, Some(a)) if (1..=65537).contains(&a) => Ok(()),
+            (Algorithm::Lz4, Some(a)) => Err(StoreError::Config(format!("lz4 acceleration {a} is outside 1..=65537"))),
+            (Algorithm::Lz4hc, Some(l)) if (1..=12).contains(&l) => Ok(()),
+            (Algorithm::Lz4hc, Some(l)) => Err(StoreError::Config(format!("lz4hc level {l} is outside 1..=12"))),
             (Algorithm::Zstd, Some(l)) if (1..=22).contains(&l) || (-7..=-1).contains(&l) => Ok(()),
             (Algorithm::Zstd, Some(l)) => Err(StoreError::Config(format!("zstd level {l} is outside -7..=-1 and 1..=22"))),
         }
@@ -46,7 +54,8 @@ impl Algorithm {
     /// Builds the shared backend for this algorithm.
     pub fn backend(self, level: Option<i32>) -> Box<dyn Backend> {
         match self {
-            Algorithm::Lz4 => Box::new(lz4::Lz4),
+            Algorithm::Lz4 => Box::new(lz4::Lz4::new(level)),
+            Algorithm::Lz4hc => Box::new(lz4::Lz4hc::new(level)),
             Algorithm::Zstd => Box::new(zstd::Zstd::new(level)),
         }
     }
@@ -63,8 +72,9 @@ impl FromStr for Algorithm {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "lz4" => Ok(Algorithm::Lz4),
+            "lz4hc" => Ok(Algorithm::Lz4hc),
             "zstd" => Ok(Algorithm::Zstd),
-            other => Err(format!("unknown compression algorithm '{other}' (choose lz4 or zstd)")),
+            other => Err(format!("unknown compression algorithm '{other}' (choose lz4, lz4hc or zstd)")),
         }
     }
 }
@@ -176,7 +186,7 @@ mod tests {
     #[test]
     fn every_backend_round_trips_pages() {
         for alg in Algorithm::ALL {
-            for level in [None, Some(1), Some(9)] {
+            for level in [None, Some(1), Some(9), Some(12)] {
                 let backend = alg.backend(level);
                 let mut ctx = backend.new_context();
                 for page in sample_pages() {
@@ -188,6 +198,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The levels mean what they mean to zram: lz4's is an acceleration (higher: larger
+    /// output), lz4hc's a level (higher: smaller output), and lz4hc output is lz4 format.
+    #[test]
+    fn levels_mean_what_they_mean_to_zram() {
+        let mut page = Vec::new();
+        let mut n = 7u64;
+        while page.len() < PAGE_SIZE {
+            n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            page.extend_from_slice(format!("key{} = value {}; ", n >> 58, (n >> 40) % 1000).as_bytes());
+        }
+        page.truncate(PAGE_SIZE);
+        let size = |alg: Algorithm, level: Option<i32>| {
+            let mut c = vec![0u8; MAX_COMPRESSED_BYTES];
+            alg.backend(level).new_context().compress(&page, &mut c).unwrap()
+        };
+        let (lz4, fast, hc) = (size(Algorithm::Lz4, None), size(Algorithm::Lz4, Some(64)), size(Algorithm::Lz4hc, Some(12)));
+        assert!(fast > lz4 && hc < lz4, "lz4 {lz4}, acceleration 64 {fast}, lz4hc 12 {hc}");
+        let mut c = vec![0u8; MAX_COMPRESSED_BYTES];
+        let n = Algorithm::Lz4hc.backend(None).new_context().compress(&page, &mut c).unwrap();
+        let mut out = vec![0u8; PAGE_SIZE];
+        Algorithm::Lz4.backend(None).new_context().decompress(&c[..n], &mut out).unwrap();
+        assert_eq!(out, page);
     }
 
     #[test]
@@ -208,7 +242,8 @@ mod tests {
         for alg in Algorithm::ALL {
             assert_eq!(alg.name().parse::<Algorithm>().unwrap(), alg);
         }
-        assert!("lzo".parse::<Algorithm>().unwrap_err().contains("lz4 or zstd"));
+        assert!("lzo".parse::<Algorithm>().unwrap_err().contains("lz4, lz4hc or zstd"));
+        assert!(Algorithm::Lz4hc.check_level(Some(13)).is_err() && Algorithm::Lz4.check_level(Some(0)).is_err());
         assert!(Algorithm::Zstd.check_level(Some(30)).is_err());
     }
 }

@@ -75,6 +75,18 @@ pub(super) fn settings(args: &SwaponArgs, ram_bytes: u64) -> Result<Option<Setti
     if store.backing.backing.is_none() {
         store.backing.backing = conf.as_ref().and_then(|c| c.writeback_device.clone());
     }
+    // Recompression asked for by the configuration (a second algorithm, a dictionary), unless
+    // the flags say something about it.
+    if store.recompress == RecompressArgs::default() {
+        if let Some(r) = conf.as_ref().and_then(|c| c.recompress.clone()) {
+            store.recompress = RecompressArgs {
+                recompress: Some("on".into()),
+                recompress_level: r.level,
+                dict: r.dict.map(|d| d.display().to_string()),
+                ..RecompressArgs::default()
+            };
+        }
+    }
     let cfg = store.config_for_ram(ram_bytes)?;
     Ok(Some(Settings {
         size_bytes: cfg.disksize_bytes,
@@ -157,5 +169,18 @@ mod tests {
         assert_eq!(settings(&args(&["--no-config"]), 2 * GIB).unwrap().unwrap().backing.backing, None);
         let e = settings(&args(&["--no-config", "--writeback-limit", "1G"]), 2 * GIB).unwrap_err().to_string();
         assert!(e.contains("need --backing"), "{e}");
+    }
+
+    #[test]
+    fn a_recompression_algorithm_turns_recompression_on() {
+        let f = ConfigFile::new("recomp", "[zram0]\nzram-size = 1024\ncompression-algorithm = lz4 zstd(level=15) (type=idle)\n");
+        let c = &f.path();
+        let s = settings(&args(&["--config", c]), 2 * GIB).unwrap().unwrap();
+        assert_eq!((s.recompress.recompress.as_deref(), s.recompress.recompress_level), (Some("on"), Some(15)));
+        assert!(s.recompress.to_args().contains(&"--recompress-level".into()));
+        // The flags, when they say anything about recompression, win.
+        let s = settings(&args(&["--config", c, "--recompress", "off"]), 2 * GIB).unwrap().unwrap();
+        assert_eq!((s.recompress.recompress.as_deref(), s.recompress.recompress_level), (Some("off"), None));
+        assert_eq!(settings(&args(&["--no-config"]), 2 * GIB).unwrap().unwrap().recompress, RecompressArgs::default());
     }
 }
