@@ -2,6 +2,7 @@
 re-encodes the pages nbdcopy wrote (real process pages, tools/pagedump) in the background,
 `compcache stat` shows it, the memory goes down, and every byte reads back as written."""
 import os
+import time
 
 from conftest import file_sha256, need, run, stat_of, wait_for
 
@@ -35,3 +36,29 @@ def test_recompression_flags_need_it_on(compcache_bin):
     r = run([compcache_bin, "serve", "--size", "16M", "--dict", "none"], check=False, timeout=30)
     assert r.returncode != 0
     assert "need --recompress on" in r.stderr
+
+
+def test_recompression_is_tuned_paused_and_run_through_the_control_socket(start_server, compcache_bin, page_files):
+    need("nbdcopy")
+    src = page_files["python"]
+    srv = start_server(str(os.path.getsize(src)), "--recompress", "on", "--recompress-idle", "0")
+    ctl = ["--control", srv.control]
+    out = run([compcache_bin, "recompress", *ctl, "--pause", "--json"]).stdout
+    assert '"paused": true' in out, out
+    run(["nbdcopy", "-S", "0", "--flush", src, srv.uri])
+    # Paused: the thread takes steps (every 200 ms) but does nothing.
+    time.sleep(1.5)
+    assert srv.stat()["recompress_done"] == 0
+    said = run([compcache_bin, "recompress", *ctl, "--now", "10"]).stdout
+    assert "pages recompressed" in said, said
+    assert srv.stat()["recompress_done"] > 0
+    said = run([compcache_bin, "recompress", *ctl, "--idle", "30", "--cpu", "20"]).stdout
+    assert "recompression paused: pages idle 30 s" in said and "CPU 20%" in said, said
+    bad = run([compcache_bin, "recompress", *ctl, "--cpu", "0"], check=False)
+    assert bad.returncode != 0 and "outside 1..=100" in bad.stderr, bad.stderr
+    run([compcache_bin, "recompress", *ctl, "--resume"])
+
+
+def test_recompress_on_a_device_without_it_says_how_to_turn_it_on(server, compcache_bin):
+    r = run([compcache_bin, "recompress", "--control", server.control], check=False)
+    assert r.returncode != 0 and "--recompress on" in r.stderr, r.stderr

@@ -38,6 +38,8 @@ enum Command {
     Ublk(cmd::device::UblkArgs),
     NbdAttach(cmd::device::NbdAttachArgs),
     Fuse(cmd::fuse::FuseArgs),
+    Dict(cmd::dict::Args),
+    Recompress(cmd::recompress::Args),
 }
 
 fn main() {
@@ -51,6 +53,8 @@ fn main() {
         Command::Ublk(a) => cmd::device::run_ublk(a),
         Command::NbdAttach(a) => cmd::device::run_nbd_attach(a),
         Command::Fuse(a) => cmd::fuse::run_fuse(a),
+        Command::Dict(a) => cmd::dict::run(a),
+        Command::Recompress(a) => cmd::recompress::run(a),
     };
     if let Err(f) = result {
         log::error(&f.to_string());

@@ -553,3 +553,57 @@ fn backing_file_after_stop(plaintext: bool) {
     assert!(status.success(), "{stderr}");
     assert!(!on_file(&backing), "swapped-out data outlived the server");
 }
+
+/// A page of key=value records (what a dictionary helps with), its number in it.
+fn record_page(i: u64) -> Vec<u8> {
+    let mut p = Vec::new();
+    let mut n = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while p.len() < 4096 {
+        n ^= n << 13;
+        n ^= n >> 7;
+        n ^= n << 17;
+        p.extend_from_slice(format!("user={} score={} tags=[a{},b] ", n % 977, n % 1000, n % 7).as_bytes());
+    }
+    p.truncate(4096);
+    p[..8].copy_from_slice(&i.to_le_bytes());
+    p
+}
+
+#[test]
+fn dict_train_writes_a_private_dictionary_that_a_server_accepts() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("dict");
+    let dump = dir.path("pages.bin");
+    let mut bytes: Vec<u8> = (0..600).flat_map(record_page).collect();
+    bytes.extend(vec![0u8; 64 * 4096]); // zero pages, skipped
+    std::fs::write(&dump, &bytes).unwrap();
+    let dict = dir.path("pages.dict");
+    let d = dict.to_str().unwrap();
+    let o = compcache(&["dict", "train", "--from", dump.to_str().unwrap(), "--out", d]);
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("skipped") && said.contains("saves"), "{said}");
+    assert_eq!(std::fs::metadata(&dict).unwrap().permissions().mode() & 0o777, 0o600);
+    // Never over an existing file.
+    let o = compcache(&["dict", "train", "--from", dump.to_str().unwrap(), "--out", d]);
+    assert!(!o.status.success() && stderr_of(&o).contains("pages.dict"), "{}", stderr_of(&o));
+    // A server takes it; one that is not a dictionary is refused with its name.
+    let server = ServerGuard::start(&dir, &["--size", "16M", "--recompress", "on", "--dict", d]);
+    drop(server);
+    let junk = dir.path("junk.dict");
+    let mut j = vec![0x37, 0xa4, 0x30, 0xec, 1, 2, 3, 4];
+    j.extend([0xffu8; 300]);
+    std::fs::write(&junk, j).unwrap();
+    let o = compcache(&[
+        "serve",
+        "--size",
+        "16M",
+        "--socket",
+        dir.path("s2").to_str().unwrap(),
+        "--recompress",
+        "on",
+        "--dict",
+        junk.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success() && stderr_of(&o).contains("junk.dict"), "{}", stderr_of(&o));
+}

@@ -25,6 +25,7 @@
 //! | `{"cmd":"stat"}`     | `device` (see [`DeviceInfo`]), `stats` (every `Stats` field), `mm_stat`, `io_stat`, `bd_stat`, `ramzswap` (text) |
 //! | `{"cmd":"compact"}`  | `pages_freed`                                                     |
 //! | `{"cmd":"info"}`     | `device`                                                          |
+//! | `{"cmd":"recompress", "set": {..}, "run_ms": N}` | `settings` (recompression's tunables after `set`), `report` (what a run of `run_ms` did, or null) |
 //!
 //! A request line may be at most [`MAX_LINE_BYTES`] long; a longer one ends the connection.
 //! At most [`MAX_CLIENTS`] clients are served at once; one more is answered
@@ -112,10 +113,30 @@ pub fn answer(state: &ControlState, line: &str) -> Value {
         }
         "compact" => json!({"ok": true, "pages_freed": state.store.compact()}),
         "info" => json!({"ok": true, "device": state.device}),
+        "recompress" => recompress(state, &req),
         other => {
-            json!({"ok": false, "error": format!("unknown command {other:?} (known: stat, compact, info)")})
+            json!({"ok": false, "error": format!("unknown command {other:?} (known: stat, compact, info, recompress)")})
         }
     }
+}
+
+/// `{"cmd":"recompress", "set": {...}, "run_ms": N}`: changes recompression's tunables
+/// (`RecompressTuning`'s fields; none: nothing changes) and, with `run_ms`, recompresses now
+/// for up to that much CPU time (at most a minute). Answers the settings after the change and
+/// what the run did.
+fn recompress(state: &ControlState, req: &Value) -> Value {
+    let tuning: compcache_store::RecompressTuning = match req.get("set").map(|v| serde_json::from_value(v.clone())) {
+        None => Default::default(),
+        Some(Ok(t)) => t,
+        Some(Err(e)) => return json!({"ok": false, "error": format!("\"set\": {e}")}),
+    };
+    let settings = match state.store.tune_recompression(&tuning) {
+        Ok(s) => s,
+        Err(e) => return json!({"ok": false, "error": e.to_string()}),
+    };
+    let run_ms = req.get("run_ms").and_then(Value::as_u64).unwrap_or(0).min(60_000);
+    let report = (run_ms > 0).then(|| state.store.recompress(std::time::Duration::from_millis(run_ms)));
+    json!({"ok": true, "settings": settings, "report": report})
 }
 
 /// Accepts control clients forever, a thread each, at most [`MAX_CLIENTS`] at once; never

@@ -15,7 +15,10 @@
 //!   compaction; later cache mode and recompression): find, copy out, install; its contract says
 //!   who locks and who frees what. With the RAM path, the only code touching slots and pool;
 //! - `zspool`: the allocator for compressed objects (size classes, zspages, handles, compaction);
-//! - [`compress`]: the compressor front end and one file per backend;
+//! - [`compress`]: the compressor front end and one file per backend, and the codec a slot
+//!   records;
+//! - [`recompress`]: background recompression of idle and raw pages, and its dictionaries
+//!   (`recompress::dict::train` is also what `compcache dict train` uses);
 //! - [`request`]: one block request (operation, range, data) and its execution, for the front
 //!   ends that decode their own protocol (ublk, FUSE);
 //! - [`stats`]: the counters, with zram's and ramzswap's names, the snapshot, the unit table and
@@ -42,7 +45,7 @@ pub mod compress;
 pub mod config;
 pub mod error;
 mod mover;
-pub(crate) mod recompress;
+pub mod recompress;
 pub mod request;
 pub(crate) mod slot;
 pub mod stats;
@@ -57,7 +60,7 @@ pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
 pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config, DictSource, OriginConfig, RecompressConfig};
 pub use error::StoreError;
-pub use recompress::RecompressReport;
+pub use recompress::{RecompressReport, RecompressSettings, RecompressTuning};
 pub use stats::Stats;
 pub use store::{Allocation, Context, Extent, Extents, Store};
 

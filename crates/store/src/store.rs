@@ -34,7 +34,7 @@ use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES, ORIGIN_WITH_BACKING};
 use crate::error::StoreError;
 use crate::mover::{Clock, Mover};
 use crate::recompress::dict::Dict;
-use crate::recompress::{RecompressReport, Recompressor};
+use crate::recompress::{RecompressReport, RecompressSettings, RecompressTuning, Recompressor};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{BackingGauges, Counters, Gauges, RecompressGauges, Stats};
 use crate::zeroed::ZeroedSlice;
@@ -722,6 +722,22 @@ impl Store {
             self.compact();
         }
         rep
+    }
+
+    /// Changes recompression's tunables on the running device (from the next step on) and
+    /// returns the settings after the change; an error if recompression is off or a value is
+    /// out of range.
+    pub fn tune_recompression(&self, t: &RecompressTuning) -> Result<RecompressSettings, StoreError> {
+        let r = self
+            .recomp
+            .as_ref()
+            .ok_or_else(|| StoreError::Config("recompression is off on this device (start it with --recompress on)".into()))?;
+        r.tune(t).map_err(StoreError::Config)
+    }
+
+    /// Recompression's settings now; `None` when it is off.
+    pub fn recompression_settings(&self) -> Option<RecompressSettings> {
+        self.recomp.as_ref().map(Recompressor::settings)
     }
 
     /// Whether background recompression is configured ([`crate::RecompressConfig`]).

@@ -1,6 +1,8 @@
 //! One module per subcommand, and what the swap servers share.
 
 pub mod compact;
+pub mod dict;
+pub mod recompress;
 pub mod serve;
 pub mod stat;
 // Swap set-up (swapon/swapoff), the servers it starts (ublk and nbd-attach in device.rs, fuse)

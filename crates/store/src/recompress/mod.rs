@@ -43,14 +43,14 @@
 //! independent of the backing tier's maintenance mutex: writeback and recompression may copy
 //! the same page, and the first to install wins (slot.rs rule 8).
 
-pub(crate) mod dict;
+pub mod dict;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::compress::strong::StrongEncoder;
 use crate::compress::{Codec, MAX_COMPRESSED_BYTES};
@@ -80,13 +80,100 @@ const MAX_BANKED_NS: i64 = 200_000_000;
 
 /// The recompression side of a store.
 pub(crate) struct Recompressor {
+    /// As configured at start; the tunables below may change while the device runs.
     pub cfg: RecompressConfig,
+    pub tune: Tuning,
     pub dicts: Dicts,
     pub ctr: RecompressCounters,
     state: Mutex<Option<State>>,
     /// The administrator's dictionary, read when the store was made (`DictSource::File`);
     /// installed on the first step.
     given_dict: Option<Vec<u8>>,
+}
+
+/// What may change on a running device (`Store::tune_recompression`, the control socket's
+/// `recompress` command): read by each step, so a change takes effect at the next one.
+#[derive(Debug)]
+pub(crate) struct Tuning {
+    pub idle_secs: AtomicU64,
+    pub min_saving_bytes: AtomicU64,
+    pub cpu_percent: AtomicU64,
+    pub busy_pages_per_sec: AtomicU64,
+    /// Background steps do nothing (an explicit `Store::recompress` still runs).
+    pub paused: AtomicBool,
+}
+
+/// Changes to recompression's tunables on a running device; `None` leaves one as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecompressTuning {
+    pub idle_secs: Option<u64>,
+    pub min_saving_bytes: Option<u64>,
+    pub cpu_percent: Option<u64>,
+    pub busy_pages_per_sec: Option<u64>,
+    pub paused: Option<bool>,
+}
+
+/// Recompression's tunables as they are now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecompressSettings {
+    pub idle_secs: u64,
+    pub min_saving_bytes: u64,
+    pub cpu_percent: u64,
+    pub busy_pages_per_sec: u64,
+    pub paused: bool,
+    /// Set at start: the zstd level, whether raw pages are taken, the dictionary's source.
+    pub level: i32,
+    pub huge: bool,
+    pub dict: String,
+}
+
+impl Recompressor {
+    /// Applies `t` (checked as the configuration is) and returns the settings after it.
+    pub fn tune(&self, t: &RecompressTuning) -> Result<RecompressSettings, String> {
+        if let Some(p) = t.cpu_percent {
+            if !(1..=100).contains(&p) {
+                return Err(format!("CPU budget {p}% is outside 1..=100"));
+            }
+        }
+        if let Some(b) = t.min_saving_bytes {
+            if b >= PAGE_SIZE as u64 {
+                return Err(format!("threshold {b} bytes is not below a page ({PAGE_SIZE} bytes)"));
+            }
+        }
+        let n = &self.tune;
+        let set = |a: &AtomicU64, v: Option<u64>| {
+            if let Some(v) = v {
+                a.store(v, Relaxed);
+            }
+        };
+        set(&n.idle_secs, t.idle_secs);
+        set(&n.min_saving_bytes, t.min_saving_bytes);
+        set(&n.cpu_percent, t.cpu_percent);
+        set(&n.busy_pages_per_sec, t.busy_pages_per_sec);
+        if let Some(p) = t.paused {
+            n.paused.store(p, Relaxed);
+        }
+        Ok(self.settings())
+    }
+
+    pub fn settings(&self) -> RecompressSettings {
+        let n = &self.tune;
+        RecompressSettings {
+            idle_secs: n.idle_secs.load(Relaxed),
+            min_saving_bytes: n.min_saving_bytes.load(Relaxed),
+            cpu_percent: n.cpu_percent.load(Relaxed),
+            busy_pages_per_sec: n.busy_pages_per_sec.load(Relaxed),
+            paused: n.paused.load(Relaxed),
+            level: self.cfg.level,
+            huge: self.cfg.huge,
+            dict: match &self.cfg.dict {
+                DictSource::None => "none".into(),
+                DictSource::Train => "train".into(),
+                DictSource::File(p) => p.display().to_string(),
+            },
+        }
+    }
 }
 
 /// Recompression's counters (statistics `recompress_*`, `dict_*`).
@@ -170,11 +257,6 @@ impl Trainer {
     fn full(&self) -> bool {
         self.samples.len() >= self.pages * PAGE_SIZE
     }
-
-    /// Pages trained on; the rest (one in nine) are held out.
-    fn train_pages(&self) -> usize {
-        self.pages - self.pages / 9
-    }
 }
 
 impl Recompressor {
@@ -188,7 +270,14 @@ impl Recompressor {
             }
             _ => None,
         };
-        Ok(Recompressor { cfg, dicts: Dicts::new(), ctr: RecompressCounters::default(), state: Mutex::new(None), given_dict })
+        let tune = Tuning {
+            idle_secs: AtomicU64::new(cfg.idle_secs),
+            min_saving_bytes: AtomicU64::new(cfg.min_saving_bytes as u64),
+            cpu_percent: AtomicU64::new(cfg.cpu_percent as u64),
+            busy_pages_per_sec: AtomicU64::new(cfg.busy_pages_per_sec),
+            paused: AtomicBool::new(false),
+        };
+        Ok(Recompressor { cfg, tune, dicts: Dicts::new(), ctr: RecompressCounters::default(), state: Mutex::new(None), given_dict })
     }
 }
 
@@ -234,14 +323,16 @@ pub(crate) fn step(
     st.last_requests = requests;
     match budget {
         Some(ns) => st.budget_ns = ns,
+        None if r.tune.paused.load(Relaxed) => return rep,
         None => {
             let secs = elapsed.as_secs_f64().max(1e-3);
-            if r.cfg.busy_pages_per_sec > 0 && recent as f64 / secs > r.cfg.busy_pages_per_sec as f64 {
+            let busy = r.tune.busy_pages_per_sec.load(Relaxed);
+            if busy > 0 && recent as f64 / secs > busy as f64 {
                 Counters::inc(&r.ctr.busy_skips);
                 rep.busy = true;
                 return rep;
             }
-            let earned = (elapsed.as_nanos() as f64 * r.cfg.cpu_percent as f64 / 100.0) as i64;
+            let earned = (elapsed.as_nanos() as f64 * r.tune.cpu_percent.load(Relaxed) as f64 / 100.0) as i64;
             st.budget_ns = (st.budget_ns + earned).min(MAX_BANKED_NS);
         }
     }
@@ -259,8 +350,8 @@ pub(crate) fn step(
 /// Step 2-4 of the module docs.
 fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut RecompressReport) {
     let now = mv.now();
-    let idle = r.cfg.idle_secs.min(u16::MAX as u64) as u16;
-    let threshold = r.cfg.min_saving_bytes;
+    let idle = r.tune.idle_secs.load(Relaxed).min(u16::MAX as u64) as u16;
+    let threshold = r.tune.min_saving_bytes.load(Relaxed) as usize;
     let n = mv.num_slots();
     for (index, h) in mv.hints_from(st.cursor).take(SCAN_PER_STEP.min(n) as usize) {
         st.cursor = (index + 1) % n.max(1);
@@ -342,8 +433,8 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
     Counters::add(&r.ctr.saved_bytes, rep.saved_bytes);
     if let (Some(t), Some(_)) = (&mut st.trainer, &st.current) {
         if t.measured >= DRIFT_WINDOW {
-            let measured = gain_permille(t.with, t.without);
-            r.ctr.dict_measured_permille.store(measured as u64, std::sync::atomic::Ordering::Relaxed);
+            let measured = dict::gain_permille(t.with, t.without);
+            r.ctr.dict_measured_permille.store(measured as u64, Relaxed);
             let trained = Counters::get(&r.ctr.dict_gain_permille) as u32;
             (t.with, t.without, t.measured) = (0, 0, 0);
             if measured * 2 < trained {
@@ -388,47 +479,19 @@ fn encode(st: &mut State) -> (Codec, Option<usize>) {
     }
 }
 
-fn gain_permille(with: u64, without: u64) -> u32 {
-    if without == 0 || with >= without {
-        return 0;
-    }
-    ((without - with) * 1000 / without) as u32
-}
-
 /// Trains a dictionary on the samples and installs it if it pays.
 fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
     let t = st.trainer.as_mut().expect("training needs a trainer");
-    let split = t.train_pages() * PAGE_SIZE;
-    let sizes = vec![PAGE_SIZE; t.train_pages()];
-    let bytes = match zstd::dict::from_continuous(&t.samples[..split], &sizes, DICT_MAX_BYTES) {
-        Ok(b) => b,
+    let trained = dict::train(&t.samples, DICT_MAX_BYTES, r.cfg.level);
+    t.samples.clear();
+    match trained {
+        Ok(d) if d.gain_permille >= MIN_DICT_GAIN_PERMILLE => rep.dict_installed = install(r, st, d.bytes, d.gain_permille),
+        Ok(_) => Counters::inc(&r.ctr.dicts_refused),
         Err(e) => {
             compcache_log::warning("compcache", &format!("recompression: training a dictionary failed: {e}; retrying with new samples"));
             Counters::inc(&r.ctr.dicts_refused);
-            t.samples.clear();
-            return;
         }
-    };
-    // The gain on held-out pages, encoded without and with it.
-    let mut probe = StrongEncoder::new(r.cfg.level);
-    let (mut with, mut without) = (0u64, 0u64);
-    let mut out = [0u8; MAX_COMPRESSED_BYTES];
-    let dict_ok = probe.set_dict(Some(&bytes)).is_ok();
-    for page in t.samples[split..].chunks_exact(PAGE_SIZE) {
-        let (Some(a), Some(b)) = (probe.compress(page, &mut out, false), dict_ok.then(|| probe.compress(page, &mut out, true)).flatten())
-        else {
-            continue;
-        };
-        without += a as u64;
-        with += b as u64;
     }
-    t.samples.clear();
-    let gain = gain_permille(with, without);
-    if !dict_ok || gain < MIN_DICT_GAIN_PERMILLE {
-        Counters::inc(&r.ctr.dicts_refused);
-        return;
-    }
-    rep.dict_installed = install(r, st, bytes, gain);
 }
 
 /// Installs `bytes` as the next dictionary version and makes it current. `None` if every
@@ -450,11 +513,10 @@ fn install(r: &Recompressor, st: &mut State, bytes: Vec<u8>, gain: u32) -> Optio
     if let Some(t) = &mut st.trainer {
         (t.with, t.without, t.measured, t.since) = (0, 0, 0, 0);
     }
-    let relaxed = std::sync::atomic::Ordering::Relaxed;
     Counters::inc(&r.ctr.dicts_installed);
-    r.ctr.dict_version.store(version, relaxed);
-    r.ctr.dict_gain_permille.store(gain as u64, relaxed);
-    r.ctr.dict_measured_permille.store(0, relaxed);
+    r.ctr.dict_version.store(version, Relaxed);
+    r.ctr.dict_gain_permille.store(gain as u64, Relaxed);
+    r.ctr.dict_measured_permille.store(0, Relaxed);
     Some(version)
 }
 
