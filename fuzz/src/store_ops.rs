@@ -4,10 +4,12 @@
 //! The first input byte configures a fresh 32-page store: bit 0 a backing file (on tmpfs,
 //! unlinked as soon as it is open), bit 1 zstd instead of lz4, bits 2-3 the memory limit (none,
 //! 3, 6 or 12 pages), bit 4 incompressible pages straight to the backing file, bit 5 no
-//! promotion of pages read back from it. Then each operation is an opcode byte and its
+//! promotion of pages read back from it, bit 6 recompression (pages idle for 2 s, dictionaries
+//! trained on 9 samples and always installed). Then each operation is an opcode byte and its
 //! operands: WRITE (any offset and length, data of one of five kinds), READ, DISCARD,
 //! WRITE_ZEROES, compaction, the clock moving on, writeback (idle pages or down to the
-//! watermark), GC, the maintenance step, FLUSH.
+//! watermark), GC, the maintenance step, FLUSH, a recompression run (sometimes after asking
+//! for a new dictionary).
 //!
 //! Checked after every operation:
 //! - a READ returns exactly the model's bytes, and a read never fails;
@@ -22,7 +24,7 @@
 //! all memory back.
 
 use crate::{fill, Bytes, PAGE};
-use compcache_store::{Algorithm, BackingConfig, Config, Store, StoreError, WritebackBudget};
+use compcache_store::{Algorithm, BackingConfig, Config, RecompressConfig, RecompressTuning, Store, StoreError, WritebackBudget};
 use std::cell::RefCell;
 use std::time::Duration;
 
@@ -52,6 +54,9 @@ fn config(c: u8) -> Config {
         b.incompressible = c & 0x10 != 0;
         b.promote = c & 0x20 == 0;
         cfg.backing = Some(b);
+    }
+    if c & 0x40 != 0 {
+        cfg.recompress = Some(RecompressConfig { idle_secs: 2, dict_samples: 9, min_dict_gain_permille: 0, ..RecompressConfig::default() });
     }
     cfg
 }
@@ -209,7 +214,15 @@ fn run_with(data: &[u8], b: &mut Buffers) {
                 assert!(r.error.is_none() && r.corrupt == 0, "gc: {r:?}");
             }
             _ => {
-                if input.u8() & 1 == 0 {
+                let how = input.u8();
+                if how % 3 == 2 {
+                    if how & 0x80 != 0 && store.recompresses() {
+                        store.tune_recompression(&RecompressTuning { retrain: Some(true), ..Default::default() }).expect("retrain");
+                    }
+                    // A whole second of CPU: every idle page of the 32 is taken in one run,
+                    // whatever the machine's speed, so that runs repeat.
+                    store.recompress(Duration::from_secs(1));
+                } else if how % 3 == 0 {
                     store.flush().expect("flush");
                 } else {
                     let r = store.maintain(Duration::from_millis(u64::from(input.u8()) * 10));

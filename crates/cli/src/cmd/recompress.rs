@@ -29,6 +29,10 @@ pub struct Args {
     /// Start background recompression again.
     #[arg(long)]
     resume: bool,
+    /// Train a new dictionary from fresh samples (with --dict train), whatever the current one
+    /// measures; pages move to it as they are rescanned.
+    #[arg(long)]
+    retrain: bool,
     /// Recompress now, for up to this many seconds of CPU time (at most 60), busy or not.
     #[arg(long, value_name = "SECS")]
     now: Option<f64>,
@@ -47,6 +51,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     if args.pause || args.resume {
         set.insert("paused".into(), json!(args.pause));
+    }
+    if args.retrain {
+        set.insert("retrain".into(), json!(true));
     }
     let run_ms = match args.now {
         Some(s) if s.is_finite() && s > 0.0 && s <= 60.0 => (s * 1000.0) as u64,

@@ -25,7 +25,7 @@
 //! Dictionaries (`dict.rs`): with [`DictSource::Train`], the first pages recompressed are
 //! also kept as samples; once there are `dict_samples`, zstd's trainer (`ZDICT_trainFromBuffer`, via
 //! the `zstd` crate) builds a dictionary, which is installed as a new version only if it saves
-//! at least `MIN_DICT_GAIN_PERMILLE` on held-out samples. Every `DRIFT_EVERY`th page
+//! at least `min_dict_gain_permille` on held-out samples. Every `DRIFT_EVERY`th page
 //! recompressed with the dictionary is also encoded without it; when the gain measured that
 //! way over `DRIFT_WINDOW` pages falls under half of the gain at training time, a new
 //! dictionary is trained from fresh samples. Versions no page uses any more are freed.
@@ -69,12 +69,13 @@ const SCAN_PER_STEP: u64 = 1 << 16;
 const RESERVE_FLOOR_PAGES: u64 = 64;
 /// The largest dictionary trained (bytes). zstd's advice: about 1/100 of the samples.
 const DICT_MAX_BYTES: usize = 16 << 10;
-/// A trained dictionary is installed only if it saves at least this (per mille).
-const MIN_DICT_GAIN_PERMILLE: u32 = 20;
 /// Drift measurement: one page in `DRIFT_EVERY` is encoded both ways; the gain is judged over
 /// `DRIFT_WINDOW` such pages.
 const DRIFT_EVERY: u64 = 8;
 const DRIFT_WINDOW: u64 = 256;
+/// After a training that installed nothing, the next waits until this many times its samples
+/// in pages have been recompressed.
+const RETRY_AFTER_SAMPLES: u64 = 8;
 /// CPU time a step may bank for the next ones (so a step after a busy pause is bounded).
 const MAX_BANKED_NS: i64 = 200_000_000;
 
@@ -101,6 +102,8 @@ pub(crate) struct Tuning {
     pub busy_pages_per_sec: AtomicU64,
     /// Background steps do nothing (an explicit `Store::recompress` still runs).
     pub paused: AtomicBool,
+    /// Train a new dictionary from fresh samples at the next step (self-training only).
+    pub retrain: AtomicBool,
 }
 
 /// Changes to recompression's tunables on a running device; `None` leaves one as it is.
@@ -112,6 +115,9 @@ pub struct RecompressTuning {
     pub cpu_percent: Option<u64>,
     pub busy_pages_per_sec: Option<u64>,
     pub paused: Option<bool>,
+    /// `Some(true)`: train a new dictionary version from fresh samples now, whatever the
+    /// current one measures (with `--dict train`; ignored otherwise).
+    pub retrain: Option<bool>,
 }
 
 /// Recompression's tunables as they are now.
@@ -153,6 +159,9 @@ impl Recompressor {
         set(&n.busy_pages_per_sec, t.busy_pages_per_sec);
         if let Some(p) = t.paused {
             n.paused.store(p, Relaxed);
+        }
+        if t.retrain == Some(true) {
+            n.retrain.store(true, Relaxed);
         }
         Ok(self.settings())
     }
@@ -243,15 +252,29 @@ struct Trainer {
     measured: u64,
     /// Pages recompressed with the current dictionary (one in `DRIFT_EVERY` is measured).
     since: u64,
+    /// Samples are wanted: no dictionary yet, or the current one drifted.
+    retrain: bool,
+    /// The last training installed nothing: `RecompressCounters::done` then.
+    refused_at: Option<u64>,
 }
 
 impl Trainer {
     fn new(pages: usize) -> Trainer {
-        Trainer { samples: Vec::with_capacity(pages * PAGE_SIZE), pages, with: 0, without: 0, measured: 0, since: 0 }
+        Trainer {
+            samples: Vec::with_capacity(pages * PAGE_SIZE),
+            pages,
+            with: 0,
+            without: 0,
+            measured: 0,
+            since: 0,
+            retrain: true,
+            refused_at: None,
+        }
     }
 
-    fn wants_samples(&self, current: bool) -> bool {
-        !current && !self.full()
+    /// Before the first dictionary, and after a drift until the next one is in.
+    fn wants_samples(&self) -> bool {
+        self.retrain && !self.full()
     }
 
     fn full(&self) -> bool {
@@ -276,6 +299,7 @@ impl Recompressor {
             cpu_percent: AtomicU64::new(cfg.cpu_percent as u64),
             busy_pages_per_sec: AtomicU64::new(cfg.busy_pages_per_sec),
             paused: AtomicBool::new(false),
+            retrain: AtomicBool::new(false),
         };
         Ok(Recompressor { cfg, tune, dicts: Dicts::new(), ctr: RecompressCounters::default(), state: Mutex::new(None), given_dict })
     }
@@ -353,6 +377,17 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
     let idle = r.tune.idle_secs.load(Relaxed).min(u16::MAX as u64) as u16;
     let threshold = r.tune.min_saving_bytes.load(Relaxed) as usize;
     let n = mv.num_slots();
+    if let Some(t) = &mut st.trainer {
+        if r.tune.retrain.swap(false, Relaxed) {
+            t.samples.clear();
+            (t.retrain, t.refused_at) = (true, None);
+        }
+        if let Some(at) = t.refused_at {
+            if Counters::get(&r.ctr.done) >= at + RETRY_AFTER_SAMPLES * t.pages as u64 {
+                (t.retrain, t.refused_at) = (true, None);
+            }
+        }
+    }
     for (index, h) in mv.hints_from(st.cursor).take(SCAN_PER_STEP.min(n) as usize) {
         st.cursor = (index + 1) % n.max(1);
         rep.scanned += 1;
@@ -367,15 +402,29 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             };
             kind_ok && !rejected && mv.age(now, ac_time) >= idle
         };
-        if !wanted(h.kind, h.codec, h.rejected, h.ac_time) {
+        // While a dictionary is being (re)trained, idle pages already recompressed are
+        // samples too (decoded, not re-encoded): after a drift, the pages that show it are
+        // those the old dictionary encodes.
+        let sampling = st.trainer.as_ref().is_some_and(Trainer::wants_samples);
+        let sample_only = |kind: Kind, codec: Codec, ac_time: u16| {
+            sampling && kind == Kind::Compressed && codec != Codec::PRIMARY && mv.age(now, ac_time) >= idle
+        };
+        let candidate = wanted(h.kind, h.codec, h.rejected, h.ac_time);
+        if !candidate && !sample_only(h.kind, h.codec, h.ac_time) {
             continue;
         }
-        if !mv.background_may_allocate(RESERVE_FLOOR_PAGES) {
+        if candidate && !mv.background_may_allocate(RESERVE_FLOOR_PAGES) {
             break;
         }
         let cbuf = &mut st.ctx.cbuf;
-        let Some(old) = mv.copy_out(index, Some(Mark::Recompress), |seen| {
-            wanted(kind_of(seen), seen.entry.codec(), seen.rejected, seen.ac_time).then_some(&mut cbuf[..seen.stored_bytes])
+        let mark = candidate.then_some(Mark::Recompress);
+        let Some(old) = mv.copy_out(index, mark, |seen| {
+            let (kind, codec) = (kind_of(seen), seen.entry.codec());
+            let ok = match candidate {
+                true => wanted(kind, codec, seen.rejected, seen.ac_time),
+                false => sample_only(kind, codec, seen.ac_time),
+            };
+            ok.then_some(&mut cbuf[..seen.stored_bytes])
         }) else {
             continue;
         };
@@ -388,7 +437,9 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
                 let src = &ctx.cbuf[..len as usize];
                 if crate::compress::decode(&mut *ctx.comp, &mut ctx.strong, codec, dict.as_deref(), src, &mut ctx.page).is_err() {
                     // A page that does not decode stays as it is: its reader gets the error.
-                    mv.reject(index);
+                    if candidate {
+                        mv.reject(index);
+                    }
                     continue;
                 }
                 len as usize
@@ -399,7 +450,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             }
         };
         if let Some(t) = &mut st.trainer {
-            if t.wants_samples(st.current.is_some()) {
+            if t.wants_samples() {
                 t.samples.extend_from_slice(&st.ctx.page);
                 if t.full() {
                     // Trained as soon as the samples are in, so that the pages after them
@@ -407,6 +458,9 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
                     train(r, st, rep);
                 }
             }
+        }
+        if !candidate {
+            continue;
         }
         let (codec, new_len) = encode(st);
         match new_len {
@@ -438,9 +492,9 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             let trained = Counters::get(&r.ctr.dict_gain_permille) as u32;
             (t.with, t.without, t.measured) = (0, 0, 0);
             if measured * 2 < trained {
-                // Drifted: train a new one from fresh samples; until then, no dictionary.
-                st.current = None;
-                st.enc.set_dict(None).ok();
+                // Drifted: train a new one from fresh samples; until it is in, the current
+                // one stays (it still saves what it measured).
+                t.retrain = true;
                 t.samples.clear();
             }
         }
@@ -484,11 +538,22 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
     let t = st.trainer.as_mut().expect("training needs a trainer");
     let trained = dict::train(&t.samples, DICT_MAX_BYTES, r.cfg.level);
     t.samples.clear();
+    // Not installed (too little gain, a failure, or every table place still in use): no
+    // training again until as many pages as `RETRY_AFTER_SAMPLES` samples' worth have been
+    // recompressed, so that a device whose pages a dictionary does not help spends nothing
+    // on it.
+    t.retrain = false;
+    t.refused_at = Some(Counters::get(&r.ctr.done));
     match trained {
-        Ok(d) if d.gain_permille >= MIN_DICT_GAIN_PERMILLE => rep.dict_installed = install(r, st, d.bytes, d.gain_permille),
+        Ok(d) if d.gain_permille >= r.cfg.min_dict_gain_permille => {
+            rep.dict_installed = install(r, st, d.bytes, d.gain_permille);
+            if rep.dict_installed.is_none() {
+                Counters::inc(&r.ctr.dicts_refused);
+            }
+        }
         Ok(_) => Counters::inc(&r.ctr.dicts_refused),
         Err(e) => {
-            compcache_log::warning("compcache", &format!("recompression: training a dictionary failed: {e}; retrying with new samples"));
+            compcache_log::warning("compcache", &format!("recompression: training a dictionary failed: {e}; trying again later"));
             Counters::inc(&r.ctr.dicts_refused);
         }
     }
@@ -511,7 +576,7 @@ fn install(r: &Recompressor, st: &mut State, bytes: Vec<u8>, gain: u32) -> Optio
     st.next_version += 1;
     st.current = Some((place, r.dicts.get(place).expect("just installed")));
     if let Some(t) = &mut st.trainer {
-        (t.with, t.without, t.measured, t.since) = (0, 0, 0, 0);
+        (t.with, t.without, t.measured, t.since, t.retrain, t.refused_at) = (0, 0, 0, 0, false, None);
     }
     Counters::inc(&r.ctr.dicts_installed);
     r.ctr.dict_version.store(version, Relaxed);
@@ -642,5 +707,81 @@ mod tests {
         let rep = s.recompress_step(std::time::Duration::from_millis(100));
         assert!(!rep.busy && rep.done > 0 && rep.done < 512, "{rep:?}");
         assert_eq!(s.stats().recompress_busy_skips, 1);
+    }
+}
+
+#[cfg(test)]
+mod drift_tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::{Store, PAGE};
+
+    /// Pages of one "program": records whose field names come from `words`.
+    fn page_of(words: &[&str], i: u64) -> Vec<u8> {
+        let mut p = Vec::with_capacity(PAGE_SIZE);
+        let mut n = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        while p.len() < PAGE_SIZE {
+            n ^= n << 13;
+            n ^= n >> 7;
+            n ^= n << 17;
+            let w = words[(n % words.len() as u64) as usize];
+            p.extend_from_slice(format!("<{w} id={} v={}/> ", n % 10_000, (n >> 20) % 1000).as_bytes());
+        }
+        p.truncate(PAGE_SIZE);
+        p
+    }
+
+    const A: &[&str] = &["customer", "invoice", "shipment", "warehouse", "quantity"];
+    const B: &[&str] = &["ZXQV", "PLMK", "RTYH", "WQAS", "NBVC"];
+
+    /// A dictionary trained on one kind of page loses its gain when the device fills with
+    /// another kind: recompression trains a second version, moves pages to it as it rescans
+    /// them, and frees the first once no page uses it. Every page reads back throughout.
+    #[test]
+    fn a_dictionary_that_drifts_is_retrained_and_the_old_version_freed() {
+        const N: u64 = 1024;
+        let rc = RecompressConfig { idle_secs: 1, dict_samples: 180, ..RecompressConfig::default() };
+        let s = Store::new(Config { recompress: Some(rc), ..Config::with_disksize(N * PAGE) }).unwrap();
+        let mut ctx = s.context();
+        let check = |ctx: &mut Context, words: &[&str]| {
+            let mut page = vec![0u8; PAGE_SIZE];
+            for i in 0..N {
+                s.read_page(ctx, i, &mut page).unwrap();
+                assert!(page == page_of(words, i), "page {i}");
+            }
+        };
+        for i in 0..N {
+            s.write_page(&mut ctx, i, &page_of(A, i)).unwrap();
+        }
+        s.advance_clock(5);
+        for _ in 0..4 {
+            s.recompress(Duration::from_secs(5));
+        }
+        let first = s.stats();
+        assert_eq!(first.dict_version, 1, "{first:?}");
+        check(&mut ctx, A);
+
+        // Another program's pages: the dictionary no longer helps; the drift measure sees it
+        // and a second version is trained.
+        for i in 0..N {
+            s.write_page(&mut ctx, i, &page_of(B, i + N)).unwrap();
+        }
+        // The new pages, in B's vocabulary, stamped like A's (page_of's index differs).
+        let b = |i: u64| page_of(B, i + N);
+        s.advance_clock(5);
+        for _ in 0..12 {
+            s.recompress(Duration::from_secs(5));
+            s.advance_clock(5);
+        }
+        let after = s.stats();
+        assert!(after.dict_version >= 2, "retrained: {after:?}");
+        assert!(after.dicts_installed >= 2);
+        assert_eq!(after.dicts_live, 1, "the first version is freed once no page uses it: {after:?}");
+        assert_eq!(after.failed_reads, 0);
+        let mut page = vec![0u8; PAGE_SIZE];
+        for i in 0..N {
+            s.read_page(&mut ctx, i, &mut page).unwrap();
+            assert!(page == b(i), "page {i}");
+        }
     }
 }
