@@ -42,6 +42,9 @@ struct Args {
     /// with a dictionary on the same pages). See recomp.rs.
     #[arg(long)]
     recompress: bool,
+    /// With --recompress: the recompression codec's zstd level.
+    #[arg(long, default_value_t = compcache_store::config::DEFAULT_RECOMPRESS_LEVEL)]
+    recompress_level: i32,
 }
 
 #[derive(Serialize, Default, Clone)]
@@ -92,7 +95,7 @@ fn main() {
         std::process::exit(2);
     }
     if args.recompress {
-        recomp::main(&data, !args.no_zram, args.json.as_deref());
+        recomp::main(&data, args.recompress_level, !args.no_zram, args.json.as_deref());
         return;
     }
     let data = Arc::new(data);

@@ -1,8 +1,9 @@
 //! `compcache-storebench --recompress`: what background recompression (`recompress/` in the
 //! store) buys on real pages, in one run, against kernel zram given the same pages.
 //!
-//! compcache rows: the store with lz4 and no recompression; with recompression (zstd level 9,
-//! no dictionary); with recompression and a self-trained dictionary. Each is filled, its pages
+//! compcache rows: the store with lz4 and no recompression; with recompression (zstd at
+//! `--recompress-level`, default 9, no dictionary); with recompression and a self-trained
+//! dictionary. Each is filled, its pages
 //! aged past the idle age, and recompressed until a whole pass of the device changes nothing
 //! ("settled"); then `mem_used_total`, the CPU time recompression took per GiB of data, and the
 //! latency of single-page reads (random order, one thread, p50/p99) are taken. Writes are timed
@@ -35,17 +36,18 @@ struct RecompRow {
     recomp_dict_pages: u64,
 }
 
-pub fn main(data: &[u8], with_zram: bool, json: Option<&Path>) {
+pub fn main(data: &[u8], level: i32, with_zram: bool, json: Option<&Path>) {
     let pages = data.len() / PAGE_SIZE;
     let gib = data.len() as f64 / (1u64 << 30) as f64;
+    let rc = RecompressConfig { level, ..RecompressConfig::default() };
     let mut rows = vec![
         compcache(data, "compcache lz4", None),
         compcache(
             data,
-            "compcache lz4 + recompress zstd-9",
-            Some(RecompressConfig { dict: DictSource::None, ..RecompressConfig::default() }),
+            &format!("compcache lz4 + recompress zstd-{level}"),
+            Some(RecompressConfig { dict: DictSource::None, ..rc.clone() }),
         ),
-        compcache(data, "compcache lz4 + recompress zstd-9 + dict", Some(RecompressConfig::default())),
+        compcache(data, &format!("compcache lz4 + recompress zstd-{level} + dict"), Some(rc)),
     ];
     for r in &mut rows {
         if let Some(cpu) = r.recompress_cpu_s_per_gib.as_mut() {
@@ -119,10 +121,13 @@ fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>) -> RecompRow
     let s = store.stats();
     let (p50, p99) = read_latency(&store, data);
     eprintln!(
-        "  {name}: mem_used_total {:.1} MiB, recompressed {} (with dictionary {})",
+        "  {name}: mem_used_total {:.1} MiB, recompressed {} (with dictionary {}), dictionaries installed {} (refused {}), recompressions {}",
         s.mem_used_total as f64 / 1048576.0,
         s.recomp_pages,
-        s.recomp_dict_pages
+        s.recomp_dict_pages,
+        s.dicts_installed,
+        s.dicts_refused,
+        s.recompress_done
     );
     RecompRow {
         name: name.into(),

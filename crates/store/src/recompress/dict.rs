@@ -46,20 +46,33 @@ pub fn train(pages: &[u8], max_bytes: usize, level: i32) -> Result<Trained, Stri
     if n < 9 {
         return Err(format!("{n} pages are too few to train a dictionary on (at least 9)"));
     }
-    let train_pages = n - n / 9;
-    let split = train_pages * PAGE_SIZE;
+    let held = held_out(pages);
+    let train_pages = n - held.len() / PAGE_SIZE;
     let sizes = vec![PAGE_SIZE; train_pages];
-    let bytes = zstd::dict::from_continuous(&pages[..split], &sizes, max_bytes).map_err(|e| format!("zstd's trainer: {e}"))?;
+    let bytes =
+        zstd::dict::from_continuous(&pages[..train_pages * PAGE_SIZE], &sizes, max_bytes).map_err(|e| format!("zstd's trainer: {e}"))?;
     let mut enc = StrongEncoder::new(level);
     enc.set_dict(Some(&bytes))?;
+    Ok(Trained { gain_permille: gain_on(&mut enc, held), bytes })
+}
+
+/// The pages [`train`] holds out of `pages` to measure a dictionary on: the last one in nine.
+pub(crate) fn held_out(pages: &[u8]) -> &[u8] {
+    let n = pages.len() / PAGE_SIZE;
+    &pages[(n - n / 9) * PAGE_SIZE..n * PAGE_SIZE]
+}
+
+/// What the dictionary loaded in `enc` saves on `pages` (per 1000 bytes, against `enc` without
+/// it).
+pub(crate) fn gain_on(enc: &mut StrongEncoder, pages: &[u8]) -> u32 {
     let (mut with, mut without) = (0u64, 0u64);
     let mut out = vec![0u8; MAX_COMPRESSED_BYTES];
-    for page in pages[split..n * PAGE_SIZE].chunks_exact(PAGE_SIZE) {
+    for page in pages.chunks_exact(PAGE_SIZE) {
         let (Some(a), Some(b)) = (enc.compress(page, &mut out, false), enc.compress(page, &mut out, true)) else { continue };
         without += a as u64;
         with += b as u64;
     }
-    Ok(Trained { bytes, gain_permille: gain_permille(with, without) })
+    gain_permille(with, without)
 }
 
 /// Bytes saved per 1000 by `with` against `without`.

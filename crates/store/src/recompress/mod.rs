@@ -14,7 +14,8 @@
 //!    `idle_secs`, not rejected before;
 //! 3. copy it out and mark it RECOMPRESSING under its slot lock (`Mover::copy_out`), decode
 //!    and re-encode it holding no lock, and install the result only if it saves at least
-//!    `min_saving_bytes` and the slot still holds the page (the mark; slot.rs rule 8);
+//!    `min_saving_bytes` (a page moving from an older dictionary version: if it is no larger)
+//!    and the slot still holds the page (the mark; slot.rs rule 8);
 //!    otherwise mark the slot REJECTED so the next scans pass it by, until it is rewritten;
 //! 4. stop when the step's CPU time (this thread's, measured) has used the budget,
 //!    `cpu_percent` of the time since the last step.
@@ -28,7 +29,9 @@
 //! at least `min_dict_gain_permille` on held-out samples. Every `DRIFT_EVERY`th page
 //! recompressed with the dictionary is also encoded without it; when the gain measured that
 //! way over `DRIFT_WINDOW` pages falls under half of the gain at training time, a new
-//! dictionary is trained from fresh samples. Versions no page uses any more are freed.
+//! dictionary is trained from fresh samples, and replaces the current one only if it saves
+//! `MIN_DICT_IMPROVEMENT_PERMILLE` more on the same held-out pages (else the current one's gain
+//! there becomes its new baseline). Versions no page uses any more are freed.
 //!
 //! # Memory and the swap server's guarantees
 //! Nothing here runs on the I/O path. The state (contexts, sample buffer) is made on the first
@@ -73,6 +76,9 @@ const DICT_MAX_BYTES: usize = 16 << 10;
 /// `DRIFT_WINDOW` such pages.
 const DRIFT_EVERY: u64 = 8;
 const DRIFT_WINDOW: u64 = 256;
+/// A new dictionary replaces the current one only if it saves this much more (per mille) on
+/// the same held-out pages.
+const MIN_DICT_IMPROVEMENT_PERMILLE: u32 = 10;
 /// After a training that installed nothing, the next waits until this many times its samples
 /// in pages have been recompressed.
 const RETRY_AFTER_SAMPLES: u64 = 8;
@@ -102,7 +108,8 @@ pub(crate) struct Tuning {
     pub busy_pages_per_sec: AtomicU64,
     /// Background steps do nothing (an explicit `Store::recompress` still runs).
     pub paused: AtomicBool,
-    /// Train a new dictionary from fresh samples at the next step (self-training only).
+    /// Train a new dictionary from fresh samples at the next step (self-training only); it
+    /// replaces the current one if it passes `min_dict_gain_permille`, better or not.
     pub retrain: AtomicBool,
 }
 
@@ -256,6 +263,9 @@ struct Trainer {
     retrain: bool,
     /// The last training installed nothing: `RecompressCounters::done` then.
     refused_at: Option<u64>,
+    /// The next training was asked for (`Tuning::retrain`): its dictionary replaces the
+    /// current one whether or not it beats it.
+    forced: bool,
 }
 
 impl Trainer {
@@ -269,6 +279,7 @@ impl Trainer {
             since: 0,
             retrain: true,
             refused_at: None,
+            forced: false,
         }
     }
 
@@ -380,7 +391,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
     if let Some(t) = &mut st.trainer {
         if r.tune.retrain.swap(false, Relaxed) {
             t.samples.clear();
-            (t.retrain, t.refused_at) = (true, None);
+            (t.retrain, t.refused_at, t.forced) = (true, None, true);
         }
         if let Some(at) = t.refused_at {
             if Counters::get(&r.ctr.done) >= at + RETRY_AFTER_SAMPLES * t.pages as u64 {
@@ -462,9 +473,13 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
         if !candidate {
             continue;
         }
+        // A page already recompressed moves to the current dictionary if that costs no
+        // memory: what matters then is that its old version empties out and can be freed.
+        let upgrade = matches!(old, crate::slot::Entry::Compressed { codec, .. } if codec != Codec::PRIMARY);
+        let needed = if upgrade { 0 } else { threshold };
         let (codec, new_len) = encode(st);
         match new_len {
-            Some(n) if n + threshold <= old_len => {
+            Some(n) if n + needed <= old_len => {
                 if mv.install_in_ram(index, old, &st.out[..n], codec, Unchanged::Marked(Mark::Recompress)) {
                     rep.done += 1;
                     rep.saved_bytes += (old_len - n) as u64;
@@ -536,6 +551,11 @@ fn encode(st: &mut State) -> (Codec, Option<usize>) {
 /// Trains a dictionary on the samples and installs it if it pays.
 fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
     let t = st.trainer.as_mut().expect("training needs a trainer");
+    // A replacement must beat the current dictionary on the same held-out pages: otherwise a
+    // population no dictionary fits well (several programs' pages) would be retrained and
+    // re-encoded forever.
+    let current = (st.current.is_some() && !t.forced).then(|| dict::gain_on(&mut st.enc, dict::held_out(&t.samples)));
+    t.forced = false;
     let trained = dict::train(&t.samples, DICT_MAX_BYTES, r.cfg.level);
     t.samples.clear();
     // Not installed (too little gain, a failure, or every table place still in use): no
@@ -545,13 +565,23 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
     t.retrain = false;
     t.refused_at = Some(Counters::get(&r.ctr.done));
     match trained {
-        Ok(d) if d.gain_permille >= r.cfg.min_dict_gain_permille => {
+        Ok(d)
+            if d.gain_permille >= r.cfg.min_dict_gain_permille
+                && current.is_none_or(|c| d.gain_permille >= c + MIN_DICT_IMPROVEMENT_PERMILLE) =>
+        {
             rep.dict_installed = install(r, st, d.bytes, d.gain_permille);
             if rep.dict_installed.is_none() {
                 Counters::inc(&r.ctr.dicts_refused);
             }
         }
-        Ok(_) => Counters::inc(&r.ctr.dicts_refused),
+        Ok(_) => {
+            Counters::inc(&r.ctr.dicts_refused);
+            // The current one stays; what it saves on today's pages is its new baseline, so
+            // the drift measure compares against that from now on.
+            if let Some(c) = current {
+                r.ctr.dict_gain_permille.store(c as u64, Relaxed);
+            }
+        }
         Err(e) => {
             compcache_log::warning("compcache", &format!("recompression: training a dictionary failed: {e}; trying again later"));
             Counters::inc(&r.ctr.dicts_refused);
