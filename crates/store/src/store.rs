@@ -67,8 +67,9 @@ pub struct Store {
 /// for compression and does not allocate. Not shared: one per thread.
 pub struct Context {
     pub(crate) comp: Box<dyn BackendContext>,
-    /// Decodes pages recompression re-encoded (`compress/strong.rs`).
-    pub(crate) strong: StrongDecoder,
+    /// Decodes pages recompression re-encoded (`compress/strong.rs`); only in a store with
+    /// recompression (made resident with the context, which takes a few milliseconds).
+    pub(crate) strong: Option<StrongDecoder>,
     pub(crate) cbuf: Box<[u8]>,
     pub(crate) page: Box<[u8]>,
     /// A backing record being written: header, then payload.
@@ -206,7 +207,7 @@ impl Store {
     pub fn context(&self) -> Context {
         Context {
             comp: self.backend.new_context(),
-            strong: StrongDecoder::new(),
+            strong: self.recomp.is_some().then(StrongDecoder::new),
             cbuf: resident_bytes(MAX_COMPRESSED_BYTES).into_boxed_slice(),
             page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
             rec: resident_bytes(RECORD_HEADER + PAGE_SIZE).into_boxed_slice(),
@@ -630,7 +631,7 @@ impl Store {
         match fetched {
             Fetched::Done => Ok(()),
             Fetched::Compressed { len, codec, dict } => {
-                crate::compress::decode(&mut *ctx.comp, &mut ctx.strong, codec, dict.as_deref(), &ctx.cbuf[..len], out)
+                crate::compress::decode(&mut *ctx.comp, ctx.strong.as_mut(), codec, dict.as_deref(), &ctx.cbuf[..len], out)
                     .map_err(|reason| StoreError::Corrupt { index, reason })
             }
             Fetched::Backing(_) => unreachable!("pages on the backing device are read by backing::read"),

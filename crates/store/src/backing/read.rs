@@ -69,7 +69,7 @@ pub(crate) fn read_one(mv: &Mover<'_>, b: &Backing, ctx: &mut Context, p: &Pendi
     let len = p.len as usize;
     b.read_record(p.index, p.loc, &mut ctx.cbuf[..HEADER + len], &mut ctx.read)?;
     Counters::inc(&mv.counters().bd_reads);
-    decode(&mut *ctx.comp, &mut ctx.strong, p, &ctx.cbuf[HEADER..HEADER + len], out)
+    decode(&mut *ctx.comp, ctx.strong.as_mut(), p, &ctx.cbuf[HEADER..HEADER + len], out)
 }
 
 /// [`read_one`], then promotion; the pin is released when both are done. For a whole-page
@@ -89,7 +89,7 @@ pub(crate) fn read_one_and_promote(
 /// A record's payload into a page: a raw page is copied, anything shorter decoded by its codec.
 fn decode(
     comp: &mut dyn BackendContext,
-    strong: &mut StrongDecoder,
+    strong: Option<&mut StrongDecoder>,
     p: &Pending<'_>,
     payload: &[u8],
     out: &mut [u8],
@@ -209,7 +209,7 @@ pub(crate) fn read_pending(
             Counters::inc(&mv.counters().bd_reads);
             let payload = &rec[HEADER..];
             let page = &mut out[(p.index - first) as usize * PAGE_SIZE..][..PAGE_SIZE];
-            if let Err(e) = decode(&mut *ctx.comp, &mut ctx.strong, p, payload, page) {
+            if let Err(e) = decode(&mut *ctx.comp, ctx.strong.as_mut(), p, payload, page) {
                 fail(e);
                 continue;
             }

@@ -148,7 +148,7 @@ pub trait BackendContext: Send {
 /// slot lock). Any failure is a message for [`StoreError::Corrupt`]: never wrong data.
 pub(crate) fn decode(
     primary: &mut dyn BackendContext,
-    strong: &mut strong::StrongDecoder,
+    strong: Option<&mut strong::StrongDecoder>,
     codec: Codec,
     dict: Option<&crate::recompress::dict::Dict>,
     src: &[u8],
@@ -157,11 +157,40 @@ pub(crate) fn decode(
     if codec == Codec::PRIMARY {
         return primary.decompress(src, out);
     }
+    let Some(strong) = strong else {
+        return Err(format!("the page is encoded by codec {} and this store does not recompress", codec.bits()));
+    };
     match (codec.dict(), dict) {
         (None, _) => strong.decompress(src, out, None),
         (Some(_), Some(d)) => strong.decompress(src, out, Some(&d.ddict)),
         (Some(place), None) => Err(format!("the page needs dictionary place {place}, which holds none")),
     }
+}
+
+/// Pages whose decoding, between them, touches every part of a zstd decoding context a page
+/// ever can: libzstd allocates a context untouched, and a decode touches only what its frame
+/// needs (the literal buffer up to the frame's literals, the entropy tables of its block
+/// types). A context that decoded these once does not fault later (on the I/O path, where a
+/// fault can wait on the swap-out the server is serving). Made once per context, never on
+/// the I/O path.
+pub(crate) fn warm_pages() -> Vec<Vec<u8>> {
+    let mut n = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        n ^= n << 13;
+        n ^= n >> 7;
+        n ^= n << 17;
+        n
+    };
+    vec![
+        // Literals only, Huffman-coded (16 symbols, no repeats): the largest literal section.
+        (0..crate::PAGE_SIZE).map(|_| b"abcdefghijklmnop"[(next() % 16) as usize]).collect(),
+        // Random bytes: raw literals, a raw block.
+        (0..crate::PAGE_SIZE).map(|_| next() as u8).collect(),
+        // Many short matches: the most sequences, every FSE table.
+        (0..crate::PAGE_SIZE).map(|i| if i % 7 < 4 { (next() % 4) as u8 } else { b"xyz"[i % 3] }).collect(),
+        // Long repeats, then a run of one byte.
+        (0..crate::PAGE_SIZE).map(|i| if i < 2048 { (i % 251) as u8 } else { 0x55 }).collect(),
+    ]
 }
 
 /// Room for the worst-case expansion of one page by any backend.

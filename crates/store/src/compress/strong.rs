@@ -11,6 +11,8 @@
 
 use zstd::zstd_safe::{self, CCtx, CParameter, DCtx, DDict, DParameter};
 
+use crate::PAGE_SIZE;
+
 /// A worker's decoder for recompressed pages. Made once per `Context`: decoding takes no lock
 /// and allocates nothing (a single-shot `ZSTD_decompress_usingDDict` into the caller's page).
 pub(crate) struct StrongDecoder {
@@ -22,7 +24,24 @@ impl StrongDecoder {
         let mut d = DCtx::create();
         // Caps what a damaged frame can ask for; ours use a window of at most a page.
         let _ = d.set_parameter(DParameter::WindowLogMax(27));
-        StrongDecoder { d }
+        let mut dec = StrongDecoder { d };
+        dec.warm();
+        dec
+    }
+
+    /// Makes the context's memory resident now (`super::warm_pages`), so that decoding on
+    /// the I/O path does not fault.
+    fn warm(&mut self) {
+        let mut out = vec![0u8; PAGE_SIZE];
+        let mut c = vec![0u8; crate::compress::MAX_COMPRESSED_BYTES];
+        for level in [1, 19] {
+            let mut enc = StrongEncoder::new(level);
+            for p in &super::warm_pages() {
+                if let Some(len) = enc.compress(p, &mut c, false) {
+                    let _ = self.decompress(&c[..len], &mut out, None);
+                }
+            }
+        }
     }
 
     /// Decodes `src` into `dst`, which it must fill exactly, with `dict` if the page was

@@ -27,7 +27,15 @@ impl Backend for Zstd {
         let _ = c.set_parameter(CParameter::DictIdFlag(false));
         let mut d = zstd::bulk::Decompressor::new().expect("zstd decompression context");
         let _ = d.set_parameter(DParameter::WindowLogMax(27));
-        Box::new(ZstdContext { c, d })
+        let mut ctx = ZstdContext { c, d };
+        // Both contexts resident now: the I/O path must not fault (`super::warm_pages`).
+        let (mut buf, mut out) = (vec![0u8; super::MAX_COMPRESSED_BYTES], vec![0u8; crate::PAGE_SIZE]);
+        for p in super::warm_pages() {
+            if let Some(n) = ctx.compress(&p, &mut buf) {
+                let _ = ctx.decompress(&buf[..n], &mut out);
+            }
+        }
+        Box::new(ctx)
     }
 }
 

@@ -23,8 +23,10 @@
 //! A page written again is encoded by the write path with the store's own codec: recompression
 //! never touches the I/O path. Readers decode whatever codec a slot names (`store.rs`).
 //!
-//! Dictionaries (`dict.rs`): with [`DictSource::Train`], the first pages recompressed are
-//! also kept as samples; once there are `dict_samples`, zstd's trainer (`ZDICT_trainFromBuffer`, via
+//! Dictionaries (`dict.rs`): with [`DictSource::Train`], one idle compressed page in every
+//! `pages stored / dict_samples` is kept as a sample (nothing is recompressed before the first
+//! dictionary, for at most one pass over the device); once there are `dict_samples`, zstd's
+//! trainer (`ZDICT_trainFromBuffer`, via
 //! the `zstd` crate) builds a dictionary, which is installed as a new version only if it saves
 //! at least `min_dict_gain_permille` on held-out samples. Every `DRIFT_EVERY`th page
 //! recompressed with the dictionary is also encoded without it; when the gain measured that
@@ -266,6 +268,12 @@ struct Trainer {
     /// The next training was asked for (`Tuning::retrain`): its dictionary replaces the
     /// current one whether or not it beats it.
     forced: bool,
+    /// Sampling takes one eligible page in `stride` (set when samples are first wanted, from
+    /// the pages stored then), so that the samples spread over the whole device instead of
+    /// being its first pages; `seen` counts eligible pages, `visited` slots, since then.
+    stride: u64,
+    seen: u64,
+    visited: u64,
 }
 
 impl Trainer {
@@ -280,12 +288,22 @@ impl Trainer {
             retrain: true,
             refused_at: None,
             forced: false,
+            stride: 0,
+            seen: 0,
+            visited: 0,
         }
     }
 
     /// Before the first dictionary, and after a drift until the next one is in.
     fn wants_samples(&self) -> bool {
         self.retrain && !self.full()
+    }
+
+    /// Starts (or restarts) sampling over a device holding `stored` pages.
+    fn start(&mut self, stored: u64) {
+        self.samples.clear();
+        (self.retrain, self.refused_at) = (true, None);
+        (self.stride, self.seen, self.visited) = ((stored / self.pages as u64).max(1), 0, 0);
     }
 
     fn full(&self) -> bool {
@@ -388,15 +406,17 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
     let idle = r.tune.idle_secs.load(Relaxed).min(u16::MAX as u64) as u16;
     let threshold = r.tune.min_saving_bytes.load(Relaxed) as usize;
     let n = mv.num_slots();
+    let stored = Counters::get(&mv.counters().pages_stored);
     if let Some(t) = &mut st.trainer {
         if r.tune.retrain.swap(false, Relaxed) {
-            t.samples.clear();
-            (t.retrain, t.refused_at, t.forced) = (true, None, true);
+            t.start(stored);
+            t.forced = true;
         }
-        if let Some(at) = t.refused_at {
-            if Counters::get(&r.ctr.done) >= at + RETRY_AFTER_SAMPLES * t.pages as u64 {
-                (t.retrain, t.refused_at) = (true, None);
-            }
+        if t.refused_at.is_some_and(|at| Counters::get(&r.ctr.done) >= at + RETRY_AFTER_SAMPLES * t.pages as u64) {
+            t.start(stored);
+        }
+        if t.wants_samples() && t.stride == 0 {
+            t.start(stored);
         }
     }
     for (index, h) in mv.hints_from(st.cursor).take(SCAN_PER_STEP.min(n) as usize) {
@@ -413,15 +433,28 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             };
             kind_ok && !rejected && mv.age(now, ac_time) >= idle
         };
-        // While a dictionary is being (re)trained, idle pages already recompressed are
-        // samples too (decoded, not re-encoded): after a drift, the pages that show it are
-        // those the old dictionary encodes.
-        let sampling = st.trainer.as_ref().is_some_and(Trainer::wants_samples);
-        let sample_only = |kind: Kind, codec: Codec, ac_time: u16| {
-            sampling && kind == Kind::Compressed && codec != Codec::PRIMARY && mv.age(now, ac_time) >= idle
+        // While a dictionary is being (re)trained, one idle compressed page in `stride`, in
+        // any codec, is a sample (decoded; re-encoded only if it is a candidate too). Before
+        // the first dictionary nothing is recompressed until it is trained (one pass over the
+        // device at most), so that pages are not encoded twice.
+        let (sampling, first, pick) = match &mut st.trainer {
+            Some(t) if t.wants_samples() => {
+                t.visited += 1;
+                let eligible = h.kind == Kind::Compressed && mv.age(now, h.ac_time) >= idle;
+                t.seen += eligible as u64;
+                (true, st.current.is_none(), eligible && t.seen % t.stride == 0)
+            }
+            _ => (false, false, false),
         };
-        let candidate = wanted(h.kind, h.codec, h.rejected, h.ac_time);
-        if !candidate && !sample_only(h.kind, h.codec, h.ac_time) {
+        let sample_only = |kind: Kind, ac_time: u16| pick && kind == Kind::Compressed && mv.age(now, ac_time) >= idle;
+        let candidate = !first && wanted(h.kind, h.codec, h.rejected, h.ac_time);
+        if sampling && first && st.trainer.as_ref().is_some_and(|t| t.visited > n) {
+            // A whole pass without enough samples (a device with few pages): train on what
+            // there is (`train` refuses too few), and recompress without waiting any more.
+            train(r, st, rep);
+            continue;
+        }
+        if !candidate && !sample_only(h.kind, h.ac_time) {
             continue;
         }
         if candidate && !mv.background_may_allocate(RESERVE_FLOOR_PAGES) {
@@ -433,7 +466,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             let (kind, codec) = (kind_of(seen), seen.entry.codec());
             let ok = match candidate {
                 true => wanted(kind, codec, seen.rejected, seen.ac_time),
-                false => sample_only(kind, codec, seen.ac_time),
+                false => sample_only(kind, seen.ac_time),
             };
             ok.then_some(&mut cbuf[..seen.stored_bytes])
         }) else {
@@ -446,7 +479,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
                 let dict = codec.dict().and_then(|place| r.dicts.get(place));
                 let ctx = &mut st.ctx;
                 let src = &ctx.cbuf[..len as usize];
-                if crate::compress::decode(&mut *ctx.comp, &mut ctx.strong, codec, dict.as_deref(), src, &mut ctx.page).is_err() {
+                if crate::compress::decode(&mut *ctx.comp, ctx.strong.as_mut(), codec, dict.as_deref(), src, &mut ctx.page).is_err() {
                     // A page that does not decode stays as it is: its reader gets the error.
                     if candidate {
                         mv.reject(index);
@@ -460,14 +493,12 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
                 PAGE_SIZE
             }
         };
-        if let Some(t) = &mut st.trainer {
-            if t.wants_samples() {
-                t.samples.extend_from_slice(&st.ctx.page);
-                if t.full() {
-                    // Trained as soon as the samples are in, so that the pages after them
-                    // get the dictionary.
-                    train(r, st, rep);
-                }
+        if let Some(t) = st.trainer.as_mut().filter(|_| pick) {
+            t.samples.extend_from_slice(&st.ctx.page);
+            if t.full() {
+                // Trained as soon as the samples are in, so that the pages after them get the
+                // dictionary.
+                train(r, st, rep);
             }
         }
         if !candidate {
@@ -509,8 +540,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             if measured * 2 < trained {
                 // Drifted: train a new one from fresh samples; until it is in, the current
                 // one stays (it still saves what it measured).
-                t.retrain = true;
-                t.samples.clear();
+                t.start(Counters::get(&mv.counters().pages_stored));
             }
         }
     }
@@ -556,13 +586,14 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
     // re-encoded forever.
     let current = (st.current.is_some() && !t.forced).then(|| dict::gain_on(&mut st.enc, dict::held_out(&t.samples)));
     t.forced = false;
+    let few = t.samples.len() < t.pages * PAGE_SIZE;
     let trained = dict::train(&t.samples, DICT_MAX_BYTES, r.cfg.level);
     t.samples.clear();
     // Not installed (too little gain, a failure, or every table place still in use): no
     // training again until as many pages as `RETRY_AFTER_SAMPLES` samples' worth have been
     // recompressed, so that a device whose pages a dictionary does not help spends nothing
     // on it.
-    t.retrain = false;
+    (t.retrain, t.stride) = (false, 0);
     t.refused_at = Some(Counters::get(&r.ctr.done));
     match trained {
         Ok(d)
@@ -582,6 +613,8 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
                 r.ctr.dict_gain_permille.store(c as u64, Relaxed);
             }
         }
+        // Too few samples (a device with few pages) is no failure worth a warning.
+        Err(_) if few => Counters::inc(&r.ctr.dicts_refused),
         Err(e) => {
             compcache_log::warning("compcache", &format!("recompression: training a dictionary failed: {e}; trying again later"));
             Counters::inc(&r.ctr.dicts_refused);
