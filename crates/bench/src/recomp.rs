@@ -110,9 +110,10 @@ fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>) -> RecompRow
     let write_pages_per_s = pages as f64 / start.elapsed().as_secs_f64();
     store.advance_clock(idle + 1);
     if store.recompresses() {
-        // Settled: a pass over every slot that installs and rejects nothing.
+        // Settled: two passes over every slot that install and reject nothing (the first pass
+        // may only sample pages for the dictionary).
         let mut quiet = 0u64;
-        while quiet < pages as u64 {
+        while quiet < 2 * pages as u64 {
             let r = store.recompress(Duration::from_secs(3600));
             quiet = if r.done + r.rejected == 0 { quiet + r.scanned.max(1) } else { 0 };
         }

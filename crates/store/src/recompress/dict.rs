@@ -39,27 +39,34 @@ pub struct Trained {
 }
 
 /// Trains a dictionary of at most `max_bytes` on `pages` (whole 4 KiB pages, back to back):
-/// all but one page in nine are trained on, the rest measure the gain at zstd `level`. What
-/// recompression does with its samples, and `compcache dict train` with a page dump.
+/// every ninth page is held out to measure the gain at zstd `level` (interleaved, so that the
+/// measure covers the same parts of the device as the training), the others are trained on.
+/// What recompression does with its samples, and `compcache dict train` with a page dump.
 pub fn train(pages: &[u8], max_bytes: usize, level: i32) -> Result<Trained, String> {
     let n = pages.len() / PAGE_SIZE;
     if n < 9 {
         return Err(format!("{n} pages are too few to train a dictionary on (at least 9)"));
     }
-    let held = held_out(pages);
-    let train_pages = n - held.len() / PAGE_SIZE;
-    let sizes = vec![PAGE_SIZE; train_pages];
-    let bytes =
-        zstd::dict::from_continuous(&pages[..train_pages * PAGE_SIZE], &sizes, max_bytes).map_err(|e| format!("zstd's trainer: {e}"))?;
+    let (training, held) = split(pages);
+    let sizes = vec![PAGE_SIZE; training.len() / PAGE_SIZE];
+    let bytes = zstd::dict::from_continuous(&training, &sizes, max_bytes).map_err(|e| format!("zstd's trainer: {e}"))?;
     let mut enc = StrongEncoder::new(level);
     enc.set_dict(Some(&bytes))?;
-    Ok(Trained { gain_permille: gain_on(&mut enc, held), bytes })
+    Ok(Trained { gain_permille: gain_on(&mut enc, &held), bytes })
 }
 
-/// The pages [`train`] holds out of `pages` to measure a dictionary on: the last one in nine.
-pub(crate) fn held_out(pages: &[u8]) -> &[u8] {
-    let n = pages.len() / PAGE_SIZE;
-    &pages[(n - n / 9) * PAGE_SIZE..n * PAGE_SIZE]
+/// `pages` split into the pages [`train`] trains on and those it holds out (every ninth).
+fn split(pages: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let (mut training, mut held) = (Vec::with_capacity(pages.len()), Vec::with_capacity(pages.len() / 9 + PAGE_SIZE));
+    for (i, p) in pages.chunks_exact(PAGE_SIZE).enumerate() {
+        if i % 9 == 8 { &mut held } else { &mut training }.extend_from_slice(p);
+    }
+    (training, held)
+}
+
+/// The pages [`train`] holds out of `pages` to measure a dictionary on.
+pub(crate) fn held_out(pages: &[u8]) -> Vec<u8> {
+    split(pages).1
 }
 
 /// What the dictionary loaded in `enc` saves on `pages` (per 1000 bytes, against `enc` without

@@ -406,7 +406,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
     let idle = r.tune.idle_secs.load(Relaxed).min(u16::MAX as u64) as u16;
     let threshold = r.tune.min_saving_bytes.load(Relaxed) as usize;
     let n = mv.num_slots();
-    let stored = Counters::get(&mv.counters().pages_stored);
+    let stored = compressed_pages(mv.counters());
     if let Some(t) = &mut st.trainer {
         if r.tune.retrain.swap(false, Relaxed) {
             t.start(stored);
@@ -540,10 +540,15 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             if measured * 2 < trained {
                 // Drifted: train a new one from fresh samples; until it is in, the current
                 // one stays (it still saves what it measured).
-                t.start(Counters::get(&mv.counters().pages_stored));
+                t.start(compressed_pages(mv.counters()));
             }
         }
     }
+}
+
+/// Pages stored compressed (the ones sampling picks from): not same-filled, not raw.
+fn compressed_pages(c: &Counters) -> u64 {
+    Counters::get(&c.pages_stored).saturating_sub(Counters::get(&c.same_pages) + Counters::get(&c.huge_pages) + Counters::get(&c.bd_count))
 }
 
 fn kind_of(seen: &crate::mover::Seen) -> Kind {
@@ -584,7 +589,7 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
     // A replacement must beat the current dictionary on the same held-out pages: otherwise a
     // population no dictionary fits well (several programs' pages) would be retrained and
     // re-encoded forever.
-    let current = (st.current.is_some() && !t.forced).then(|| dict::gain_on(&mut st.enc, dict::held_out(&t.samples)));
+    let current = (st.current.is_some() && !t.forced).then(|| dict::gain_on(&mut st.enc, &dict::held_out(&t.samples)));
     t.forced = false;
     let few = t.samples.len() < t.pages * PAGE_SIZE;
     let trained = dict::train(&t.samples, DICT_MAX_BYTES, r.cfg.level);
@@ -670,18 +675,21 @@ mod tests {
         p
     }
 
-    fn store(pages: u64, rc: RecompressConfig) -> Store {
-        Store::new(Config { recompress: Some(rc), ..Config::with_disksize(pages * PAGE) }).unwrap()
+    /// A store of `pages` pages with recompression `rc`, each page written with
+    /// `record_page`, and a context.
+    fn filled(pages: u64, rc: RecompressConfig) -> (Store, Context) {
+        let s = Store::new(Config { recompress: Some(rc), ..Config::with_disksize(pages * PAGE) }).unwrap();
+        let mut ctx = s.context();
+        for i in 0..pages {
+            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
+        }
+        (s, ctx)
     }
 
     #[test]
     fn a_damaged_dictionary_is_an_error_for_its_pages_never_wrong_data() {
         let rc = RecompressConfig { idle_secs: 1, dict_samples: 90, ..RecompressConfig::default() };
-        let s = store(256, rc);
-        let mut ctx = s.context();
-        for i in 0..256 {
-            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
-        }
+        let (s, mut ctx) = filled(256, rc);
         s.advance_clock(10);
         // Enough steps to sample, train, and recompress the rest with the dictionary.
         for _ in 0..4 {
@@ -720,11 +728,7 @@ mod tests {
     #[test]
     fn a_page_written_again_goes_back_to_the_fast_codec() {
         let rc = RecompressConfig { idle_secs: 1, dict: DictSource::None, ..RecompressConfig::default() };
-        let s = store(16, rc);
-        let mut ctx = s.context();
-        for i in 0..16 {
-            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
-        }
+        let (s, mut ctx) = filled(16, rc);
         s.recompress(std::time::Duration::from_secs(1));
         assert_eq!(s.stats().recomp_pages, 0, "nothing is idle yet");
         s.advance_clock(5);
@@ -743,11 +747,7 @@ mod tests {
     #[test]
     fn pages_that_do_not_save_enough_are_tried_once() {
         let rc = RecompressConfig { idle_secs: 0, min_saving_bytes: 4000, dict: DictSource::None, ..RecompressConfig::default() };
-        let s = store(8, rc);
-        let mut ctx = s.context();
-        for i in 0..8 {
-            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
-        }
+        let (s, mut ctx) = filled(8, rc);
         let first = s.recompress(std::time::Duration::from_secs(1));
         assert_eq!((first.done, first.rejected), (0, 8));
         let again = s.recompress(std::time::Duration::from_secs(1));
@@ -759,11 +759,7 @@ mod tests {
     #[test]
     fn a_busy_device_is_left_alone_and_the_budget_bounds_a_step() {
         let rc = RecompressConfig { idle_secs: 0, busy_pages_per_sec: 100, dict: DictSource::None, ..RecompressConfig::default() };
-        let s = store(512, rc);
-        let mut ctx = s.context();
-        for i in 0..512 {
-            s.write_page(&mut ctx, i, &record_page(i)).unwrap();
-        }
+        let (s, _) = filled(512, rc);
         let rep = s.recompress_step(std::time::Duration::from_millis(100));
         assert!(rep.busy && rep.done == 0, "512 writes in 100 ms is busy: {rep:?}");
         // Quiet now: a step of 100 ms at 10% may spend about 10 ms, far from all 512 pages.
