@@ -377,12 +377,14 @@ class SwapWorkloadRun:
 
 
 def run_swap_workload(cg_parent, cg_version, prefix, swap_dev, mib=192, limit=64 * MiB,
-                      started=None, filled=None, timeout=600):
+                      started=None, filled=None, timeout=600, hold=False):
     """Runs swap_workload.py `mib` in a new memory cgroup (`prefix`-<random>, under
     `cg_parent` from memory_cgroup_parent()) limited to `limit` bytes, so its pages go through
     swap. Only the workload joins the cgroup (before it execs); the caller and its servers stay
     where pytest is. `started(cgroup)` is called once the workload runs, `filled()` when it has
-    printed FILLED. Fails the test unless the workload exits 0 having verified every page.
+    printed FILLED; with `hold`, the workload waits (its pages swapped out, untouched) until
+    `filled()` has returned, then checks them. Fails the test unless the workload exits 0
+    having verified every page.
 
     The workload is killed by its PID and the cgroup removed in `finally`, also on failure.
     Reading stops after `timeout` seconds; the exit is then awaited for what is left of it
@@ -401,7 +403,8 @@ def run_swap_workload(cg_parent, cg_version, prefix, swap_dev, mib=192, limit=64
             write(os.path.join(cgroup, "memory.max"), limit)
         procs = os.path.join(cgroup, "cgroup.procs")
         workload = subprocess.Popen(
-            [sys.executable, SWAP_WORKLOAD, str(mib)],
+            [sys.executable, SWAP_WORKLOAD, str(mib), *(["--hold"] if hold else [])],
+            stdin=subprocess.PIPE if hold else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=lambda: write(procs, os.getpid()))
         if started is not None:
@@ -414,6 +417,9 @@ def run_swap_workload(cg_parent, cg_version, prefix, swap_dev, mib=192, limit=64
                 swapped_kib = swap_used_kib(swap_dev)
                 if filled is not None:
                     filled()
+                if hold:
+                    workload.stdin.write("\n")
+                    workload.stdin.close()
             if time.monotonic() > deadline:
                 break
         rc = workload.wait(timeout=max(60, deadline - time.monotonic()))

@@ -2,8 +2,10 @@
 contents (half text, which compresses; half seeded pseudo-random bytes, which does not),
 prints FILLED, reads every page back and checks it, prints VERIFIED and exits 0 only if every
 page was correct. Run inside a memory cgroup smaller than N, so the pages go through swap.
+With --hold it waits for a line on stdin between FILLED and the check (the pages stay swapped
+out meanwhile, untouched: what a test of idle pages wants).
 
-Usage: python3 swap_workload.py MIB
+Usage: python3 swap_workload.py MIB [--hold]
 """
 import random
 import sys
@@ -22,6 +24,8 @@ def main():
     for i in range(pages):
         mem[i * PAGE:(i + 1) * PAGE] = page_contents(i)
     print(f"FILLED {pages}", flush=True)
+    if "--hold" in sys.argv[2:]:
+        sys.stdin.readline()
     bad = [i for i in range(pages) if mem[i * PAGE:(i + 1) * PAGE] != page_contents(i)]
     if bad:
         print(f"BAD {len(bad)} pages, first {bad[:10]}", flush=True)

@@ -31,7 +31,7 @@ import pytest
 from bench.ready import read_ready_line  # (conftest puts the repository on the path)
 
 from conftest import (FIO_ZEROES_JOB, kill_pid, need, need_memory_cgroup, need_root, run, run_fio,
-                      run_swap_workload, swap_used_kib)
+                      run_swap_workload, swap_used_kib, wait_for)
 
 MiB = 1 << 20
 PAGE = 4096
@@ -346,12 +346,13 @@ def compcache_devices():
     return out
 
 
-def swap_through_fuse(cg_parent, cg_version, prefix, dev, stat):
+def swap_through_fuse(cg_parent, cg_version, prefix, dev, stat, filled=None):
     """The verified workload in a memory cgroup three times smaller than it (run_swap_workload)
     swaps to `dev`, a FUSE server's loop device: swap was in use when it had filled its memory,
     and the server's statistics (`stat()`) show writes and reads and no failures. Also used by
-    test_fuse_uring.py."""
-    swapped_kib = run_swap_workload(cg_parent, cg_version, prefix, dev).swapped_kib
+    test_fuse_uring.py. `filled()`, if given, runs while the workload holds its pages swapped
+    out (before it reads them back)."""
+    swapped_kib = run_swap_workload(cg_parent, cg_version, prefix, dev, filled=filled, hold=filled is not None).swapped_kib
     st = stat()
     print(f"swap used at fill: {swapped_kib} KiB; statistics: num_writes {st['num_writes']} "
           f"num_reads {st['num_reads']} orig {st['orig_data_size']} compr {st['compr_data_size']}")
@@ -360,7 +361,12 @@ def swap_through_fuse(cg_parent, cg_version, prefix, dev, stat):
     assert st["failed_reads"] == 0 and st["failed_writes"] == 0
 
 
-def test_swapon_frontend_fuse(compcache_bin):
+@pytest.mark.parametrize("extra", [[], ["--recompress", "on", "--recompress-idle", "1", "--recompress-cpu", "50"]],
+                         ids=["plain", "recompress"])
+def test_swapon_frontend_fuse(compcache_bin, extra):
+    """The kernel swaps the verified workload to `swapon --frontend fuse`; with `recompress`,
+    the swap server also recompresses pages idle for a second (its thread in a locked,
+    fault-free server), and every page the workload reads back is still right."""
     need_fuse()
     need("mkswap")
     cg_parent, cg_version = need_memory_cgroup()
@@ -369,7 +375,7 @@ def test_swapon_frontend_fuse(compcache_bin):
         before = set(compcache_devices())
         try:
             p = run([compcache_bin, "swapon", "--frontend", "fuse", "--no-config", "--size", "512M",
-                     "--priority", "32767", "--reserve", "16M"], timeout=180)
+                     "--priority", "32767", "--reserve", "16M", *extra], timeout=180)
             print(p.stdout, p.stderr)
             new = set(compcache_devices()) - before
             assert len(new) == 1, (p.stdout, compcache_devices())
@@ -381,9 +387,18 @@ def test_swapon_frontend_fuse(compcache_bin):
                 vmlck = [int(l.split()[1]) for l in f if l.startswith("VmLck:")]
             assert vmlck and vmlck[0] > 0, "the FUSE swap server must lock its memory"
 
-            swap_through_fuse(cg_parent, cg_version, "compcache-fuse-test", dev,
-                              lambda: json.loads(run([compcache_bin, "stat", "--json", "--control",
-                                                      state["control"]]).stdout))
+            def stat():
+                return json.loads(run([compcache_bin, "stat", "--json", "--control", state["control"]]).stdout)
+
+            def recompressed():
+                # The pages sit idle in swap now: the server's thread recompresses them.
+                wait_for(lambda: stat()["recomp_pages"] > 1000, "the swap server to recompress idle pages", timeout=120)
+                st = stat()
+                print(f"recompressed {st['recompress_done']} pages, {st['recomp_pages']} now "
+                      f"({st['recomp_dict_pages']} with a dictionary), CPU {st['recompress_cpu_ms']} ms")
+
+            swap_through_fuse(cg_parent, cg_version, "compcache-fuse-test", dev, stat,
+                              filled=recompressed if extra else None)
         finally:
             if dev:
                 p = run([compcache_bin, "swapoff", dev], check=False, timeout=600)
