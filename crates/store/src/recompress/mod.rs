@@ -26,8 +26,7 @@
 //! Dictionaries (`dict.rs`): with [`DictSource::Train`], one idle compressed page in every
 //! `pages stored / dict_samples` is kept as a sample (nothing is recompressed before the first
 //! dictionary, for at most one pass over the device); once there are `dict_samples`, zstd's
-//! trainer (`ZDICT_trainFromBuffer`, via
-//! the `zstd` crate) builds a dictionary, which is installed as a new version only if it saves
+//! trainer (`ZDICT_trainFromBuffer`, via the `zstd` crate) builds a dictionary, which is installed as a new version only if it saves
 //! at least `min_dict_gain_permille` on held-out samples. Every `DRIFT_EVERY`th page
 //! recompressed with the dictionary is also encoded without it; when the gain measured that
 //! way over `DRIFT_WINDOW` pages falls under half of the gain at training time, a new
@@ -39,8 +38,10 @@
 //! Nothing here runs on the I/O path. The state (contexts, sample buffer) is made on the first
 //! step and kept. New pool objects come from the pool like a write's; in fault-free mode (a
 //! swap server with a reserve) a step stops while fewer than `RESERVE_FLOOR_PAGES` resident
-//! pages are free, so it never takes the reserve the I/O path needs. Each install frees a
-//! larger object, so recompression only ever lowers `mem_used_total` (after compaction).
+//! pages are free, so it never takes the reserve the I/O path needs. Each install frees an
+//! object at least as large, so recompression never raises `mem_used_total` (after
+//! compaction). A training holds a copy of its samples and zstd's trainer's tables for its
+//! duration (about half a second for 576 pages).
 //!
 //! # Locking
 //! `Recompressor::state` (a mutex, one step at a time) is taken before any slot lock; slot
