@@ -74,6 +74,28 @@ pub struct SwaponArgs {
     /// are swapped back in and freed; zram-generator's default is discard too).
     #[arg(long)]
     pub(super) no_discard: bool,
+
+    /// Set up the device even though zswap is enabled (it compresses pages before they reach
+    /// compcache; see docs/swap.md, "zswap in front").
+    #[arg(long)]
+    pub(super) allow_zswap: bool,
+}
+
+/// Where the kernel says whether zswap is on.
+const ZSWAP_ENABLED: &str = "/sys/module/zswap/parameters/enabled";
+
+/// The refusal when zswap is on (`enabled`: the parameter's text), or `None`: zswap is off,
+/// absent, or allowed.
+fn zswap_refusal(enabled: Option<&str>, allowed: bool) -> Option<String> {
+    let on = matches!(enabled.map(str::trim), Some("Y") | Some("y") | Some("1"));
+    (on && !allowed).then(|| {
+        format!(
+            "zswap is enabled ({ZSWAP_ENABLED} is Y): it would compress swapped pages in RAM before they reach \
+             compcache, and send compcache the ones it writes back or rejects, so memory is compressed twice \
+             for little gain. Disable it (echo N > {ZSWAP_ENABLED}, or zswap.enabled=0 on the kernel command \
+             line), or pass --allow-zswap to set the device up anyway"
+        )
+    })
 }
 
 /// Take compcache swap devices out of use and remove them (all of them by default).
@@ -87,6 +109,9 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(Failure::new("swapon needs root (creating block devices, mlock, swapon(2))"));
+    }
+    if let Some(why) = zswap_refusal(std::fs::read_to_string(ZSWAP_ENABLED).ok().as_deref(), args.allow_zswap) {
+        return Err(Failure::new(why));
     }
     let Some(s) = settings(&args, physical_ram_bytes())? else {
         println!("compcache: the configuration asks for no device on this machine (host-memory-limit)");
@@ -184,4 +209,18 @@ fn print_stats(dev: &Path, json: &str) {
 #[cfg(test)]
 pub(crate) fn parse_args(v: &[&str]) -> SwaponArgs {
     crate::test_flags::parse_flags(v).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zswap_on_is_refused_unless_allowed() {
+        assert!(zswap_refusal(Some("Y\n"), false).is_some_and(|m| m.contains("--allow-zswap") && m.contains("echo N")));
+        assert_eq!(zswap_refusal(Some("Y"), true), None);
+        assert!(parse_args(&["--allow-zswap"]).allow_zswap);
+        assert_eq!(zswap_refusal(Some("N\n"), false), None);
+        assert_eq!(zswap_refusal(None, false), None, "a kernel without zswap");
+    }
 }
