@@ -170,8 +170,12 @@ fn read_latency(store: &Store, data: &[u8]) -> (u64, u64) {
 /// private temporary file; `None` if training fails.
 fn train_dict(data: &[u8]) -> Option<std::path::PathBuf> {
     let sample: Vec<u8> = data.chunks_exact(PAGE_SIZE).step_by(16).take(4096).flatten().copied().collect();
-    let sizes = vec![PAGE_SIZE; sample.len() / PAGE_SIZE];
-    let dict = zstd::dict::from_continuous(&sample, &sizes, 16 << 10).map_err(|e| eprintln!("  dictionary training failed: {e}")).ok()?;
+    // The store's own trainer (what `compcache dict train` uses), at the recompression level.
+    let level = compcache_store::config::DEFAULT_RECOMPRESS_LEVEL;
+    let dict = compcache_store::recompress::dict::train(&sample, 16 << 10, level)
+        .map_err(|e| eprintln!("  dictionary training failed: {e}"))
+        .ok()?
+        .bytes;
     let path = std::env::temp_dir().join(format!("compcache-storebench-{}.dict", std::process::id()));
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).ok()?;

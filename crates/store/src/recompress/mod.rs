@@ -660,20 +660,25 @@ mod tests {
     use crate::config::Config;
     use crate::{Store, StoreError, PAGE};
 
-    /// A page of JSON-like records: lz4 compresses it, zstd more, a dictionary more still.
-    fn record_page(i: u64) -> Vec<u8> {
+    /// A page of records, `record(n)` for successive pseudo-random `n` seeded by `i`.
+    fn records(i: u64, record: impl Fn(u64) -> String) -> Vec<u8> {
         let mut p = Vec::with_capacity(PAGE_SIZE);
         let mut n = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         while p.len() < PAGE_SIZE {
             n ^= n << 13;
             n ^= n >> 7;
             n ^= n << 17;
-            let rec =
-                format!("{{\"id\":{},\"user\":\"u{:05}\",\"score\":{},\"tags\":[\"a{}\",\"b\"]}},", n % 100_000, n % 977, n % 1000, n % 7);
-            p.extend_from_slice(rec.as_bytes());
+            p.extend_from_slice(record(n).as_bytes());
         }
         p.truncate(PAGE_SIZE);
         p
+    }
+
+    /// A page of JSON-like records: lz4 compresses it, zstd more, a dictionary more still.
+    fn record_page(i: u64) -> Vec<u8> {
+        records(i, |n| {
+            format!("{{\"id\":{},\"user\":\"u{:05}\",\"score\":{},\"tags\":[\"a{}\",\"b\"]}},", n % 100_000, n % 977, n % 1000, n % 7)
+        })
     }
 
     /// A store of `pages` pages with recompression `rc`, each page written with
@@ -768,27 +773,10 @@ mod tests {
         assert!(!rep.busy && rep.done > 0 && rep.done < 512, "{rep:?}");
         assert_eq!(s.stats().recompress_busy_skips, 1);
     }
-}
-
-#[cfg(test)]
-mod drift_tests {
-    use super::*;
-    use crate::config::Config;
-    use crate::{Store, PAGE};
 
     /// Pages of one "program": records whose field names come from `words`.
     fn page_of(words: &[&str], i: u64) -> Vec<u8> {
-        let mut p = Vec::with_capacity(PAGE_SIZE);
-        let mut n = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        while p.len() < PAGE_SIZE {
-            n ^= n << 13;
-            n ^= n >> 7;
-            n ^= n << 17;
-            let w = words[(n % words.len() as u64) as usize];
-            p.extend_from_slice(format!("<{w} id={} v={}/> ", n % 10_000, (n >> 20) % 1000).as_bytes());
-        }
-        p.truncate(PAGE_SIZE);
-        p
+        records(i, |n| format!("<{} id={} v={}/> ", words[(n % words.len() as u64) as usize], n % 10_000, (n >> 20) % 1000))
     }
 
     const A: &[&str] = &["customer", "invoice", "shipment", "warehouse", "quantity"];
