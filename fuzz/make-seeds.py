@@ -137,6 +137,11 @@ def control():
         "bad-utf8": b'{"cmd":"\xff\xfe"}\n',
         "numbers": b'{"cmd":"info","a":1e999,"b":-0,"c":123456789012345678901234567890}\n',
         "crlf": b'{"cmd":"stat"}\r\n {"cmd":"info"} \r\n',
+        "set": b'{"cmd":"set","mem_limit":1048576,"reset_mem_used_max":true}\n{"cmd":"set","mem_limit":0}\n',
+        "set-writeback": b'{"cmd":"set","writeback":{"high_pct":80,"low_pct":50,"rate_bytes":1,"limit_bytes":0}}\n',
+        "set-bad": b'{"cmd":"set","mem_limit":-1}\n{"cmd":"set","x":1}\n{"cmd":"set","reset_mem_used_max":1}\n',
+        "writeback": b'{"cmd":"writeback","idle_secs":0,"max_bytes":4096}\n{"cmd":"writeback","idle_secs":"a"}\n',
+        "recompress": b'{"cmd":"recompress","set":{"idle_secs":1},"run_ms":1}\n',
     }
     for k, v in lines.items():
         write("control", k, v)

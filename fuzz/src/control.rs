@@ -2,7 +2,8 @@
 //! request lines as the control server splits them, each answered by `control::answer`.
 //!
 //! Checked: no panic; every answer is one JSON object on one line with a boolean `ok`; a
-//! refusal carries an `error` string; `stat` and `info` answers carry the device.
+//! refusal carries an `error` string; `stat` and `info` answers carry the device, `set`'s the
+//! memory limit; `recompress` and `writeback` are refused (the store has neither).
 
 use compcache_control::{answer, ControlState, DeviceInfo, MAX_LINE_BYTES};
 use compcache_store::{Config, Store};
@@ -49,6 +50,9 @@ pub fn run(data: &[u8]) {
                     Some("compact") => {
                         assert!(map.get("pages_freed").is_some_and(Value::is_u64), "{out}")
                     }
+                    Some("set") => assert!(map.get("mem_limit").is_some_and(Value::is_u64), "{out}"),
+                    // The fuzzed store has neither recompression nor a backing device.
+                    Some("recompress") | Some("writeback") => panic!("ok without the feature: {out}"),
                     other => panic!("ok for command {other:?}: {out}"),
                 }
             }

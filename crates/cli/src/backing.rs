@@ -64,16 +64,21 @@ pub struct BackingArgs {
     pub force: bool,
 }
 
+/// A size flag of the backing tier (`--backing-size`, `--writeback-limit`, `--writeback-rate`,
+/// also in `compcache set`): a size (`64M`, `10%` of RAM, a rate may end in `/s`), or `0` or
+/// `none` for none (0).
+pub fn size_or_none(flag: &str, text: &str, ram: u64) -> Result<u64, Failure> {
+    match text.trim() {
+        "0" | "none" => Ok(0),
+        t => parse_size(t.strip_suffix("/s").unwrap_or(t), ram).map_err(|e| Failure::usage(format!("{flag}: {e}"))),
+    }
+}
+
 impl BackingArgs {
     /// The store's backing configuration, `None` without `--backing`. `mem_limit` is the
     /// device's memory limit in bytes (0: none), `ram` physical RAM for `%` sizes.
     pub fn config(&self, ram: u64, mem_limit: u64) -> Result<Option<BackingConfig>, Failure> {
-        let size = |flag: &str, text: &Option<String>| -> Result<u64, Failure> {
-            match text.as_deref().map(str::trim) {
-                None | Some("0") | Some("none") => Ok(0),
-                Some(t) => parse_size(t.strip_suffix("/s").unwrap_or(t), ram).map_err(|e| Failure::usage(format!("{flag}: {e}"))),
-            }
-        };
+        let size = |flag: &str, text: &Option<String>| text.as_deref().map_or(Ok(0), |t| size_or_none(flag, t, ram));
         let Some(path) = &self.backing else {
             if self.backing_size.is_some()
                 || self.writeback_limit.is_some()

@@ -40,6 +40,8 @@ enum Command {
     Fuse(cmd::fuse::FuseArgs),
     Dict(cmd::dict::Args),
     Recompress(cmd::recompress::Args),
+    Set(cmd::set::Args),
+    Writeback(cmd::writeback::Args),
 }
 
 fn main() {
@@ -55,6 +57,8 @@ fn main() {
         Command::Fuse(a) => cmd::fuse::run_fuse(a),
         Command::Dict(a) => cmd::dict::run(a),
         Command::Recompress(a) => cmd::recompress::run(a),
+        Command::Set(a) => cmd::set::run(a),
+        Command::Writeback(a) => cmd::writeback::run(a),
     };
     if let Err(f) = result {
         log::error(&f.to_string());

@@ -8,6 +8,7 @@
 //!
 //! One job per file:
 //! - here: the protocol and its server ([`answer`], [`serve`], [`bind`]);
+//! - `change.rs`: the commands that change a running device (`set`, `writeback`, `recompress`);
 //! - [`client`]: a client's request ([`request`]) and the trust checks it makes first
 //!   ([`check_trusted`]);
 //! - [`socket`]: private Unix sockets (mode 0600 before listening, stale-socket detection,
@@ -20,12 +21,19 @@
 //! connection and closes it when done. Every answer has `"ok"`: `true` with the command's
 //! fields, or `false` with `"error"`, a one-line message.
 //!
-//! | request              | answer fields (besides `ok`)                                      |
-//! |----------------------|-------------------------------------------------------------------|
-//! | `{"cmd":"stat"}`     | `device` (see [`DeviceInfo`]), `stats` (every `Stats` field), `mm_stat`, `io_stat`, `bd_stat`, `ramzswap` (text) |
-//! | `{"cmd":"compact"}`  | `pages_freed`                                                     |
-//! | `{"cmd":"info"}`     | `device`                                                          |
-//! | `{"cmd":"recompress", "set": {..}, "run_ms": N}` | `settings` (recompression's tunables after `set`), `report` (what a run of `run_ms` did, or null) |
+//! | request              | answer fields (besides `ok`)                                      | since |
+//! |----------------------|-------------------------------------------------------------------|-------|
+//! | `{"cmd":"stat"}`     | `protocol`, `device` (see [`DeviceInfo`]), `stats` (every `Stats` field), `mm_stat`, `io_stat`, `bd_stat`, `ramzswap` (text) | 1 |
+//! | `{"cmd":"compact"}`  | `pages_freed`                                                     | 1 |
+//! | `{"cmd":"info"}`     | `protocol`, `device`                                              | 1 |
+//! | `{"cmd":"recompress", "set": {..}, "run_ms": N}` | `settings` (recompression's tunables after `set`), `report` (what a run of `run_ms` did, or null) | 2 |
+//! | `{"cmd":"set", "mem_limit": B, "reset_mem_used_max": true, "writeback": {"high_pct", "low_pct", "rate_bytes", "limit_bytes"}}` (each optional) | `mem_limit`, `mem_used_max`, `writeback` (settings, or null without a backing device) | 2 |
+//! | `{"cmd":"writeback", "idle_secs": N, "max_bytes": B}` | `report` (`pages`, `bytes`, `writes`, `raced`, `pool_pages_freed`, `device_full`, `error`) | 2 |
+//!
+//! Versions: [`PROTOCOL_VERSION`] is in the answers of `stat` and `info`; a server that does
+//! not send it speaks version 1. Version 2 added `recompress`, `set`, `writeback` and the
+//! `protocol` field. Fields are only ever added to answers; clients ignore what they do not
+//! know. The commands that change the device are in [`change`](crate::change)'s file.
 //!
 //! A request line may be at most [`MAX_LINE_BYTES`] long; a longer one ends the connection.
 //! At most [`MAX_CLIENTS`] clients are served at once; one more is answered
@@ -39,6 +47,7 @@
 //! that a socket swapped in after the check is caught too): another user could otherwise
 //! squat a socket path and feed `compcache stat` made-up figures ([`check_trusted`]).
 
+mod change;
 pub mod client;
 pub mod socket;
 #[cfg(test)]
@@ -56,6 +65,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The protocol's version, in the answers of `stat` and `info` (crate docs: what each
+/// version added). A client needing a later version than a server's says so.
+pub const PROTOCOL_VERSION: u64 = 2;
 /// The longest request line accepted.
 pub const MAX_LINE_BYTES: usize = 64 << 10;
 /// An idle control client is disconnected after this long, so it cannot pin a thread forever.
@@ -103,6 +115,7 @@ pub fn answer(state: &ControlState, line: &str) -> Value {
             let s = state.store.stats();
             json!({
                 "ok": true,
+                "protocol": PROTOCOL_VERSION,
                 "device": state.device,
                 "stats": s,
                 "mm_stat": s.mm_stat_line(),
@@ -112,31 +125,15 @@ pub fn answer(state: &ControlState, line: &str) -> Value {
             })
         }
         "compact" => json!({"ok": true, "pages_freed": state.store.compact()}),
-        "info" => json!({"ok": true, "device": state.device}),
-        "recompress" => recompress(state, &req),
-        other => {
-            json!({"ok": false, "error": format!("unknown command {other:?} (known: stat, compact, info, recompress)")})
-        }
+        "info" => json!({"ok": true, "protocol": PROTOCOL_VERSION, "device": state.device}),
+        "recompress" => change::recompress(&state.store, &req),
+        "set" => change::set(state, &req),
+        "writeback" => change::writeback(&state.store, &req),
+        other => json!({
+            "ok": false,
+            "error": format!("unknown command {other:?} (known: stat, compact, info, recompress, set, writeback)")
+        }),
     }
-}
-
-/// `{"cmd":"recompress", "set": {...}, "run_ms": N}`: changes recompression's tunables
-/// (`RecompressTuning`'s fields; none: nothing changes) and, with `run_ms`, recompresses now
-/// for up to that much CPU time (at most a minute). Answers the settings after the change and
-/// what the run did.
-fn recompress(state: &ControlState, req: &Value) -> Value {
-    let tuning: compcache_store::RecompressTuning = match req.get("set").map(|v| serde_json::from_value(v.clone())) {
-        None => Default::default(),
-        Some(Ok(t)) => t,
-        Some(Err(e)) => return json!({"ok": false, "error": format!("\"set\": {e}")}),
-    };
-    let settings = match state.store.tune_recompression(&tuning) {
-        Ok(s) => s,
-        Err(e) => return json!({"ok": false, "error": e.to_string()}),
-    };
-    let run_ms = req.get("run_ms").and_then(Value::as_u64).unwrap_or(0).min(60_000);
-    let report = (run_ms > 0).then(|| state.store.recompress(std::time::Duration::from_millis(run_ms)));
-    json!({"ok": true, "settings": settings, "report": report})
 }
 
 /// Accepts control clients forever, a thread each, at most [`MAX_CLIENTS`] at once; never

@@ -222,8 +222,8 @@ impl BackingConfig {
 
     fn validate(&self) -> Result<(), StoreError> {
         let bad = |m: String| Err(StoreError::Config(format!("backing device {}: {m}", self.path.display())));
-        if !(1..=100).contains(&self.high_pct) || self.low_pct >= self.high_pct {
-            return bad(format!("writeback watermarks high {}% low {}%: need 0 <= low < high <= 100", self.high_pct, self.low_pct));
+        if let Err(e) = crate::backing::tuning::check_watermarks(self.high_pct, self.low_pct) {
+            return bad(e);
         }
         if self.segment_bytes < PAGE * 4 || self.segment_bytes % PAGE != 0 {
             return bad(format!("segment size {} is not a multiple of {PAGE_SIZE} of at least 4 pages", self.segment_bytes));

@@ -55,6 +55,7 @@ pub mod testing;
 mod zeroed;
 pub(crate) mod zspool;
 
+pub use backing::tuning::{WritebackSettings, WritebackTuning};
 pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
 pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;

@@ -66,7 +66,7 @@ pub(crate) struct Counters {
 pub(crate) struct BackingCounters {
     pub overflow_pages: AtomicU64,
     pub writeback_pages: AtomicU64,
-    /// Payload bytes written by writeback, against `writeback_limit_bytes`.
+    /// Payload bytes written by writeback (what the writeback limit counts: `backing/tuning.rs`).
     pub writeback_bytes: AtomicU64,
     pub gc_pages: AtomicU64,
     pub promoted_pages: AtomicU64,

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::backing::log::HEADER as RECORD_HEADER;
 use crate::backing::read::{self, Pending, PendingList, MAX_RUN_BYTES, READ_CHUNK_PAGES};
+use crate::backing::tuning::{WritebackSettings, WritebackTuning};
 use crate::backing::{self, resident_bytes, Backing, BackingDevice, GcReport, MaintenanceReport, ReadBuf};
 use crate::backing::{WritebackBudget, WritebackReport};
 use crate::cache::{AlignedBuf, Cache, FileOrigin, OriginDevice};
@@ -679,6 +680,22 @@ impl Store {
     pub fn writeback(&self, budget: WritebackBudget) -> WritebackReport {
         let Some(b) = &self.backing else { return WritebackReport::default() };
         backing::policy::writeback(&self.mover(), b, budget)
+    }
+
+    /// Changes writeback's watermarks, rate or limit on the running device (a limit given is
+    /// re-armed: that many more bytes from now on) and returns the settings after the change;
+    /// an error, changing nothing, without a backing device or for watermarks out of order.
+    pub fn tune_writeback(&self, t: &WritebackTuning) -> Result<WritebackSettings, StoreError> {
+        let b = self
+            .backing
+            .as_ref()
+            .ok_or_else(|| StoreError::Config("this device has no backing device (start it with --backing PATH)".into()))?;
+        backing::tuning::tune(b, t).map_err(StoreError::Config)
+    }
+
+    /// Writeback's settings now; `None` without a backing device.
+    pub fn writeback_settings(&self) -> Option<WritebackSettings> {
+        self.backing.as_ref().map(backing::tuning::settings)
     }
 
     /// Writes back pages not accessed for at least `min_age_secs`, whatever the watermarks

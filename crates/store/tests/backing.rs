@@ -204,6 +204,57 @@ fn writeback_respects_its_budget_and_total_limit() {
     store.write_page(&mut ctx, 2000, &page(Kind::Mixed, 2000, 1)).unwrap();
 }
 
+/// `compcache set`'s store side: the limit re-armed (zram's `writeback_limit`, rewritten
+/// daily by its users) allows that much more from then on; watermarks changed on the running
+/// device start writeback at the next maintenance step; a refused change changes nothing.
+#[test]
+fn writeback_tunables_change_on_a_running_device() {
+    use compcache_store::WritebackTuning;
+    let dir = TempDir::new("backing");
+    let mut cfg = config(4096, 1024, &dir.file(), 0);
+    cfg.backing.as_mut().unwrap().writeback_limit_bytes = 40 * 1024;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.context();
+    for i in 0..1000 {
+        store.write_page(&mut ctx, i, &page(Kind::Mixed, i, 1)).unwrap();
+    }
+    store.advance_clock(100);
+    let first = store.writeback_idle(50, WritebackBudget::UNLIMITED);
+    assert!(first.bytes > 30 * 1024 && first.bytes <= 40 * 1024 + PAGE as u64, "{first:?}");
+    assert_eq!(store.writeback_idle(50, WritebackBudget::UNLIMITED).pages, 0, "limit used up");
+    let s = store.writeback_settings().unwrap();
+    assert_eq!((s.limit_bytes, s.limit_left_bytes), (40 * 1024, Some(40 * 1024 - first.bytes.min(40 * 1024))));
+
+    // Re-armed: 60 KiB more from now, whatever was written before.
+    let s = store.tune_writeback(&WritebackTuning { limit_bytes: Some(60 * 1024), ..Default::default() }).unwrap();
+    assert_eq!((s.limit_bytes, s.limit_left_bytes, s.high_pct, s.low_pct), (60 * 1024, Some(60 * 1024), 80, 50));
+    let second = store.writeback_idle(50, WritebackBudget::UNLIMITED);
+    assert!(second.bytes > 50 * 1024 && second.bytes <= 60 * 1024 + PAGE as u64, "{second:?}");
+    assert_eq!(store.stats().bd_writeback_pages, first.pages + second.pages);
+    // 0: no limit.
+    store.tune_writeback(&WritebackTuning { limit_bytes: Some(0), ..Default::default() }).unwrap();
+    assert!(store.writeback_idle(50, WritebackBudget { max_bytes: 100 * 1024 }).bytes >= 100 * 1024);
+
+    // Watermarks: memory is under 80% of the limit, so maintenance writes nothing back...
+    let used = store.stats().mem_used_total;
+    let limit = store.stats().mem_limit;
+    assert!(used * 100 < limit * 80 && used * 100 > limit * 20, "used {used} of {limit}");
+    assert_eq!(store.maintain(std::time::Duration::from_secs(1)).writeback.pages, 0);
+    // ...until the watermarks are lowered under it; then it drains to the new low one.
+    let bad = WritebackTuning { high_pct: Some(10), ..Default::default() };
+    assert!(store.tune_writeback(&bad).is_err(), "high under low (50%) is refused");
+    assert_eq!(store.writeback_settings().unwrap().high_pct, 80, "and changes nothing");
+    store.tune_writeback(&WritebackTuning { high_pct: Some(20), low_pct: Some(10), rate_bytes: Some(0), limit_bytes: None }).unwrap();
+    let r = store.maintain(std::time::Duration::from_secs(1));
+    assert!(r.writeback.pages > 0, "{r:?}");
+    assert!(store.stats().mem_used_total * 100 <= limit * 10 + 100 * PAGE as u64, "{:?}", store.stats());
+
+    // A device without a backing device has no writeback to tune.
+    let plain = Store::new(Config::with_disksize(1 << 20)).unwrap();
+    assert!(plain.writeback_settings().is_none());
+    assert!(plain.tune_writeback(&WritebackTuning::default()).unwrap_err().to_string().contains("--backing"));
+}
+
 #[test]
 fn a_page_read_twice_soon_is_promoted_back_into_ram() {
     let dir = TempDir::new("backing");

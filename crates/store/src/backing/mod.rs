@@ -65,6 +65,7 @@ pub(crate) mod policy;
 pub(crate) mod read;
 pub mod seal;
 pub(crate) mod space;
+pub(crate) mod tuning;
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -93,6 +94,8 @@ pub(crate) struct Backing {
     pub run: seal::RecordSeal,
     pub space: SpaceMap,
     pub cfg: BackingConfig,
+    /// Writeback's watermarks and rate, changeable while the device runs (`tuning.rs`).
+    pub tune: tuning::Tunables,
     overflow: Mutex<LogHead>,
     pub maint: Mutex<Maint>,
     pub ctr: BackingCounters,
@@ -118,6 +121,8 @@ pub(crate) struct Maint {
     pub draining: bool,
     /// Where the next writeback scan starts, so equally cold pages take turns.
     pub cursor: u64,
+    /// The writeback limit (`tuning.rs`).
+    pub limit: tuning::Limit,
 }
 
 /// What [`crate::Store::maintain`] did.
@@ -130,7 +135,7 @@ pub struct MaintenanceReport {
 /// `Store::maintain`: one step of background work, called every `elapsed`: writeback within
 /// the configured rate, then GC with what is left of it.
 pub(crate) fn maintain(mv: &Mover<'_>, b: &Backing, elapsed: Duration) -> MaintenanceReport {
-    let rate = b.cfg.writeback_rate_bytes;
+    let rate = b.tune.rate_bytes();
     let budget = if rate == 0 { u64::MAX } else { (rate as f64 * elapsed.as_secs_f64().min(1.0)) as u64 };
     let writeback = policy::writeback(mv, b, WritebackBudget { max_bytes: budget });
     let gc = gc::gc(mv, b, budget.saturating_sub(writeback.bytes));
@@ -196,10 +201,17 @@ impl Backing {
             run,
             space,
             cfg: cfg.clone(),
+            tune: tuning::Tunables::new(cfg),
             overflow: Mutex::new(LogHead::default()),
             // The batch is reserved (and resident) now: writeback copies pages into it under
             // their slot locks, where growing it would make requests wait on an allocation.
-            maint: Mutex::new(Maint { head: LogHead::default(), batch: Batch::reserved(), draining: false, cursor: 0 }),
+            maint: Mutex::new(Maint {
+                head: LogHead::default(),
+                batch: Batch::reserved(),
+                draining: false,
+                cursor: 0,
+                limit: tuning::Limit { bytes: cfg.writeback_limit_bytes, base: 0 },
+            }),
             ctr: BackingCounters::default(),
             closed: AtomicBool::new(false),
             overflow_writers: AtomicU64::new(0),

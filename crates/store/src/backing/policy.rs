@@ -12,7 +12,8 @@
 //!   back pages at least that old. Ages are modulo 2^16 s (18 h): a page untouched for longer
 //!   may look young, which only delays it.
 //! - How much: the wanted bytes are capped by the caller's budget (bytes per call; `maintain`
-//!   turns `writeback_rate_bytes` into one) and by what is left of `writeback_limit_bytes`.
+//!   turns the rate into one) and by what is left of the writeback limit. Watermarks, rate and
+//!   limit start as configured and can be changed while the device runs (`tuning.rs`).
 //! - How: pages are copied (still compressed) into a batch under their slot lock, one at a
 //!   time; the batch is placed and written with one `pwrite` per contiguous run (256 KiB
 //!   batches); then each slot is switched to its new location if it still holds what was
@@ -84,7 +85,8 @@ pub(crate) fn writeback(mv: &Mover<'_>, b: &Backing, budget: WritebackBudget) ->
         return WritebackReport::default();
     }
     let used = mv.pool_bytes();
-    let (high, low) = (limit * b.cfg.high_pct as u64 / 100, limit * b.cfg.low_pct as u64 / 100);
+    let (high_pct, low_pct) = b.tune.watermarks();
+    let (high, low) = (limit * high_pct as u64 / 100, limit * low_pct as u64 / 100);
     if used > high {
         m.draining = true;
     }
@@ -92,7 +94,7 @@ pub(crate) fn writeback(mv: &Mover<'_>, b: &Backing, budget: WritebackBudget) ->
         m.draining = false;
         return WritebackReport::default();
     }
-    let want = (used - low).min(budget.max_bytes).min(writeback_allowance(b));
+    let want = (used - low).min(budget.max_bytes).min(writeback_allowance(b, &m));
     let report = write_back_coldest(mv, b, &mut m, want, 0);
     if mv.pool_bytes() <= low {
         m.draining = false;
@@ -103,15 +105,13 @@ pub(crate) fn writeback(mv: &Mover<'_>, b: &Backing, budget: WritebackBudget) ->
 /// `Store::writeback_idle`: pages idle for `min_age_secs`, whatever the watermarks.
 pub(crate) fn writeback_idle(mv: &Mover<'_>, b: &Backing, min_age_secs: u64, budget: WritebackBudget) -> WritebackReport {
     let mut m = b.maint.lock();
-    let want = budget.max_bytes.min(writeback_allowance(b));
+    let want = budget.max_bytes.min(writeback_allowance(b, &m));
     write_back_coldest(mv, b, &mut m, want, min_age_secs.min(u16::MAX as u64) as u16)
 }
 
-fn writeback_allowance(b: &Backing) -> u64 {
-    match b.cfg.writeback_limit_bytes {
-        0 => u64::MAX,
-        limit => limit.saturating_sub(b.ctr.writeback_bytes.load(Relaxed)),
-    }
+/// What is left of the writeback limit (`m` is `b.maint`, held).
+fn writeback_allowance(b: &Backing, m: &Maint) -> u64 {
+    m.limit.left(b.ctr.writeback_bytes.load(Relaxed))
 }
 
 /// Writes back about `want` bytes of the coldest RAM pages at least `min_age` ticks old.
@@ -206,7 +206,7 @@ pub(crate) fn maybe_promote(mv: &Mover<'_>, b: &Backing, p: &Pending<'_>, payloa
         return; // the user wants incompressible pages on the device
     }
     let limit = mv.mem_limit_bytes();
-    let room = limit * b.cfg.low_pct as u64 / 100;
+    let room = limit * b.tune.watermarks().1 as u64 / 100;
     if limit != 0 && mv.pool_bytes() + payload.len() as u64 > room {
         return;
     }
