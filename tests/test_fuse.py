@@ -399,6 +399,16 @@ def test_swapon_frontend_fuse(compcache_bin, extra):
 
             swap_through_fuse(cg_parent, cg_version, "compcache-fuse-test", dev, stat,
                               filled=recompressed if extra else None)
+            # `compcache list` finds the device by its control socket in /run/compcache, with
+            # its front end and swap priority.
+            listed = json.loads(run([compcache_bin, "list", "--json"]).stdout)
+            assert listed["schema_version"] == 1, listed
+            mine = [d for d in listed["devices"] if d["name"] == dev]
+            assert len(mine) == 1, listed
+            assert (mine[0]["frontend"], mine[0]["priority"], mine[0]["control"]) == ("fuse", 32767, state["control"]), mine
+            assert mine[0]["disksize"] == 512 << 20, mine
+            rows = run([compcache_bin, "list", "-o", "NAME,FRONTEND,PRIORITY", "--noheadings", "--raw"]).stdout.splitlines()
+            assert f"{dev} fuse 32767" in rows, rows
         finally:
             if dev:
                 p = run([compcache_bin, "swapoff", dev], check=False, timeout=600)

@@ -78,3 +78,45 @@ def test_writeback_without_a_backing_device_is_refused(start_server):
     assert text == "memory limit 32M, mem_used_max 0B\nwriteback: no backing device\n", text
     p = compcache(srv, "writeback", "--idle", "2w", check=False)
     assert p.returncode == 2 and "give seconds" in p.stderr, p.stderr
+
+
+def test_list_shows_every_device_it_is_given(start_server, tmp_path):
+    """`compcache list` with `--control` for two servers (the default directory may hold
+    others: only these two are checked): one row each, sizes as zramctl prints them, a long
+    socket path widening its column, `--json` with the schema version and sizes in bytes."""
+    a = start_server("64M")
+    b = start_server("128M", "--algorithm", "zstd", "--mem-limit", "32M", "--backing", str(tmp_path / "b.img"))
+    # A stale control socket (its server gone) is skipped without a word.
+    stale = tmp_path / "stale.ctl"
+    import socket as socketlib
+    s = socketlib.socket(socketlib.AF_UNIX)
+    s.bind(str(stale))
+    s.close()
+    args = [a.binary, "list", "--control", a.control, "--control", b.control, "--control", str(stale)]
+    listed = json.loads(run(args + ["--json"]).stdout)
+    assert listed["schema_version"] == 1
+    mine = {d["control"]: d for d in listed["devices"] if d["control"] in (a.control, b.control)}
+    assert set(mine) == {a.control, b.control}, listed
+    assert mine[a.control]["name"] == a.socket and mine[a.control]["disksize"] == 64 * MiB
+    assert mine[a.control]["frontend"] == "nbd-server" and mine[a.control]["priority"] is None
+    assert (mine[b.control]["algorithm"], mine[b.control]["mem-limit"]) == ("zstd", 32 * MiB), mine[b.control]
+
+    p = run(args + ["-o", "NAME,DISKSIZE,ALGORITHM,MEM-LIMIT,BACKING"])
+    assert p.stderr == "", p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "DISKSIZE", "ALGORITHM", "MEM-LIMIT", "BACKING"], lines
+    row_b = next(line for line in lines if line.startswith(b.socket + " "))
+    assert row_b.split() == [b.socket, "128M", "zstd", "32M", str(tmp_path / "b.img")], row_b
+    # Aligned: ALGORITHM starts at the same column on every line.
+    starts = {line.index("lz4") if "lz4" in line else line.index("zstd") for line in lines[1:] if line.startswith(("/", "?"))}
+    assert len(starts) == 1 and lines[0].index("ALGORITHM") in starts, p.stdout
+
+    p = run(args + ["-o", "NAME,DATA", "--bytes", "--noheadings"])
+    assert any(line.split() == [a.socket, "0"] for line in p.stdout.splitlines()), p.stdout
+    p = run(args + ["-o", "NAME,STREAMS"], check=False)
+    assert p.returncode == 2 and "unknown column" in p.stderr and "PRIORITY" in p.stderr, p.stderr
+
+    # `stat --json` carries the device and the layout's version beside the statistics.
+    st = a.stat()
+    assert st["schema_version"] == 1 and st["protocol"] == 2, st
+    assert st["device"]["frontend"] == "nbd-server" and st["device"]["nbd_socket"] == a.socket, st["device"]

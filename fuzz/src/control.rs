@@ -22,6 +22,8 @@ fn state() -> &'static ControlState {
             pid: 1,
             version: "fuzz".into(),
             origin: None,
+            frontend: "nbd-server".into(),
+            backing: None,
         };
         ControlState { store, device }
     })

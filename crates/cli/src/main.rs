@@ -13,6 +13,7 @@ mod private_file;
 mod process;
 mod recompress_args;
 mod store_args;
+mod table;
 #[cfg(test)]
 mod test_flags;
 mod units;
@@ -32,6 +33,7 @@ struct Cli {
 enum Command {
     Serve(cmd::serve::Args),
     Stat(cmd::stat::Args),
+    List(cmd::list::Args),
     Compact(cmd::compact::Args),
     Swapon(cmd::swapon::SwaponArgs),
     Swapoff(cmd::swapon::SwapoffArgs),
@@ -49,6 +51,7 @@ fn main() {
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Stat(a) => cmd::stat::run(a),
+        Command::List(a) => cmd::list::run(a),
         Command::Compact(a) => cmd::compact::run(a),
         Command::Swapon(a) => cmd::swapon::run_swapon(a),
         Command::Swapoff(a) => cmd::swapon::run_swapoff(a),

@@ -93,6 +93,13 @@ pub struct DeviceInfo {
     /// In cache mode, the origin the device fronts (`--origin`); `None` for a swap device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
+    /// How the device is reached: `nbd-server` (`compcache serve`), or the kernel front end
+    /// of a swap server (`ublk`, `nbd`, `fuse`); empty from a server before protocol 2.
+    #[serde(default)]
+    pub frontend: String,
+    /// The backing device or file (`--backing`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing: Option<String>,
 }
 
 /// What the control server answers from.

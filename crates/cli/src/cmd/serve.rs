@@ -135,6 +135,8 @@ pub fn run(args: Args) -> Result<(), Failure> {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         origin: cfg.origin.as_ref().map(|o| o.path.display().to_string()),
+        frontend: "nbd-server".into(),
+        backing: cfg.backing.as_ref().map(|b| b.path.display().to_string()),
     };
     let mut options = ServerOptions { verbose: args.verbose, tls, allow_plain_tcp: args.insecure_plain_tcp, ..ServerOptions::default() };
     if let Some(w) = args.workers {

@@ -171,6 +171,8 @@ impl Session {
                         pid: std::process::id(),
                         version: env!("CARGO_PKG_VERSION").to_string(),
                         origin: self.origin(),
+                        frontend: self.frontend.name().into(),
+                        backing: self.cfg.backing.as_ref().map(|b| b.path.display().to_string()),
                     },
                 });
                 let _ = std::thread::Builder::new().name("control".into()).spawn(move || {

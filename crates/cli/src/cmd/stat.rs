@@ -2,6 +2,7 @@
 
 use crate::failure::Failure;
 use crate::paths;
+use crate::table::{self, Align};
 use crate::units::human;
 use compcache_control as control;
 use compcache_store::stats::{unit_of, Unit, UNITS};
@@ -44,6 +45,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
             stats.insert("origin".into(), Value::from(origin));
             stats.insert("cache_hit_ratio".into(), hit_ratio(&stats).map_or(Value::Null, Value::from));
         }
+        // Beside the statistics (whose names are zram's and never collide with these): the
+        // layout's version and the device (the control answer's `device`, and its protocol).
+        stats.insert("schema_version".into(), Value::from(SCHEMA_VERSION));
+        stats.insert("device".into(), answer.get("device").cloned().unwrap_or(Value::Null));
+        stats.insert("protocol".into(), answer.get("protocol").cloned().unwrap_or(Value::from(1)));
         println!("{}", serde_json::to_string_pretty(&Value::Object(stats)).unwrap_or_default());
     } else if args.ramzswap {
         print!("{}", text("ramzswap"));
@@ -60,6 +66,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     Ok(())
 }
+
+/// The version of `--json`'s layout (the statistics as one flat object, plus `device`,
+/// `protocol` and this): raised when a field changes meaning or goes away.
+pub const SCHEMA_VERSION: u64 = 1;
 
 /// The counters only a cache device has (zero on a swap device, whose table leaves them out).
 const CACHE_FIELD_PREFIXES: [&str; 3] = ["cache_", "origin_", "readahead_"];
@@ -83,13 +93,11 @@ fn hit_ratio(stats: &Map<String, Value>) -> Option<f64> {
 /// (bytes read and written, syncs).
 fn cache_lines(origin: &str, stats: &Map<String, Value>) -> String {
     let c = |k| count(stats, k).to_string();
-    let mut out = format!(
-        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8} {:>9}\n",
-        "CACHE OF", "HITS", "MISSES", "HIT%", "INSERTS", "EVICTED", "ORIGIN-RD", "ORIGIN-WR", "SYNCS", "RA-USED", "RA-WASTED"
-    );
-    out += &format!(
-        "{:<32} {:>10} {:>10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8} {:>9}\n\n",
-        origin,
+    let headers = ["CACHE OF", "HITS", "MISSES", "HIT%", "INSERTS", "EVICTED", "ORIGIN-RD", "ORIGIN-WR", "SYNCS", "RA-USED", "RA-WASTED"];
+    let mut align = vec![Align::Right; headers.len()];
+    align[0] = Align::Left;
+    let row = vec![
+        origin.to_string(),
         c("cache_hits"),
         c("cache_misses"),
         hit_ratio(stats).map_or("-".into(), |r| format!("{:.1}", r * 100.0)),
@@ -100,8 +108,8 @@ fn cache_lines(origin: &str, stats: &Map<String, Value>) -> String {
         c("origin_syncs"),
         c("readahead_used"),
         c("readahead_wasted"),
-    );
-    out
+    ];
+    table::format(Some(&headers), &align, &[row]) + "\n"
 }
 
 /// The zramctl-like summary line (`Stats::summary`), for a cache device (`origin`) the cache
@@ -114,21 +122,20 @@ fn table(name: &str, origin: Option<&str>, stats: &Map<String, Value>) -> String
     let sum = typed.summary();
     let ratio = sum.ratio.map_or("-".into(), |r| format!("{r:.2}"));
     let algorithm = if sum.algorithm.is_empty() { "?" } else { sum.algorithm.as_str() };
-    let mut out = format!(
-        "{:<32} {:<9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8}\n",
-        "NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "LIMIT"
-    );
-    out += &format!(
-        "{:<32} {:<9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8}\n\n",
-        name,
-        algorithm,
+    let headers = ["NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "LIMIT"];
+    let mut align = vec![Align::Right; headers.len()];
+    align[..2].fill(Align::Left);
+    let row = vec![
+        name.to_string(),
+        algorithm.to_string(),
         human(sum.disksize),
         human(sum.data_bytes),
         human(sum.compr_bytes),
         human(sum.total_bytes),
         ratio,
         if sum.mem_limit > 0 { human(sum.mem_limit) } else { "none".into() },
-    );
+    ];
+    let mut out = table::format(Some(&headers), &align, &[row]) + "\n";
     if let Some(origin) = origin {
         out += &cache_lines(origin, stats);
     }
@@ -172,6 +179,16 @@ mod tests {
         assert!(t.contains("num_writes") && t.contains("2048 pages"));
         let last: Vec<&str> = lines.last().unwrap().split_whitespace().collect();
         assert_eq!(last, ["a_new_field", "7"], "unknown fields come last: {t}");
+    }
+
+    #[test]
+    fn a_long_device_name_keeps_the_columns_in_line() {
+        let stats = json!({"disksize": 1u64 << 30, "comp_algorithm": "lz4", "orig_data_size": 8u64 << 20, "mem_used_total": 4u64 << 20});
+        let name = "/run/user/1000/compcache/a-device-with-a-long-descriptive-name.sock";
+        let t = table(name, None, stats.as_object().unwrap());
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0].find("ALGORITHM"), lines[1].find("lz4"), "{t}");
+        assert_eq!(lines[0].len(), lines[1].len(), "right-aligned columns end together: {t}");
     }
 
     #[test]

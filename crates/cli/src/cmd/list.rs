@@ -1,0 +1,340 @@
+//! `compcache list`: every compcache device on the machine in one zramctl-style table.
+//!
+//! Devices are found by their control sockets: every `*.ctl` socket in the default socket
+//! directory (`/run/compcache` as root, where `compcache serve`'s default socket and every swap
+//! server's `<device>.ctl` are), and each `--control PATH` given. Each is asked for its
+//! statistics (`stat`), trusted only as `compcache stat` trusts one (owner checks); a socket
+//! nobody answers on is a stale file and is skipped. The swap priority comes from /proc/swaps.
+
+use crate::failure::Failure;
+use crate::paths;
+use crate::table::{self, Align};
+use crate::units::human;
+use compcache_control::{self as control, ControlError};
+use compcache_store::Stats;
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+
+/// The version of `--json`'s layout: raised when a field changes meaning or goes away (new
+/// fields may appear without it).
+pub const SCHEMA_VERSION: u64 = 1;
+
+/// List every compcache device on this machine (zramctl's table).
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Columns to print, comma-separated: NAME, DISKSIZE, DATA, COMPR, ALGORITHM, TOTAL,
+    /// MEM-LIMIT, MEM-USED, RATIO, SAME-PAGES, BACKING, BD-DATA, FRONTEND, PRIORITY, PID
+    /// (docs/cli.md says what each is) [default:
+    /// NAME,ALGORITHM,DISKSIZE,DATA,COMPR,TOTAL,RATIO,MEM-LIMIT,FRONTEND,PRIORITY].
+    #[arg(short = 'o', long, value_name = "LIST", value_delimiter = ',')]
+    output: Vec<String>,
+    /// Sizes in bytes instead of 4K, 1.5M, 3G.
+    #[arg(short = 'b', long)]
+    bytes: bool,
+    /// No header line.
+    #[arg(short = 'n', long)]
+    noheadings: bool,
+    /// Raw output: cells separated by one space, not aligned.
+    #[arg(short = 'r', long)]
+    raw: bool,
+    /// Print the devices as JSON (`{"schema_version": 1, "devices": [...]}`; sizes in bytes).
+    #[arg(long, conflicts_with_all = ["raw", "noheadings", "bytes"])]
+    json: bool,
+    /// Also this control socket (repeatable), besides those in the default directory.
+    #[arg(long, value_name = "PATH")]
+    control: Vec<PathBuf>,
+}
+
+/// A column: its name in `-o` and the header, its alignment, and what it says in words.
+#[derive(Debug)]
+struct Column {
+    name: &'static str,
+    align: Align,
+    help: &'static str,
+}
+
+const fn col(name: &'static str, align: Align, help: &'static str) -> Column {
+    Column { name, align, help }
+}
+
+const COLUMNS: [Column; 15] = [
+    col("NAME", Align::Left, "the block device, or the NBD socket (address) of `compcache serve`"),
+    col("DISKSIZE", Align::Right, "the device's size"),
+    col("DATA", Align::Right, "uncompressed size of the stored data (orig_data_size)"),
+    col("COMPR", Align::Right, "compressed size of the stored data (compr_data_size)"),
+    col("ALGORITHM", Align::Left, "the compression algorithm"),
+    col("TOTAL", Align::Right, "memory the pool takes, overhead included (mem_used_total)"),
+    col("MEM-LIMIT", Align::Right, "the memory limit (mem_limit)"),
+    col("MEM-USED", Align::Right, "the most memory the pool has taken (mem_used_max)"),
+    col("RATIO", Align::Right, "DATA / TOTAL"),
+    col("SAME-PAGES", Align::Right, "same-filled pages, stored as one word (same_pages)"),
+    col("BACKING", Align::Left, "the backing device or file"),
+    col("BD-DATA", Align::Right, "compressed bytes on the backing device (bd_bytes)"),
+    col("FRONTEND", Align::Left, "nbd-server (compcache serve), ublk, nbd or fuse"),
+    col("PRIORITY", Align::Right, "the swap priority, if the device is swap (/proc/swaps)"),
+    col("PID", Align::Right, "the server's process id"),
+];
+
+const DEFAULT_COLUMNS: [&str; 10] =
+    ["NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "MEM-LIMIT", "FRONTEND", "PRIORITY"];
+
+/// One device: what its control socket said, and its swap priority.
+struct Device {
+    answer: Value,
+    priority: Option<i64>,
+}
+
+pub fn run(args: Args) -> Result<(), Failure> {
+    let columns = columns(&args.output)?;
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let devices: Vec<Device> = sockets(&paths::default_dir(), &args.control)
+        .iter()
+        .filter_map(|ctl| ask(ctl))
+        .map(|answer| {
+            let priority = name_of(&answer).and_then(|n| swap_priority(&swaps, Path::new(&n)));
+            Device { answer, priority }
+        })
+        .collect();
+    if args.json {
+        let list: Vec<Value> = devices.iter().map(|d| json_of(d, &columns)).collect();
+        println!("{:#}", json!({"schema_version": SCHEMA_VERSION, "devices": list}));
+        return Ok(());
+    }
+    if devices.is_empty() {
+        return Ok(()); // as zramctl: no device, no output (not even the header)
+    }
+    let rows: Vec<Vec<String>> = devices.iter().map(|d| columns.iter().map(|c| cell(d, c.name, args.bytes)).collect()).collect();
+    let headers: Vec<&str> = columns.iter().map(|c| c.name).collect();
+    let headers = (!args.noheadings).then_some(headers.as_slice());
+    if args.raw {
+        for line in headers.map(|h| h.join(" ")).into_iter().chain(rows.iter().map(|r| r.join(" "))) {
+            println!("{line}");
+        }
+    } else {
+        let align: Vec<Align> = columns.iter().map(|c| c.align).collect();
+        print!("{}", table::format(headers, &align, &rows));
+    }
+    Ok(())
+}
+
+/// The columns `-o` names (case-insensitive), or the default ones.
+fn columns(wanted: &[String]) -> Result<Vec<&'static Column>, Failure> {
+    if wanted.is_empty() {
+        return Ok(DEFAULT_COLUMNS.iter().map(|n| COLUMNS.iter().find(|c| c.name == *n).expect("a default column exists")).collect());
+    }
+    wanted
+        .iter()
+        .map(|w| {
+            COLUMNS.iter().find(|c| c.name.eq_ignore_ascii_case(w.trim())).ok_or_else(|| {
+                let known: Vec<String> = COLUMNS.iter().map(|c| format!("  {:<11} {}", c.name, c.help)).collect();
+                Failure::usage(format!("-o: unknown column {w:?}; the columns are:\n{}", known.join("\n")))
+            })
+        })
+        .collect()
+}
+
+/// The control sockets to ask: `*.ctl` sockets in `dir` (sorted), then `extra`, each once.
+fn sockets(dir: &Path, extra: &[PathBuf]) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
+        .collect();
+    found.sort();
+    for p in extra {
+        if !found.contains(p) {
+            found.push(p.clone());
+        }
+    }
+    found
+}
+
+/// The `stat` answer of the server on `ctl`; `None` for a stale socket (nobody answers), and
+/// for one that is not believed or answers wrongly (said on stderr).
+fn ask(ctl: &Path) -> Option<Value> {
+    match control::request(ctl, &json!({"cmd": "stat"})) {
+        Ok(a) if a.get("stats").is_some_and(Value::is_object) => Some(a),
+        Ok(_) => {
+            crate::log::warning(&format!("{}: the answer has no statistics (a different program?); skipped", ctl.display()));
+            None
+        }
+        // A stale socket file (its server is gone) or one removed meanwhile.
+        Err(ControlError::Unreachable { source, .. })
+            if matches!(source.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound) =>
+        {
+            None
+        }
+        Err(e) => {
+            crate::log::warning(&format!("{e}; skipped"));
+            None
+        }
+    }
+}
+
+/// The NAME of a device: its block device (swap servers put it in `export_name`), else its NBD
+/// socket or TCP address.
+fn name_of(answer: &Value) -> Option<String> {
+    let d = answer.get("device")?;
+    let s = |k: &str| d.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
+    match d.get("frontend").and_then(Value::as_str) {
+        Some("ublk" | "nbd" | "fuse") => s("export_name"),
+        _ => s("nbd_socket").or_else(|| s("nbd_tcp")).or_else(|| s("export_name")),
+    }
+}
+
+/// The priority of `dev` in /proc/swaps' text, if it is swap (matched by canonical path).
+fn swap_priority(swaps: &str, dev: &Path) -> Option<i64> {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let dev = canon(dev);
+    swaps.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // Filename Type Size Used Priority; a name with a space is written with \040.
+        let name = f.first()?.replace("\\040", " ");
+        (f.len() >= 5 && canon(Path::new(&name)) == dev).then(|| f[4].parse().ok()).flatten()
+    })
+}
+
+fn stats_of(d: &Device) -> Stats {
+    serde_json::from_value(d.answer["stats"].clone()).unwrap_or_default()
+}
+
+/// A cell of the table.
+fn cell(d: &Device, column: &str, bytes: bool) -> String {
+    let size = |b: u64| if bytes { b.to_string() } else { human(b) };
+    let s = stats_of(d);
+    let sum = s.summary();
+    let dev = |k: &str| d.answer.pointer(&format!("/device/{k}")).and_then(Value::as_str).filter(|v| !v.is_empty());
+    match column {
+        "NAME" => name_of(&d.answer).unwrap_or_else(|| "?".into()),
+        "DISKSIZE" => size(sum.disksize),
+        "DATA" => size(sum.data_bytes),
+        "COMPR" => size(sum.compr_bytes),
+        "ALGORITHM" => {
+            if sum.algorithm.is_empty() {
+                "?".into()
+            } else {
+                sum.algorithm
+            }
+        }
+        "TOTAL" => size(sum.total_bytes),
+        "MEM-LIMIT" => {
+            if sum.mem_limit == 0 {
+                "none".into()
+            } else {
+                size(sum.mem_limit)
+            }
+        }
+        "MEM-USED" => size(sum.mem_used_max),
+        "RATIO" => sum.ratio.map_or("-".into(), |r| format!("{r:.2}")),
+        "SAME-PAGES" => sum.same_pages.to_string(),
+        "BACKING" => dev("backing").unwrap_or("-").into(),
+        "BD-DATA" => size(s.bd_bytes),
+        "FRONTEND" => dev("frontend").unwrap_or("?").into(),
+        "PRIORITY" => d.priority.map_or("-".into(), |p| p.to_string()),
+        "PID" => d.answer.pointer("/device/pid").and_then(Value::as_u64).map_or("?".into(), |p| p.to_string()),
+        other => unreachable!("column {other} is checked by `columns`"),
+    }
+}
+
+/// A device for `--json`: the chosen columns (lowercase names, sizes in bytes, absent values
+/// null), and its control socket.
+fn json_of(d: &Device, columns: &[&Column]) -> Value {
+    let s = stats_of(d);
+    let sum = s.summary();
+    let mut m = Map::new();
+    for c in columns {
+        let v = match c.name {
+            "NAME" => json!(name_of(&d.answer)),
+            "DISKSIZE" => json!(sum.disksize),
+            "DATA" => json!(sum.data_bytes),
+            "COMPR" => json!(sum.compr_bytes),
+            "ALGORITHM" => json!(sum.algorithm),
+            "TOTAL" => json!(sum.total_bytes),
+            "MEM-LIMIT" => json!(sum.mem_limit),
+            "MEM-USED" => json!(sum.mem_used_max),
+            "RATIO" => json!(sum.ratio),
+            "SAME-PAGES" => json!(sum.same_pages),
+            "BACKING" => d.answer.pointer("/device/backing").cloned().unwrap_or(Value::Null),
+            "BD-DATA" => json!(s.bd_bytes),
+            "FRONTEND" => d.answer.pointer("/device/frontend").cloned().unwrap_or(Value::Null),
+            "PRIORITY" => json!(d.priority),
+            "PID" => d.answer.pointer("/device/pid").cloned().unwrap_or(Value::Null),
+            other => unreachable!("column {other} is checked by `columns`"),
+        };
+        m.insert(c.name.to_ascii_lowercase(), v);
+    }
+    m.insert("control".into(), d.answer.pointer("/device/control_socket").cloned().unwrap_or(Value::Null));
+    Value::Object(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(frontend: &str, export: &str, socket: Option<&str>) -> Device {
+        let answer = json!({
+            "ok": true, "protocol": 2,
+            "device": {"export_name": export, "nbd_socket": socket, "nbd_tcp": null, "control_socket": "/run/compcache/x.ctl",
+                       "pid": 42, "version": "0.1.0", "frontend": frontend, "backing": "/var/swap.img"},
+            "stats": {"disksize": 1u64 << 30, "comp_algorithm": "lz4", "orig_data_size": 300u64 << 20,
+                      "compr_data_size": 100u64 << 20, "mem_used_total": 120u64 << 20, "mem_limit": 0,
+                      "mem_used_max": 150u64 << 20, "same_pages": 7, "bd_bytes": 4096}
+        });
+        Device { answer, priority: Some(100) }
+    }
+
+    #[test]
+    fn cells_follow_zramctl() {
+        let d = device("ublk", "/dev/ublkb0", None);
+        let cells: Vec<String> = COLUMNS.iter().map(|c| cell(&d, c.name, false)).collect();
+        assert_eq!(
+            cells,
+            ["/dev/ublkb0", "1G", "300M", "100M", "lz4", "120M", "none", "150M", "2.50", "7", "/var/swap.img", "4K", "ublk", "100", "42"]
+        );
+        assert_eq!(cell(&d, "DATA", true), (300u64 << 20).to_string());
+        let served = device("nbd-server", "compcache", Some("/run/compcache/compcache.sock"));
+        assert_eq!(cell(&served, "NAME", false), "/run/compcache/compcache.sock");
+        let j = json_of(&d, &columns(&[]).unwrap());
+        assert_eq!(j["name"], "/dev/ublkb0");
+        assert_eq!((j["data"].as_u64(), j["mem-limit"].as_u64(), j["priority"].as_i64()), (Some(300 << 20), Some(0), Some(100)));
+        assert_eq!(j["control"], "/run/compcache/x.ctl");
+    }
+
+    #[test]
+    fn columns_are_chosen_by_name() {
+        let c = columns(&["name".into(), "MEM-USED".into(), " bd-data".into()]).unwrap();
+        assert_eq!(c.iter().map(|c| c.name).collect::<Vec<_>>(), ["NAME", "MEM-USED", "BD-DATA"]);
+        let e = columns(&["STREAMS".into()]).unwrap_err();
+        assert!(e.to_string().contains("unknown column \"STREAMS\"") && e.to_string().contains("SAME-PAGES"), "{e}");
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn priorities_come_from_proc_swaps() {
+        let swaps = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+                     /dev/ublkb0                             partition\t1048572\t\t0\t\t100\n\
+                     /swap\\040file                           file\t\t1024\t\t0\t\t-2\n";
+        assert_eq!(swap_priority(swaps, Path::new("/dev/ublkb0")), Some(100));
+        assert_eq!(swap_priority(swaps, Path::new("/swap file")), Some(-2));
+        assert_eq!(swap_priority(swaps, Path::new("/dev/ublkb1")), None);
+    }
+
+    #[test]
+    fn sockets_are_found_in_the_directory_and_given_ones_added_once() {
+        let dir = std::env::temp_dir().join(format!("compcache-list-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let a = std::os::unix::net::UnixListener::bind(dir.join("b.ctl")).unwrap();
+        let b = std::os::unix::net::UnixListener::bind(dir.join("a.ctl")).unwrap();
+        let c = std::os::unix::net::UnixListener::bind(dir.join("compcache.sock")).unwrap(); // NBD, not control
+        std::fs::write(dir.join("file.ctl"), "").unwrap(); // not a socket
+        let extra = [dir.join("a.ctl"), PathBuf::from("/elsewhere/x.ctl")];
+        assert_eq!(sockets(&dir, &extra), [dir.join("a.ctl"), dir.join("b.ctl"), PathBuf::from("/elsewhere/x.ctl")]);
+        drop((a, b, c));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
