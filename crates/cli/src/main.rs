@@ -8,6 +8,7 @@ mod failure;
 mod frontend;
 mod log;
 mod maintenance;
+mod metrics;
 mod paths;
 mod private_file;
 mod process;

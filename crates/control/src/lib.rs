@@ -23,7 +23,7 @@
 //!
 //! | request              | answer fields (besides `ok`)                                      | since |
 //! |----------------------|-------------------------------------------------------------------|-------|
-//! | `{"cmd":"stat"}`     | `protocol`, `device` (see [`DeviceInfo`]), `stats` (every `Stats` field), `mm_stat`, `io_stat`, `bd_stat`, `ramzswap` (text) | 1 |
+//! | `{"cmd":"stat"}`     | `protocol`, `device` (see [`DeviceInfo`]), `stats` (every `Stats` field), `mm_stat`, `io_stat`, `bd_stat`, `ramzswap` (text); since 2 `latency` (`{"read", "write"}`: `counts` per bucket, `sum_ns`: `compcache_store::latency`) | 1 |
 //! | `{"cmd":"compact"}`  | `pages_freed`                                                     | 1 |
 //! | `{"cmd":"info"}`     | `protocol`, `device`                                              | 1 |
 //! | `{"cmd":"recompress", "set": {..}, "run_ms": N}` | `settings` (recompression's tunables after `set`), `report` (what a run of `run_ms` did, or null) | 2 |
@@ -31,8 +31,8 @@
 //! | `{"cmd":"writeback", "idle_secs": N, "max_bytes": B}` | `report` (`pages`, `bytes`, `writes`, `raced`, `pool_pages_freed`, `device_full`, `error`) | 2 |
 //!
 //! Versions: [`PROTOCOL_VERSION`] is in the answers of `stat` and `info`; a server that does
-//! not send it speaks version 1. Version 2 added `recompress`, `set`, `writeback` and the
-//! `protocol` field. Fields are only ever added to answers; clients ignore what they do not
+//! not send it speaks version 1. Version 2 added `recompress`, `set`, `writeback`, the
+//! `protocol` field and `stat`'s `latency`. Fields are only ever added to answers; clients ignore what they do not
 //! know. The commands that change the device are in [`change`](crate::change)'s file.
 //!
 //! A request line may be at most [`MAX_LINE_BYTES`] long; a longer one ends the connection.
@@ -129,6 +129,7 @@ pub fn answer(state: &ControlState, line: &str) -> Value {
                 "io_stat": s.io_stat_line(),
                 "bd_stat": s.bd_stat_line(),
                 "ramzswap": s.ramzswap_text(),
+                "latency": state.store.latency(),
             })
         }
         "compact" => json!({"ok": true, "pages_freed": state.store.compact()}),

@@ -33,6 +33,7 @@ use crate::compress::strong::StrongDecoder;
 use crate::compress::{Backend, BackendContext, Codec, MAX_COMPRESSED_BYTES};
 use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES, ORIGIN_WITH_BACKING};
 use crate::error::StoreError;
+use crate::latency::{self, Latency};
 use crate::mover::{Clock, Mover};
 use crate::recompress::dict::Dict;
 use crate::recompress::{RecompressReport, RecompressSettings, RecompressTuning, Recompressor};
@@ -62,6 +63,8 @@ pub struct Store {
     cache: Option<Cache>,
     /// Background recompression and its dictionaries (`recompress/`); `None` when off.
     pub(crate) recomp: Option<Recompressor>,
+    /// Every context's request latency histograms (`latency.rs`).
+    latency: latency::Registry,
 }
 
 /// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
@@ -82,6 +85,8 @@ pub struct Context {
     /// Cache mode: origin reads and writes, aligned for O_DIRECT (`Cache::io_buf_bytes`);
     /// empty otherwise.
     pub(crate) origin: AlignedBuf,
+    /// This context's request latency histograms, registered with the store (`latency.rs`).
+    lat: Arc<latency::ThreadLatency>,
 }
 
 /// What `fetch` left to do after releasing the slot lock.
@@ -187,6 +192,7 @@ impl Store {
             backing,
             cache,
             recomp,
+            latency: latency::Registry::default(),
             cfg,
         })
     }
@@ -220,7 +226,14 @@ impl Store {
                 Some(c) => AlignedBuf::new(c.io_buf_bytes()),
                 None => AlignedBuf::empty(),
             },
+            lat: self.latency.register(),
         }
+    }
+
+    /// The request latency histograms of [`Store::read`] and [`Store::write`], summed over
+    /// every context (`latency.rs`).
+    pub fn latency(&self) -> Latency {
+        self.latency.snapshot()
     }
 
     /// Whether this store is in cache mode (it fronts an origin, `cache/`).
@@ -230,8 +243,16 @@ impl Store {
 
     // --- byte-granular requests (what front ends call) -----------------------------------------
 
-    /// Reads `buf.len()` bytes at `offset`. Any alignment.
+    /// Reads `buf.len()` bytes at `offset`. Any alignment. Its latency is recorded
+    /// ([`Store::latency`]).
     pub fn read(&self, ctx: &mut Context, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let start = Instant::now();
+        let r = self.read_bytes(ctx, offset, buf);
+        ctx.lat.record(latency::Op::Read, start.elapsed());
+        r
+    }
+
+    fn read_bytes(&self, ctx: &mut Context, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.check_range(offset, buf.len() as u64)?;
         if let Some(c) = &self.cache {
             return c.read(self, ctx, offset, buf);
@@ -263,8 +284,15 @@ impl Store {
     }
 
     /// Writes `data` at `offset`. Whole pages take the write path; partial pages are
-    /// read-modify-written under their slot lock.
+    /// read-modify-written under their slot lock. Its latency is recorded ([`Store::latency`]).
     pub fn write(&self, ctx: &mut Context, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        let start = Instant::now();
+        let r = self.write_bytes(ctx, offset, data);
+        ctx.lat.record(latency::Op::Write, start.elapsed());
+        r
+    }
+
+    fn write_bytes(&self, ctx: &mut Context, offset: u64, data: &[u8]) -> Result<(), StoreError> {
         self.check_range(offset, data.len() as u64)?;
         if let Some(c) = &self.cache {
             return c.write(self, ctx, offset, data);

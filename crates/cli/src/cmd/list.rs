@@ -40,6 +40,10 @@ pub struct Args {
     /// Print the devices as JSON (`{"schema_version": 1, "devices": [...]}`; sizes in bytes).
     #[arg(long, conflicts_with_all = ["raw", "noheadings", "bytes"])]
     json: bool,
+    /// Print every device's statistics as Prometheus/OpenMetrics text, e.g. for
+    /// node_exporter's textfile collector (docs/metrics.md).
+    #[arg(long, conflicts_with_all = ["raw", "noheadings", "bytes", "json", "output"])]
+    prometheus: bool,
     /// Also this control socket (repeatable), besides those in the default directory.
     #[arg(long, value_name = "PATH")]
     control: Vec<PathBuf>,
@@ -95,6 +99,10 @@ pub fn run(args: Args) -> Result<(), Failure> {
             Device { answer, priority }
         })
         .collect();
+    if args.prometheus {
+        print!("{}", crate::metrics::render(devices.into_iter().map(|d| d.answer).collect()));
+        return Ok(());
+    }
     if args.json {
         let list: Vec<Value> = devices.iter().map(|d| json_of(d, &columns)).collect();
         println!("{:#}", json!({"schema_version": SCHEMA_VERSION, "devices": list}));
@@ -177,7 +185,7 @@ fn ask(ctl: &Path) -> Option<Value> {
 
 /// The NAME of a device: its block device (swap servers put it in `export_name`), else its NBD
 /// socket or TCP address.
-fn name_of(answer: &Value) -> Option<String> {
+pub fn name_of(answer: &Value) -> Option<String> {
     let d = answer.get("device")?;
     let s = |k: &str| d.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
     match d.get("frontend").and_then(Value::as_str) {

@@ -59,6 +59,11 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
 
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics (a port alone: on
+    /// 127.0.0.1). See docs/metrics.md.
+    #[arg(long, value_name = "[ADDR:]PORT", value_parser = crate::metrics::parse_metrics_addr)]
+    metrics: Option<SocketAddr>,
+
     /// NBD export name (clients asking for the default export "" get it too).
     #[arg(long, default_value = "compcache", value_name = "NAME")]
     name: String,
@@ -167,6 +172,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
             .map_err(|e| Failure::new(format!("cannot start the recompression thread: {e}")))?;
     }
     let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
+    if let Some(addr) = args.metrics {
+        crate::metrics::serve_http(addr, Arc::clone(&state))?;
+    }
     spawn("control", tx, move || control::serve(state, control_listener));
     start.started();
 
@@ -293,15 +301,20 @@ fn tls_options(args: &Args, tcp: Option<SocketAddr>) -> Result<Option<TlsOptions
     Ok(tls)
 }
 
-/// `PORT` or `ADDR:PORT`.
+/// `--listen`: `PORT` (on 127.0.0.1) or `ADDR:PORT`.
 fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
-    let addr = match text.parse::<u16>() {
-        Ok(port) => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+    port_or_address("--listen", text, 10809)
+}
+
+/// A TCP address flag (`--listen`, `--metrics`): `PORT` alone means 127.0.0.1:PORT, else
+/// `ADDR:PORT`; the error shows `example` as the port to give.
+pub(crate) fn port_or_address(flag: &str, text: &str, example: u16) -> Result<SocketAddr, Failure> {
+    match text.parse::<u16>() {
+        Ok(port) => Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)),
         Err(_) => text
             .parse::<SocketAddr>()
-            .map_err(|_| Failure::usage(format!("--listen {text}: give a port (10809) or an address and port (127.0.0.1:10809)")))?,
-    };
-    Ok(addr)
+            .map_err(|_| Failure::usage(format!("{flag} {text}: give a port ({example}) or an address and port (127.0.0.1:{example})"))),
+    }
 }
 
 fn spawn(name: &str, tx: mpsc::Sender<Event>, f: impl FnOnce() -> Event + Send + 'static) {

@@ -47,6 +47,11 @@ pub struct ServerArgs {
     #[arg(long, value_name = "SIZE|auto|0")]
     pub reserve: Option<String>,
 
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR:PORT/metrics (a port alone: on
+    /// 127.0.0.1). See docs/metrics.md.
+    #[arg(long, value_name = "[ADDR:]PORT", value_parser = crate::metrics::parse_metrics_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
+
     /// File descriptor to write "READY <device>" to once the device is up (used by swapon).
     #[arg(long, value_name = "FD", hide = true, value_parser = parse_ready_fd)]
     pub ready_fd: Option<i32>,
@@ -159,22 +164,28 @@ impl Session {
         let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
         let _ = std::fs::create_dir_all("/run/compcache");
         let _ = std::fs::remove_file(&ctl);
+        let state = Arc::new(ControlState {
+            store: Arc::clone(&self.store),
+            device: DeviceInfo {
+                export_name: dev.display().to_string(),
+                nbd_socket: None,
+                nbd_tcp: None,
+                control_socket: ctl.display().to_string(),
+                pid: std::process::id(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                origin: self.origin(),
+                frontend: self.frontend.name().into(),
+                backing: self.cfg.backing.as_ref().map(|b| b.path.display().to_string()),
+            },
+        });
+        // The device is up: a metrics endpoint that cannot start is reported, not fatal.
+        if let Some(addr) = self.server.metrics {
+            if let Err(e) = crate::metrics::serve_http(addr, Arc::clone(&state)) {
+                log::warning(&format!("{e}; the device serves without metrics"));
+            }
+        }
         match control::bind(&ctl) {
             Ok(listener) => {
-                let state = Arc::new(ControlState {
-                    store: Arc::clone(&self.store),
-                    device: DeviceInfo {
-                        export_name: dev.display().to_string(),
-                        nbd_socket: None,
-                        nbd_tcp: None,
-                        control_socket: ctl.display().to_string(),
-                        pid: std::process::id(),
-                        version: env!("CARGO_PKG_VERSION").to_string(),
-                        origin: self.origin(),
-                        frontend: self.frontend.name().into(),
-                        backing: self.cfg.backing.as_ref().map(|b| b.path.display().to_string()),
-                    },
-                });
                 let _ = std::thread::Builder::new().name("control".into()).spawn(move || {
                     control::serve(state, listener);
                 });

@@ -14,8 +14,13 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Print every statistic as one JSON object.
-    #[arg(long, conflicts_with_all = ["ramzswap", "mm_stat"])]
+    #[arg(long, conflicts_with_all = ["ramzswap", "mm_stat", "prometheus"])]
     json: bool,
+
+    /// Print the statistics as Prometheus/OpenMetrics text, e.g. for node_exporter's textfile
+    /// collector (docs/metrics.md).
+    #[arg(long, conflicts_with_all = ["ramzswap", "mm_stat"])]
+    prometheus: bool,
 
     /// Print the /proc/ramzswap view of the original compcache.
     #[arg(long, conflicts_with = "mm_stat")]
@@ -39,7 +44,9 @@ pub fn run(args: Args) -> Result<(), Failure> {
         .and_then(Value::as_object)
         .ok_or_else(|| Failure::new("the server's answer has no statistics (a different compcache version?)"))?;
     let origin = answer.pointer("/device/origin").and_then(Value::as_str);
-    if args.json {
+    if args.prometheus {
+        print!("{}", crate::metrics::render(vec![answer]));
+    } else if args.json {
         let mut stats = stats.clone();
         if let Some(origin) = origin {
             stats.insert("origin".into(), Value::from(origin));
