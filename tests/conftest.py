@@ -18,6 +18,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -319,13 +320,24 @@ def write(path, value):
         f.write(str(value))
 
 
+def same_device(a, b):
+    """Whether paths `a` and `b` are the same file or block device (by device number: swap
+    enabled through another node of the device, as `compcache swapon` does, is that device's)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return stat.S_ISBLK(sa.st_mode) and stat.S_ISBLK(sb.st_mode) and sa.st_rdev == sb.st_rdev
+
+
 def swap_used_kib(dev):
     """Used KiB of `dev` in /proc/swaps (0 if absent)."""
-    real = os.path.realpath(dev)
     with open("/proc/swaps") as f:
         for line in f.readlines()[1:]:
             parts = line.split()
-            if parts and os.path.realpath(parts[0]) == real:
+            if parts and same_device(parts[0], dev):
                 return int(parts[3])
     return 0
 

@@ -382,7 +382,12 @@ def test_swapon_frontend_fuse(compcache_bin, extra):
             dev = new.pop()
             state = compcache_devices()[dev]
             assert dev.startswith("/dev/loop") and state["frontend"] == "fuse", state
-            assert swap_used_kib(dev) == 0 and dev in open("/proc/swaps").read()
+            # Enabled through its hibernation-safe name: systemd skips /dev/zram* swap when it
+            # picks where a hibernation image goes (docs/swap.md, "Hibernation").
+            alias = "/dev/zram-compcache-" + os.path.basename(dev)
+            swaps = open("/proc/swaps").read()
+            assert swap_used_kib(dev) == 0 and alias in swaps and dev + " " not in swaps, swaps
+            assert oct(os.stat(alias).st_mode & 0o777) == "0o600" and os.stat(alias).st_rdev == os.stat(dev).st_rdev
             with open(f"/proc/{state['pid']}/status") as f:
                 vmlck = [int(l.split()[1]) for l in f if l.startswith("VmLck:")]
             assert vmlck and vmlck[0] > 0, "the FUSE swap server must lock its memory"
@@ -414,7 +419,8 @@ def test_swapon_frontend_fuse(compcache_bin, extra):
                 p = run([compcache_bin, "swapoff", dev], check=False, timeout=600)
                 print(p.stdout, p.stderr)
         assert p.returncode == 0, p.stderr
-        assert dev not in open("/proc/swaps").read()
+        assert dev not in open("/proc/swaps").read() and "zram-compcache" not in open("/proc/swaps").read()
+        assert not os.path.exists("/dev/zram-compcache-" + os.path.basename(dev)), "the swap name was left behind"
         name = os.path.basename(dev)
         assert not os.path.exists(f"/sys/block/{name}/loop/backing_file"), "loop device left attached"
         assert not os.path.exists(f"/proc/{state['pid']}") or "compcache" not in open(f"/proc/{state['pid']}/cmdline").read()

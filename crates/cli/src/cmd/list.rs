@@ -194,15 +194,20 @@ pub fn name_of(answer: &Value) -> Option<String> {
     }
 }
 
-/// The priority of `dev` in /proc/swaps' text, if it is swap (matched by canonical path).
+/// The priority of `dev` in /proc/swaps' text, if it is swap: matched by canonical path or
+/// block device number (`compcache swapon` enables swap through another node of the device,
+/// `swapdev::swap_alias`).
 fn swap_priority(swaps: &str, dev: &Path) -> Option<i64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    let dev = canon(dev);
+    let rdev = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.file_type().is_block_device()).map(|m| m.rdev());
+    let (dev_path, dev_rdev) = (canon(dev), rdev(dev));
     swaps.lines().skip(1).find_map(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
         // Filename Type Size Used Priority; a name with a space is written with \040.
         let name = f.first()?.replace("\\040", " ");
-        (f.len() >= 5 && canon(Path::new(&name)) == dev).then(|| f[4].parse().ok()).flatten()
+        let same = canon(Path::new(&name)) == dev_path || (dev_rdev.is_some() && rdev(Path::new(&name)) == dev_rdev);
+        (f.len() >= 5 && same).then(|| f[4].parse().ok()).flatten()
     })
 }
 

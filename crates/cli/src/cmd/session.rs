@@ -214,6 +214,7 @@ impl Session {
         // The front end removes the device once this returns: not while it is swap.
         let mut pause = |d: std::time::Duration| self.signals.wait_timeout(d);
         take_out_of_swap(dev, &KernelSwap, &mut pause, &mut |line: &str| log::info(line));
+        super::swapdev::remove_swap_alias(dev);
         let _ = std::fs::remove_file(&ctl);
         if let Some(origin) = self.origin() {
             // Write-through: every completed write is on the origin already; this makes it

@@ -96,6 +96,59 @@ pub fn swapoff(dev: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Where compcache swap is enabled from: a block device node of the device's own number named
+/// `/dev/zram-compcache-<device>`. /proc/swaps shows the name swapon was given, and systemd,
+/// choosing where to write a hibernation image when `resume=` is not set, skips exactly the
+/// swap partitions whose name starts with `/dev/zram` (src/shared/hibernate-util.c,
+/// `read_swap_entries`): with this name compcache swap, which lives in RAM, is never chosen, as
+/// zram is not. (With `resume=` set, systemd uses only that device.) docs/swap.md,
+/// "Hibernation".
+pub const HIBERNATION_SAFE_PREFIX: &str = "/dev/zram-compcache-";
+
+/// The hibernation-safe name of `dev` ([`HIBERNATION_SAFE_PREFIX`]).
+pub fn swap_alias(dev: &Path) -> std::path::PathBuf {
+    let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    std::path::PathBuf::from(format!("{HIBERNATION_SAFE_PREFIX}{name}"))
+}
+
+/// Makes [`swap_alias`]`(dev)`: a block device node of `dev`'s number, mode 0600 (as the
+/// device's own node: it gives the device's data to whoever can open it), replacing a stale
+/// one a device of that name left. The error says why; the caller then swaps on `dev` itself.
+pub fn create_swap_alias(dev: &Path) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(dev).map_err(|e| format!("{}: {e}", dev.display()))?;
+    if !meta.file_type().is_block_device() {
+        return Err(format!("{} is not a block device", dev.display()));
+    }
+    let alias = swap_alias(dev);
+    match std::fs::symlink_metadata(&alias) {
+        Ok(m) if m.file_type().is_block_device() => {
+            std::fs::remove_file(&alias).map_err(|e| format!("removing the stale {}: {e}", alias.display()))?
+        }
+        Ok(_) => return Err(format!("{} exists and is not a block device node: not touching it", alias.display())),
+        Err(_) => {}
+    }
+    let c = cpath(&alias).map_err(|f| f.to_string())?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mode and device number are
+    // plain integers (a block device node, owner read/write only).
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, meta.rdev() as libc::dev_t) } != 0 {
+        return Err(format!("mknod {}: {}", alias.display(), io::Error::last_os_error()));
+    }
+    Ok(alias)
+}
+
+/// Removes [`swap_alias`]`(dev)` if it is a block device node (after swapoff, or when the
+/// device goes: a stale node would keep the number of a device that may come back as another).
+pub fn remove_swap_alias(dev: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let alias = swap_alias(dev);
+    if std::fs::symlink_metadata(&alias).is_ok_and(|m| m.file_type().is_block_device()) {
+        if let Err(e) = std::fs::remove_file(&alias) {
+            crate::log::warning(&format!("removing {}: {e}", alias.display()));
+        }
+    }
+}
+
 /// Whether `dev` is an active swap area (listed in /proc/swaps). Entries are compared by
 /// device number as well as by name: swap enabled through another name for the same device
 /// (a /dev/disk/by-* link, a copy of the node) is still this device's swap. When /proc/swaps
@@ -111,7 +164,7 @@ pub fn is_active_swap(dev: &Path) -> bool {
 }
 
 /// Whether the /proc/swaps text `swaps` lists `dev` (by name, or by device number).
-fn swaps_list(swaps: &str, dev: &Path) -> bool {
+pub fn swaps_list(swaps: &str, dev: &Path) -> bool {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let rdev = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.file_type().is_block_device()).map(|m| m.rdev());
     let want = dev.to_string_lossy();

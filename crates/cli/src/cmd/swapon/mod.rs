@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use compcache_store::physical_ram_bytes;
 
-use super::swapdev::{is_active_swap, mkswap, swapoff, swapon};
+use super::swapdev::{create_swap_alias, is_active_swap, mkswap, remove_swap_alias, swapoff, swapon, HIBERNATION_SAFE_PREFIX};
 use crate::failure::Failure;
 use crate::frontend::{Frontend, Wanted};
 use crate::log;
@@ -121,9 +121,23 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     let (server, dev) = ServerProcess::start(frontend, &s, &args.reserve)?;
     let state = SwapState::new(dev.clone(), frontend, server.pid(), server.log().to_path_buf());
     state.save()?;
-    let enabled = mkswap(&dev, s.size_bytes).and_then(|_| swapon(&dev, s.priority, !args.no_discard));
+    // Swap is enabled through the hibernation-safe name, so that systemd never writes a
+    // hibernation image to it (swapdev::HIBERNATION_SAFE_PREFIX); the device's own name if
+    // that node cannot be made (a read-only /dev), with a warning.
+    let swap_path = match create_swap_alias(&dev) {
+        Ok(alias) => alias,
+        Err(e) => {
+            log::warning(&format!(
+                "{e}: swapping on {} itself, which systemd may choose for a hibernation image (docs/swap.md, \"Hibernation\")",
+                dev.display()
+            ));
+            dev.clone()
+        }
+    };
+    let enabled = mkswap(&dev, s.size_bytes).and_then(|_| swapon(&swap_path, s.priority, !args.no_discard));
     if let Err(e) = enabled {
         let _ = stop_server(&state);
+        remove_swap_alias(&dev);
         let _ = std::fs::remove_file(SwapState::path_for(&dev));
         return Err(e);
     }
@@ -146,8 +160,13 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
 }
 
 pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
+    // A device may be named as /proc/swaps shows it (its hibernation-safe name).
+    let device = |d: &PathBuf| match d.to_str().and_then(|s| s.strip_prefix(HIBERNATION_SAFE_PREFIX)) {
+        Some(name) => PathBuf::from(format!("/dev/{name}")),
+        None => d.clone(),
+    };
     let states: Vec<PathBuf> =
-        if args.devices.is_empty() { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(d)).collect() };
+        if args.devices.is_empty() { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(&device(d))).collect() };
     if states.is_empty() {
         println!("compcache: no compcache swap devices");
         return Ok(());
@@ -160,6 +179,7 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
             if is_active_swap(&dev) {
                 swapoff(&dev)?;
             }
+            remove_swap_alias(&dev);
             stop_server(&state)
         })();
         match result {
