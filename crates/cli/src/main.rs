@@ -40,6 +40,9 @@ enum Command {
     Fuse(cmd::fuse::FuseArgs),
     Dict(cmd::dict::Args),
     Recompress(cmd::recompress::Args),
+    /// Write man pages or shell completions (packaging: packaging/build-deb.sh).
+    #[command(hide = true)]
+    Generate(cmd::generate::Args),
 }
 
 fn main() {
@@ -55,6 +58,7 @@ fn main() {
         Command::Fuse(a) => cmd::fuse::run_fuse(a),
         Command::Dict(a) => cmd::dict::run(a),
         Command::Recompress(a) => cmd::recompress::run(a),
+        Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
     };
     if let Err(f) = result {
         log::error(&f.to_string());
