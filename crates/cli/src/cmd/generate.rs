@@ -220,6 +220,38 @@ mod tests {
         assert_eq!(rebuilt.get_version(), original.get_version());
     }
 
+    /// The example configuration the package ships (packaging/zram-generator.conf.example,
+    /// docs/packaging.md): compcache reads it with no note (every key in it is one compcache
+    /// uses) and gets the values its comments give, and the same with its commented-out keys
+    /// switched on.
+    #[test]
+    fn packaged_sample_config_is_read_as_documented() {
+        use crate::cmd::zramconf::{interpret, parse_into};
+        const MIB: u64 = 1 << 20;
+        let text = include_str!("../../../../packaging/zram-generator.conf.example");
+        let mut sections = Vec::new();
+        parse_into(&mut sections, text, "example").unwrap();
+        assert_eq!(sections.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["zram0"]);
+        let dev = interpret(&sections[0], 16384.0).unwrap();
+        assert!(dev.notes.is_empty(), "{:?}", dev.notes);
+        assert_eq!(dev.size_bytes, Some(4096 * MIB), "min(ram / 2, 4096) on 16 GiB");
+        assert_eq!((dev.algorithm.as_deref(), dev.priority, dev.mem_limit_bytes), (Some("lz4"), Some(100), None));
+
+        // A commented-out key is `#key = value` (prose comments have `# ` and no ` = `).
+        fn key_line(line: &str) -> Option<&str> {
+            line.strip_prefix('#').filter(|l| l.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')))
+        }
+        let all_on: String = text.lines().map(|l| key_line(l).unwrap_or(l).to_string() + "\n").collect();
+        assert_eq!(all_on.lines().filter(|l| !l.starts_with('#') && l.contains(" = ")).count(), 6, "{all_on}");
+        let mut sections = Vec::new();
+        parse_into(&mut sections, &all_on, "example, all keys").unwrap();
+        let dev = interpret(&sections[0], 16384.0).unwrap();
+        assert!(dev.notes.is_empty(), "{:?}", dev.notes);
+        assert_eq!(dev.mem_limit_bytes, Some(4096 * MIB), "ram / 4");
+        assert_eq!(dev.writeback_device.as_deref(), Some(Path::new("/dev/disk/by-partlabel/compcache-backing")));
+        assert_eq!(dev.size_bytes, Some(4096 * MIB), "below host-memory-limit: a device");
+    }
+
     #[test]
     fn unwritable_out_dir_says_which() {
         let e = man_pages(cli(), Path::new("/proc/compcache-no-such-dir")).unwrap_err().to_string();
