@@ -45,6 +45,9 @@ enum Command {
     Recompress(cmd::recompress::Args),
     Set(cmd::set::Args),
     Writeback(cmd::writeback::Args),
+    /// Write man pages or shell completions (packaging: packaging/build-deb.sh).
+    #[command(hide = true)]
+    Generate(cmd::generate::Args),
 }
 
 fn main() {
@@ -63,6 +66,7 @@ fn main() {
         Command::Recompress(a) => cmd::recompress::run(a),
         Command::Set(a) => cmd::set::run(a),
         Command::Writeback(a) => cmd::writeback::run(a),
+        Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
     };
     if let Err(f) = result {
         log::error(&f.to_string());

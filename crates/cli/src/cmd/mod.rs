@@ -2,6 +2,7 @@
 
 pub mod compact;
 pub mod dict;
+pub mod generate;
 pub mod list;
 pub mod recompress;
 pub mod serve;
