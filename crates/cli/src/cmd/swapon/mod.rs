@@ -13,6 +13,7 @@
 //! reads every page back), stops the server (which removes the device), and prints the
 //! device's final statistics.
 
+mod foreground;
 mod server;
 mod settings;
 mod state;
@@ -79,6 +80,12 @@ pub struct SwaponArgs {
     /// compcache; see docs/swap.md, "zswap in front").
     #[arg(long)]
     pub(super) allow_zswap: bool,
+
+    /// Stay in the foreground once swap is on, as a systemd service's main process
+    /// (compcache-swap@.service, Type=notify): notify READY, log to stderr (the journal), and
+    /// on SIGTERM swapoff and stop, except while the system shuts down (docs/swap.md, "systemd").
+    #[arg(long)]
+    pub(super) foreground: bool,
 }
 
 /// Where the kernel says whether zswap is on.
@@ -102,7 +109,7 @@ fn zswap_refusal(enabled: Option<&str>, allowed: bool) -> Option<String> {
 #[derive(clap::Args, Debug)]
 pub struct SwapoffArgs {
     /// Devices to take down (e.g. /dev/ublkb0) [default: every device `compcache swapon` set up].
-    devices: Vec<PathBuf>,
+    pub(super) devices: Vec<PathBuf>,
 }
 
 pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
@@ -118,7 +125,10 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         return Ok(());
     };
     let frontend = Frontend::choose(args.frontend).map_err(Failure::new)?;
-    let (server, dev) = ServerProcess::start(frontend, &s, &args.reserve)?;
+    // In the foreground the stop signals are this process's to handle (blocked before any
+    // thread or child exists, collected by `foreground::supervise`).
+    let signals = if args.foreground { Some(crate::process::StopSignals::block()?) } else { None };
+    let (server, dev) = ServerProcess::start(frontend, &s, &args.reserve, args.foreground)?;
     let state = SwapState::new(dev.clone(), frontend, server.pid(), server.log().to_path_buf());
     state.save()?;
     // Swap is enabled through the hibernation-safe name, so that systemd never writes a
@@ -141,7 +151,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         let _ = std::fs::remove_file(SwapState::path_for(&dev));
         return Err(e);
     }
-    println!(
+    let status = format!(
         "compcache: swapon {}: {} {}{}{}, priority {}, {} (server pid {}, log {}; settings from {})",
         dev.display(),
         human(s.size_bytes),
@@ -154,6 +164,10 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         state.log.display(),
         s.source
     );
+    println!("{status}");
+    if let Some(signals) = &signals {
+        return foreground::supervise(server, &state, &status, signals);
+    }
     // The server runs on, re-parented to init; `compcache swapoff` stops it.
     server.detach();
     Ok(())
@@ -175,12 +189,14 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
     for path in states {
         let state = SwapState::load(&path)?;
         let dev = state.device.clone();
-        let result = (|| {
+        let result = (|| -> Result<(), Failure> {
             if is_active_swap(&dev) {
                 swapoff(&dev)?;
             }
             remove_swap_alias(&dev);
-            stop_server(&state)
+            stop_server(&state)?;
+            server::clean_up_after_fuse(&state);
+            Ok(())
         })();
         match result {
             Ok(()) => {

@@ -18,6 +18,10 @@ use crate::frontend::Frontend;
 
 /// How long the server may take to bring the device up (generous for emulated machines).
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// The server's log when it writes to swapon's stderr (`swapon --foreground`, under systemd:
+/// the journal).
+pub(super) const JOURNAL: &str = "the journal (stderr of compcache swapon --foreground)";
+
 /// How long a stopped server may take to exit after swapoff.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -30,19 +34,32 @@ pub(super) struct ServerProcess {
 impl ServerProcess {
     /// Starts `frontend`'s server with the settings, detached (its own process group, so a
     /// Ctrl-C meant for swapon does not reach it; stdout and stderr to a new private log in
-    /// `STATE_DIR`), and waits until it reports its device (returned). A server that fails or
-    /// takes longer than `READY_TIMEOUT` is killed and its log is the error.
-    pub(super) fn start(frontend: Frontend, s: &Settings, reserve: &str) -> Result<(ServerProcess, PathBuf), Failure> {
-        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
-        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let log = PathBuf::from(format!("{STATE_DIR}/{frontend}-{stamp}.log"));
-        let log_file = crate::private_file::create_new(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
+    /// `STATE_DIR`, or with `journal` to swapon's own, which systemd sends to the journal), and
+    /// waits until it reports its device (returned). A server that fails or takes longer than
+    /// `READY_TIMEOUT` is killed and its log is the error.
+    ///
+    /// Its `argv[0]` is `@compcache`: systemd's final killing spree at shutdown spares the
+    /// processes whose name starts with `@` (its "storage daemons" rule), so the device serves
+    /// until the kernel has taken its swap off, after every other process is gone.
+    pub(super) fn start(frontend: Frontend, s: &Settings, reserve: &str, journal: bool) -> Result<(ServerProcess, PathBuf), Failure> {
+        let (log, output) = if journal {
+            (PathBuf::from(JOURNAL), None)
+        } else {
+            crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+            let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            let log = PathBuf::from(format!("{STATE_DIR}/{frontend}-{stamp}.log"));
+            let file = crate::private_file::create_new(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
+            (log, Some(file))
+        };
         let (ready_r, ready_w) = ready_pipe()?;
 
         let exe = std::env::current_exe().map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))?;
         let mut cmd = Command::new(exe);
-        cmd.args(server_command(frontend, s, reserve, ready_w.as_raw_fd()));
-        cmd.stdin(Stdio::null()).stdout(log_file.try_clone().map_err(|e| Failure::new(e.to_string()))?).stderr(log_file).process_group(0);
+        cmd.arg0("@compcache").args(server_command(frontend, s, reserve, ready_w.as_raw_fd()));
+        cmd.stdin(Stdio::null()).process_group(0);
+        if let Some(file) = output {
+            cmd.stdout(file.try_clone().map_err(|e| Failure::new(e.to_string()))?).stderr(file);
+        }
         let mut child = cmd.spawn().map_err(|e| Failure::new(format!("starting the {frontend} server: {e}")))?;
         drop(ready_w);
 
@@ -51,7 +68,7 @@ impl ServerProcess {
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail = if journal { String::new() } else { std::fs::read_to_string(&log).unwrap_or_default() };
                 Err(Failure::new(format!(
                     "the {frontend} server did not bring a device up; its log ({}):\n{}",
                     log.display(),
@@ -59,6 +76,11 @@ impl ServerProcess {
                 )))
             }
         }
+    }
+
+    /// Whether the server is still running (not exited, not a zombie).
+    pub(super) fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub(super) fn pid(&self) -> u32 {
@@ -151,6 +173,35 @@ pub(super) fn stop_server(state: &SwapState) -> Result<(), Failure> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// What a FUSE server that died (killed, crashed) left behind once its swap is off: the loop
+/// device still attached to its file and its mount (`/run/compcache/fuse-<pid>`), whose
+/// filesystem nobody serves any more. A server that stopped normally took both down itself;
+/// then this does nothing. Failures are logged: the swap is off already.
+pub(super) fn clean_up_after_fuse(state: &SwapState) {
+    if state.frontend != Frontend::Fuse {
+        return;
+    }
+    let name = state.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if Path::new(&format!("/sys/block/{name}/loop/backing_file")).exists() {
+        match Command::new("losetup").arg("-d").arg(&state.device).output() {
+            Ok(o) if o.status.success() => crate::log::info(&format!("{}: detached (its server had died)", state.device.display())),
+            Ok(o) => crate::log::warning(&format!("losetup -d {}: {}", state.device.display(), String::from_utf8_lossy(&o.stderr).trim())),
+            Err(e) => crate::log::warning(&format!("running losetup -d: {e}")),
+        }
+    }
+    let dir = PathBuf::from(format!("/run/compcache/fuse-{}", state.pid));
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(4) == Some(dir.to_str().unwrap_or(""))));
+    if mounted {
+        let c = std::ffi::CString::new(dir.to_string_lossy().as_bytes()).unwrap_or_default();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call; MNT_DETACH is a flag.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            crate::log::warning(&format!("unmounting {}: {}", dir.display(), std::io::Error::last_os_error()));
+        }
+    }
+    let _ = std::fs::remove_dir(&dir);
 }
 
 #[cfg(test)]
