@@ -104,6 +104,9 @@ pub(super) fn plan(args: &SwaponArgs, ram_bytes: u64, loaded: Option<&Loaded>) -
     let mut planned = Vec::new();
     for section in sections {
         let dev = zramconf::interpret(section, mib(ram_bytes), &loaded.vars).map_err(Failure::usage)?;
+        for w in &dev.warnings {
+            log::warning(w);
+        }
         for n in &dev.notes {
             log::info(n);
         }

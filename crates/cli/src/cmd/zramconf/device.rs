@@ -50,8 +50,10 @@ pub struct Device {
     pub recompress: Option<Recompress>,
     /// `options`: whether swapon discards (zram-generator's default `discard`: yes).
     pub discard: bool,
-    /// Things worth telling the user (ignored keys, substituted algorithms, obsolete keys).
+    /// Things worth telling the user (substituted algorithms, why there is no device).
     pub notes: Vec<String>,
+    /// Things worth a warning: unknown keys, obsolete keys.
+    pub warnings: Vec<String>,
 }
 
 /// Recompression settings from `compression-algorithm`.
@@ -91,11 +93,12 @@ pub fn interpret(section: &Section, ram_mib: f64, vars: &Vars) -> Result<Device,
         recompress: None,
         discard: true,
         notes: Vec::new(),
+        warnings: Vec::new(),
     };
     let ctx = |key: &str, e: String| format!("[{name}] {key}: {e}");
     let get = |key: &str| section.keys.get(key).map(String::as_str);
     for key in section.keys.keys().filter(|k| !KNOWN_KEYS.contains(&k.as_str())) {
-        dev.notes.push(format!("[{name}] unknown key {key} is ignored (zram-generator ignores it too, with a warning)"));
+        dev.warnings.push(format!("[{name}] unknown key {key} is ignored (zram-generator ignores it too, with a warning)"));
     }
     // zram-generator compares whole MiB of MemTotal.
     let ram_whole_mib = ram_mib.floor();
@@ -110,7 +113,7 @@ pub fn interpret(section: &Section, ram_mib: f64, vars: &Vars) -> Result<Device,
         dev.notes.push(format!("[{name}] {what}: zram-generator makes a file system of this device; compcache makes swap only: no device"));
         return Ok(dev);
     }
-    let bytes = mib_to_pages_bytes(size_mib(section, ram_mib, vars, &mut dev.notes)?);
+    let bytes = mib_to_pages_bytes(size_mib(section, ram_mib, vars, &mut dev.warnings)?);
     if bytes == 0 {
         dev.notes.push(format!("[{name}] the size is 0 bytes: no device (zram-generator discards devices of size 0)"));
         return Ok(dev);
@@ -149,7 +152,7 @@ pub fn interpret(section: &Section, ram_mib: f64, vars: &Vars) -> Result<Device,
 }
 
 /// The device size in MiB: `zram-size`, or the obsolete `zram-fraction`/`max-zram-size`.
-fn size_mib(section: &Section, ram_mib: f64, vars: &Vars, notes: &mut Vec<String>) -> Result<f64, String> {
+fn size_mib(section: &Section, ram_mib: f64, vars: &Vars, warnings: &mut Vec<String>) -> Result<f64, String> {
     let name = &section.name;
     let get = |key: &str| section.keys.get(key).map(String::as_str);
     let (fraction, max) = (get("zram-fraction"), get("max-zram-size"));
@@ -163,7 +166,7 @@ fn size_mib(section: &Section, ram_mib: f64, vars: &Vars, notes: &mut Vec<String
         let m = max.map(|v| optional_mib(v).map_err(|e| format!("[{name}] max-zram-size: {e}"))).transpose()?.flatten();
         let expr = format!("min({f} * ram, {})", m.map_or("no limit".to_string(), |m| m.to_string()));
         let ignored = if get("zram-size").is_some() { "; zram-size is not used, as zram-generator does not use it either" } else { "" };
-        notes.push(format!("[{name}] zram-fraction and max-zram-size are obsolete: read as zram-size = {expr}{ignored}"));
+        warnings.push(format!("[{name}] zram-fraction and max-zram-size are obsolete: read as zram-size = {expr}{ignored}"));
         return Ok(((f * ram_mib.floor()).trunc()).min(m.map_or(f64::INFINITY, |m| m as f64)));
     }
     let expr = get("zram-size").unwrap_or(DEFAULT_SIZE_EXPR);
@@ -397,7 +400,7 @@ mod tests {
         assert_eq!(d.mem_limit_bytes, Some(256 << 20));
         assert_eq!(d.writeback_device, Some(PathBuf::from("/dev/disk/by-partuuid/2d54ffa0-01")));
         assert!(d.discard, "zram-generator's default options are discard");
-        assert_eq!(d.notes, ["[zram0] unknown key frobnicate is ignored (zram-generator ignores it too, with a warning)"]);
+        assert_eq!(d.warnings, ["[zram0] unknown key frobnicate is ignored (zram-generator ignores it too, with a warning)"]);
 
         // A later file overrides key by key; defaults fill the rest.
         let mut s = Vec::new();
@@ -429,7 +432,7 @@ mod tests {
     fn obsolete_fraction_and_max_size() {
         let d = dev("[zram0]\nzram-fraction = 0.25\nzram-size = 10\n", 4000.0).unwrap();
         assert_eq!(d.size_bytes, Some(1000 << 20));
-        assert!(d.notes[0].contains("zram-size = min(0.25 * ram, no limit); zram-size is not used"), "{:?}", d.notes);
+        assert!(d.warnings[0].contains("zram-size = min(0.25 * ram, no limit); zram-size is not used"), "{:?}", d.warnings);
         assert_eq!(dev("[zram0]\nmax-zram-size = 300\n", 4000.0).unwrap().size_bytes, Some(300 << 20), "fraction 0.5 by default");
         assert_eq!(dev("[zram0]\nzram-fraction = 1\nmax-zram-size = none\n", 4000.5).unwrap().size_bytes, Some(4000 << 20));
         // int(fraction * ram): 0.3 * 1001 = 300.3 becomes 300 MiB.
