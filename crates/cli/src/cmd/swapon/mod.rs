@@ -155,25 +155,27 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     let ram = physical_ram_bytes();
     let loaded = settings::load(&args, ram, kernel == Some(true))?;
     let planned = plan(&args, ram, loaded.as_ref())?;
+    let devices = planned.iter().filter(|p| matches!(p, Planned::Device(_))).count();
     let mut failed = Vec::new();
     for p in planned {
         match p {
-            Planned::NoDevice { section, why } => {
-                println!("compcache: [{section}]: the configuration asks for no device on this machine ({why})");
-            }
-            Planned::Device(s) => {
-                if let Err(e) = set_up(&s) {
-                    let name = s.section.clone().unwrap_or_else(|| "the device".into());
+            Planned::NoDevice { section, why } => println!("compcache: [{section}]: no device: {why}"),
+            Planned::Device(s) => match set_up(&s) {
+                Ok(()) => {}
+                // One device: its error is the command's, exit code included.
+                Err(e) if devices == 1 => return Err(e),
+                Err(e) => {
+                    let name = s.section.clone().unwrap_or_default();
                     log::error(&format!("[{name}]: {e}"));
-                    failed.push(name);
+                    failed.push(format!("[{name}]"));
                 }
-            }
+            },
         }
     }
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(Failure::new(format!("could not set up {} (the others are up; compcache swapoff takes them down)", failed.join(", "))))
+        Err(Failure::new(format!("could not set up {} (the other devices are up; compcache swapoff takes them down)", failed.join(", "))))
     }
 }
 

@@ -107,13 +107,13 @@ pub(super) fn plan(args: &SwaponArgs, ram_bytes: u64, loaded: Option<&Loaded>) -
         for w in &dev.warnings {
             log::warning(w);
         }
-        for n in &dev.notes {
-            log::info(n);
-        }
         if dev.size_bytes.is_none() {
-            let why = dev.notes.last().cloned().unwrap_or_default();
+            let why = dev.notes.last().map(|n| n.trim_start_matches(&format!("[{}] ", section.name)).to_string()).unwrap_or_default();
             planned.push(Planned::NoDevice { section: section.name.clone(), why });
             continue;
+        }
+        for n in &dev.notes {
+            log::info(n);
         }
         let own = OwnKeys::parse(&section.name, &section.own)?;
         let source = format!("[{}] of {files} + flags", section.name);
@@ -353,7 +353,7 @@ mod tests {
             "[zram0]\nhost-memory-limit = 1024\n[zram1]\nzram-size = 64\n[zram2]\nmount-point = /var/tmp\n",
         );
         let p = plan_root(&r, &[], false).unwrap();
-        assert!(matches!(&p[0], Planned::NoDevice { section, why } if section == "zram0" && why.contains("host-memory-limit")), "{p:?}");
+        assert!(matches!(&p[0], Planned::NoDevice { section, why } if section == "zram0" && why.starts_with("host-memory-limit")), "{p:?}");
         assert!(matches!(&p[1], Planned::Device(s) if s.size_bytes == 64 << 20));
         assert!(matches!(&p[2], Planned::NoDevice { section, .. } if section == "zram2"));
         // One bad section fails them all, before anything is set up.
