@@ -301,4 +301,16 @@ mod tests {
         assert_eq!(zswap_refusal(Some("N\n"), false), None);
         assert_eq!(zswap_refusal(None, false), None, "a kernel without zswap");
     }
+
+    #[test]
+    fn the_kernel_switch_is_read_under_the_root() {
+        let r = crate::cmd::zramconf::paths::tests::FakeRoot::new("cmdline");
+        assert_eq!(kernel_switch(&r.0), None, "no proc/cmdline in a fake root: no switch, no warning");
+        r.write("proc/cmdline", "ro quiet systemd.zram=0\n");
+        assert_eq!(kernel_switch(&r.0), Some(false));
+        r.write("proc/cmdline", "systemd.zram\n");
+        assert_eq!(kernel_switch(&r.0), Some(true));
+        assert_eq!(parse_args(&["--priority", "-1"]).priority, Some(-1), "zram-generator's -1 is a priority");
+        assert!(crate::test_flags::parse_flags::<SwaponArgs>(&["--no-config", "--config-root", "/x"]).is_err());
+    }
 }
