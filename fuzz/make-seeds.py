@@ -166,6 +166,11 @@ def zramconf():
         "empty-writeback": "[ zram0 ]\nwriteback-device =\nzram-size=ram*1.5\n",
         "nested-parens": "[zram0]\nzram-size = ((((ram)))) * (1 + (2 * (3 - 1)))\n",
         "expression-line": "min(ram / 2, 4096)\n",
+        "set-directive": "set!x = echo 1\nfoo = bar\n[zram0]\nzram-size = x * 2 ^ 3 % 7\n",
+        "quotes": "[zram0]\nzram-size = \"min(ram, 2k)\" \ncompression-algorithm: 'zstd'\noptions = discard,\\\n nofail\n",
+        "obsolete": "[zram0]\nmemory-limit = none\nzram-fraction = 0.25\nmax-zram-size = 2048\n[zram1]\nmax-zram-size = none\n",
+        "functions": "[zram0]\nzram-size = round(64, log(2, ram) * ceil(pi()) + int(e()) + abs(sign(-1)))\n",
+        "not-swap": "[zram2]\nmount-point = /var/tmp\n[zram3]\nwriteback-device = relative/path\nswap-priority = -1\n",
     }
     for k, v in confs.items():
         write("zramconf", k, v.encode())

@@ -2,7 +2,7 @@
 //! interpreted on a small and a large machine; each line is also evaluated as a size expression
 //! and parsed as a compression-algorithm value on its own.
 //!
-//! The parser lives in the `compcache` binary crate (crates/cli/src/cmd/zramconf.rs), which has
+//! The parser lives in the `compcache` binary crate (crates/cli/src/cmd/zramconf/), which has
 //! no library target; the file uses nothing but std, so it is compiled in here as a module of
 //! its own with `#[path]`: the fuzzed code is exactly the shipped code, and the CLI crate is not
 //! changed for it.
@@ -14,10 +14,11 @@
 #[allow(dead_code)]
 // Formatted with the main workspace, not from here.
 #[rustfmt::skip]
-#[path = "../../crates/cli/src/cmd/zramconf.rs"]
+#[path = "../../crates/cli/src/cmd/zramconf/mod.rs"]
 pub mod parser;
 
-use parser::{eval, interpret, parse_algorithms, parse_into};
+use parser::device::parse_algorithms;
+use parser::{eval, interpret, parse_into, Vars};
 
 pub fn run(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
@@ -25,7 +26,7 @@ pub fn run(data: &[u8]) {
     if parse_into(&mut sections, &text, "fuzz.conf").is_ok() {
         for section in &sections {
             for ram_mib in [512.0, 65536.0] {
-                if let Ok(dev) = interpret(section, ram_mib) {
+                if let Ok(dev) = interpret(section, ram_mib, &Vars::new()) {
                     if let Some(b) = dev.size_bytes {
                         assert_eq!(b % 4096, 0, "size {b} is not whole pages");
                         assert!(b > 0, "a device of 0 bytes from {section:?}");

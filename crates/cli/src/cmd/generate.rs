@@ -232,7 +232,7 @@ mod tests {
         let mut sections = Vec::new();
         parse_into(&mut sections, text, "example").unwrap();
         assert_eq!(sections.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["zram0"]);
-        let dev = interpret(&sections[0], 16384.0).unwrap();
+        let dev = interpret(&sections[0], 16384.0, &Default::default()).unwrap();
         assert!(dev.notes.is_empty(), "{:?}", dev.notes);
         assert_eq!(dev.size_bytes, Some(4096 * MIB), "min(ram / 2, 4096) on 16 GiB");
         assert_eq!((dev.algorithm.as_deref(), dev.priority, dev.mem_limit_bytes), (Some("lz4"), Some(100), None));
@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(all_on.lines().filter(|l| !l.starts_with('#') && l.contains(" = ")).count(), 6, "{all_on}");
         let mut sections = Vec::new();
         parse_into(&mut sections, &all_on, "example, all keys").unwrap();
-        let dev = interpret(&sections[0], 16384.0).unwrap();
+        let dev = interpret(&sections[0], 16384.0, &Default::default()).unwrap();
         assert!(dev.notes.is_empty(), "{:?}", dev.notes);
         assert_eq!(dev.mem_limit_bytes, Some(4096 * MIB), "ram / 4");
         assert_eq!(dev.writeback_device.as_deref(), Some(Path::new("/dev/disk/by-partlabel/compcache-backing")));

@@ -65,13 +65,15 @@ fn cpath(p: &Path) -> Result<std::ffi::CString, Failure> {
     std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| Failure::usage(format!("{}: path has a NUL byte", p.display())))
 }
 
-/// swapon(2) with a priority (0..=32767) and, with `discard`, freed swap slots discarded so
+/// swapon(2) with a priority (0..=32767, or -1: the kernel's) and, with `discard`, freed swap slots discarded so
 /// the device frees their memory (zram gets this from the swap-free notification instead).
 pub fn swapon(dev: &Path, priority: i32, discard: bool) -> Result<(), Failure> {
-    if !(0..=SWAP_FLAG_PRIO_MASK).contains(&priority) {
-        return Err(Failure::usage(format!("priority {priority} is outside 0..=32767")));
+    if !(-1..=SWAP_FLAG_PRIO_MASK).contains(&priority) {
+        return Err(Failure::usage(format!("priority {priority} is outside -1..=32767")));
     }
-    let mut flags = SWAP_FLAG_PREFER | (priority & SWAP_FLAG_PRIO_MASK);
+    // -1 (zram-generator's and swapon(8)'s "no priority"): the kernel picks one, below every
+    // given priority.
+    let mut flags = if priority < 0 { 0 } else { SWAP_FLAG_PREFER | (priority & SWAP_FLAG_PRIO_MASK) };
     if discard {
         flags |= SWAP_FLAG_DISCARD;
     }

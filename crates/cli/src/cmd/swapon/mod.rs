@@ -1,19 +1,26 @@
 //! `compcache swapon` and `compcache swapoff`: compressed swap in one step, in the manner of
 //! systemd's zram-generator.
 //!
-//! swapon: the settings (`settings.rs`: the flags over the zram-generator configuration, if
-//! there is one, or `--config`, checked as every server checks them), the front end
-//! (`crate::frontend`: the one asked for, else ublk, else the NBD driver, else FUSE through a
-//! loop device), the server process for it (`server.rs`: `compcache ublk`, `compcache
-//! nbd-attach` or `compcache fuse`, detached, memory locked, its log in `/run/compcache/swap/`,
-//! waited for until the device is up), then a swap header (mkswap) and swapon with the
-//! priority. What it started is recorded in `/run/compcache/swap/<device>.json` (`state.rs`).
+//! swapon: first the cases where zram-generator sets nothing up, when the system's
+//! configuration is read (no `--config`, no `--no-config`): in a container (`container.rs`;
+//! `--ignore-container` overrides) and with `systemd.zram=0` on the kernel command line
+//! (`systemd.zram=1` adds a default `[zram0]`). Then the devices (`settings.rs`: every
+//! `[zramN]` section of the configuration, or `--section`'s, each the flags over compcache.conf
+//! (`own_keys.rs`) over zram-generator's keys, all checked before any is set up), and for each:
+//! the front end (`crate::frontend`: the one asked for, else ublk, else the NBD driver, else
+//! FUSE through a loop device), the server process for it (`server.rs`: `compcache ublk`,
+//! `compcache nbd-attach` or `compcache fuse`, detached, memory locked, its log in
+//! `/run/compcache/swap/`, waited for until the device is up), then a swap header (mkswap) and
+//! swapon with the priority. What it started is recorded in `/run/compcache/swap/<device>.json`
+//! (`state.rs`). A device that fails does not stop the others; swapon then fails naming it.
 //!
 //! swapoff: for each recorded device (or the ones named) takes the swap away (the kernel
 //! reads every page back), stops the server (which removes the device), and prints the
 //! device's final statistics.
 
+mod container;
 mod foreground;
+mod own_keys;
 mod server;
 mod settings;
 mod state;
@@ -23,20 +30,23 @@ use std::path::{Path, PathBuf};
 use compcache_store::physical_ram_bytes;
 
 use super::swapdev::{create_swap_alias, is_active_swap, mkswap, remove_swap_alias, swapoff, swapon, HIBERNATION_SAFE_PREFIX};
+use crate::cmd::zramconf;
 use crate::failure::Failure;
 use crate::frontend::{Frontend, Wanted};
 use crate::log;
 use crate::store_args::StoreArgs;
 use crate::units::human;
 use server::{stop_server, ServerProcess};
-use settings::settings;
+use settings::{plan, Planned, Settings};
 use state::SwapState;
 
 /// Set up a compressed RAM swap device in one step (mkswap and swapon included).
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Settings come from the flags, else from a zram-generator configuration \
-(/etc/systemd/zram-generator.conf and the other places zram-generator reads, or --config), \
-else zram-generator's defaults: size min(ram / 2, 4096) MiB, priority 100. See docs/swap.md.")]
+#[command(after_help = "One device for each [zramN] section of the zram-generator configuration \
+(/etc/systemd/zram-generator.conf, its drop-ins and the other places zram-generator reads, or --config), \
+with compcache's own keys from /etc/compcache/compcache.conf; settings come from the flags, else \
+compcache.conf, else zram-generator.conf, else zram-generator's defaults: size min(ram / 2, 4096) MiB, \
+priority 100. Without any section, one device. See docs/swap.md.")]
 pub struct SwaponArgs {
     /// The store flags, as every server takes them; what they leave open comes from the
     /// zram-generator configuration. The backing device is `--backing` or else the
@@ -44,35 +54,50 @@ pub struct SwaponArgs {
     #[command(flatten)]
     pub(super) store: StoreArgs,
 
-    /// Swap priority, 0..=32767 (zram-generator: swap-priority; default 100).
-    #[arg(long, value_name = "N")]
+    /// Swap priority, 0..=32767, or -1 for the kernel's (zram-generator: swap-priority; default 100).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub(super) priority: Option<i32>,
 
     /// Front end: ublk (Linux 6.0+, ublk_drv), nbd (the kernel's NBD driver), fuse (a file on
     /// a FUSE mount through a loop device), or auto (the first of these the kernel has, in
     /// that order, loading the module if needed).
-    #[arg(long, default_value = "auto", value_name = "auto|ublk|nbd|fuse")]
-    pub(super) frontend: Wanted,
+    /// [default: compcache.conf's frontend, else auto]
+    #[arg(long, value_name = "auto|ublk|nbd|fuse")]
+    pub(super) frontend: Option<Wanted>,
 
-    /// Read this zram-generator configuration file instead of the system's.
+    /// Read this zram-generator configuration file instead of the system's (compcache.conf is
+    /// still read; the container check and the kernel's systemd.zram= switch are not made).
     #[arg(long, value_name = "FILE")]
     pub(super) config: Option<PathBuf>,
 
-    /// Ignore any zram-generator configuration.
-    #[arg(long, conflicts_with = "config")]
+    /// Ignore every configuration file (zram-generator's and compcache's).
+    #[arg(long, conflicts_with_all = ["config", "config_root"])]
     pub(super) no_config: bool,
 
-    /// The configuration section to use [default: the first, usually zram0].
+    /// Read the configuration files, /proc/cmdline and run/systemd/container under this
+    /// directory instead of / (to check another system's configuration; the tests).
+    #[arg(long, value_name = "DIR")]
+    pub(super) config_root: Option<PathBuf>,
+
+    /// Set up only this section's device (e.g. zram1) [default: every [zramN] section, one
+    /// device each].
     #[arg(long, value_name = "NAME")]
     pub(super) section: Option<String>,
 
+    /// Set devices up even in a container (zram-generator does nothing there; swapon, reading
+    /// the system's configuration, neither).
+    #[arg(long)]
+    pub(super) ignore_container: bool,
+
     /// Memory reserved up front for storing swapped-out pages (SIZE or auto; see
-    /// docs/swap.md): make it about the compressed size you expect under memory pressure.
-    #[arg(long, default_value = "auto", value_name = "SIZE|auto")]
-    pub(super) reserve: String,
+    /// docs/swap.md): make it about the compressed size you expect under memory pressure
+    /// [default: compcache.conf's reserve, else auto].
+    #[arg(long, value_name = "SIZE|auto")]
+    pub(super) reserve: Option<String>,
 
     /// Do not discard freed swap slots (discard is what frees the device's memory when pages
-    /// are swapped back in and freed; zram-generator's default is discard too).
+    /// are swapped back in and freed; zram-generator's default is discard too, its options
+    /// key without discard turns it off).
     #[arg(long)]
     pub(super) no_discard: bool,
 
@@ -120,15 +145,75 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     if let Some(why) = zswap_refusal(std::fs::read_to_string(ZSWAP_ENABLED).ok().as_deref(), args.allow_zswap) {
         return Err(Failure::new(why));
     }
-    let Some(s) = settings(&args, physical_ram_bytes())? else {
-        println!("compcache: the configuration asks for no device on this machine (host-memory-limit)");
+    // zram-generator's own cases for doing nothing, when the system's configuration is read.
+    let system = args.config.is_none() && !args.no_config;
+    let root = settings::root(&args).to_path_buf();
+    if system && !args.ignore_container {
+        if let Some(kind) = container::detect(&root) {
+            println!("{}", container::standing_down(&kind));
+            return Ok(());
+        }
+    }
+    let kernel = if system { kernel_switch(&root) } else { None };
+    if kernel == Some(false) {
+        println!("compcache: systemd.zram=0 on the kernel command line: no swap devices set up (as zram-generator)");
         return Ok(());
-    };
-    let frontend = Frontend::choose(args.frontend).map_err(Failure::new)?;
-    // In the foreground the stop signals are this process's to handle (blocked before any
-    // thread or child exists, collected by `foreground::supervise`).
+    }
+    let ram = physical_ram_bytes();
+    let loaded = settings::load(&args, ram, kernel == Some(true))?;
+    let planned = plan(&args, ram, loaded.as_ref())?;
+    let devices = planned.iter().filter(|p| matches!(p, Planned::Device(_))).count();
+    if args.foreground && devices != 1 {
+        return Err(Failure::usage(format!(
+            "--foreground serves one device and the configuration has {devices}: give --section NAME (as compcache-swap@NAME.service does)"
+        )));
+    }
+    // In the foreground the stop signals are this process's to handle: blocked before any
+    // thread or child exists, collected by `foreground::supervise`.
     let signals = if args.foreground { Some(crate::process::StopSignals::block()?) } else { None };
-    let (server, dev) = ServerProcess::start(frontend, &s, &args.reserve, args.foreground)?;
+    let mut failed = Vec::new();
+    for p in planned {
+        match p {
+            Planned::NoDevice { section, why } => println!("compcache: [{section}]: no device: {why}"),
+            Planned::Device(s) => match set_up(&s, signals.as_ref()) {
+                Ok(()) => {}
+                // One device: its error is the command's, exit code included.
+                Err(e) if devices == 1 => return Err(e),
+                Err(e) => {
+                    let name = s.section.clone().unwrap_or_default();
+                    log::error(&format!("[{name}]: {e}"));
+                    failed.push(format!("[{name}]"));
+                }
+            },
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::new(format!("could not set up {} (the other devices are up; compcache swapoff takes them down)", failed.join(", "))))
+    }
+}
+
+/// `systemd.zram=` on the kernel command line (under `root`), as zram-generator reads it; an
+/// unreadable file is a warning and no switch.
+fn kernel_switch(root: &Path) -> Option<bool> {
+    let path = root.join("proc/cmdline");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => zramconf::cmdline::systemd_zram(&text),
+        Err(e) if root != Path::new("/") && e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            log::warning(&format!("{}: {e}; the systemd.zram= switch is not read", path.display()));
+            None
+        }
+    }
+}
+
+/// One device: its server, mkswap, swapon, and the record for swapoff. With `foreground`
+/// (the stop signals, blocked before any thread or child existed), it stays until told to stop
+/// (`foreground::supervise`).
+fn set_up(s: &Settings, foreground: Option<&crate::process::StopSignals>) -> Result<(), Failure> {
+    let frontend = Frontend::choose(s.frontend).map_err(Failure::new)?;
+    let (server, dev) = ServerProcess::start(frontend, s, &s.reserve, foreground.is_some())?;
     let state = SwapState::new(dev.clone(), frontend, server.pid(), server.log().to_path_buf());
     state.save()?;
     // Swap is enabled through the hibernation-safe name, so that systemd never writes a
@@ -144,7 +229,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
             dev.clone()
         }
     };
-    let enabled = mkswap(&dev, s.size_bytes).and_then(|_| swapon(&swap_path, s.priority, !args.no_discard));
+    let enabled = mkswap(&dev, s.size_bytes).and_then(|_| swapon(&swap_path, s.priority, s.discard));
     if let Err(e) = enabled {
         let _ = stop_server(&state);
         remove_swap_alias(&dev);
@@ -165,7 +250,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         s.source
     );
     println!("{status}");
-    if let Some(signals) = &signals {
+    if let Some(signals) = foreground {
         return foreground::supervise(server, &state, &status, signals);
     }
     // The server runs on, re-parented to init; `compcache swapoff` stops it.
@@ -258,5 +343,17 @@ mod tests {
         assert!(parse_args(&["--allow-zswap"]).allow_zswap);
         assert_eq!(zswap_refusal(Some("N\n"), false), None);
         assert_eq!(zswap_refusal(None, false), None, "a kernel without zswap");
+    }
+
+    #[test]
+    fn the_kernel_switch_is_read_under_the_root() {
+        let r = crate::cmd::zramconf::paths::tests::FakeRoot::new("cmdline");
+        assert_eq!(kernel_switch(&r.0), None, "no proc/cmdline in a fake root: no switch, no warning");
+        r.write("proc/cmdline", "ro quiet systemd.zram=0\n");
+        assert_eq!(kernel_switch(&r.0), Some(false));
+        r.write("proc/cmdline", "systemd.zram\n");
+        assert_eq!(kernel_switch(&r.0), Some(true));
+        assert_eq!(parse_args(&["--priority", "-1"]).priority, Some(-1), "zram-generator's -1 is a priority");
+        assert!(crate::test_flags::parse_flags::<SwaponArgs>(&["--no-config", "--config-root", "/x"]).is_err());
     }
 }

@@ -272,7 +272,7 @@ mod tests {
         enum Server {
             Fuse(FuseArgs),
         }
-        assert_eq!(args(&["--frontend", "fuse"]).frontend, Wanted::One(Frontend::Fuse));
+        assert_eq!(args(&["--frontend", "fuse"]).frontend, Some(Wanted::One(Frontend::Fuse)));
         let s = settings(&args(&["--no-config", "--size", "1G", "--mem-limit", "16M", "--algorithm", "zstd"]), 2 * GIB).unwrap().unwrap();
         // The descriptor must be a pipe, as the one swapon makes (the server checks).
         let (_r, w) = ready_pipe().unwrap();
