@@ -13,6 +13,7 @@ Devices are taken down in `finally`, also on failure, by name (never every recor
 other tests' devices may be up). Needs root, /dev/fuse, losetup and mkswap (the FUSE front end;
 ublk and nbd are not needed): skipped with the reason otherwise.
 """
+import json
 import os
 
 from conftest import need, need_root, run
@@ -51,7 +52,7 @@ def test_two_sections_are_two_swap_devices(compcache_bin, tmp_path):
     with host_swap_lock():
         before = set(compcache_devices())
         try:
-            p = run([compcache_bin, "swapon", "--config-root", root], check=False, timeout=300)
+            p = run([compcache_bin, "swapon", "--config-root", root, "--json"], check=False, timeout=300)
             print(p.stdout, p.stderr)
             new = sorted(set(compcache_devices()) - before)
             assert p.returncode == 0, p.stderr
@@ -65,13 +66,18 @@ def test_two_sections_are_two_swap_devices(compcache_bin, tmp_path):
             # priority 10 (less the swap header's page, which is not swap space).
             assert [size for size, _ in got] == [31, 63], (got, on)
             assert got[0][1] < 0 and got[1][1] == 10, got
-            for line in ("[zram0] of ", "[zram1] of "):
-                assert line in p.stdout, p.stdout
+            report = {d["section"]: d for d in json.loads(p.stdout)["devices"]}
+            assert set(report) == {"zram0", "zram1"}, p.stdout
+            assert report["zram0"]["priority"] == 10 and report["zram0"]["frontend"] == "fuse", report
+            assert {report[s]["device"] for s in report} == set(new), (report, new)
+            assert all(report[s]["swap_name"].startswith("/dev/zram-compcache-") for s in report), report
         finally:
             if new:
-                off = run([compcache_bin, "swapoff", *new], check=False, timeout=600)
+                off = run([compcache_bin, "swapoff", "--json", *new], check=False, timeout=600)
                 print(off.stdout, off.stderr)
         assert off.returncode == 0, off.stderr
+        done = {d["device"]: d for d in json.loads(off.stdout)["devices"]}
+        assert set(done) == set(new) and all(d["final_stats"]["num_writes"] > 0 for d in done.values()), off.stdout
         on = swaps()
         for d in new:
             assert d not in on

@@ -584,6 +584,13 @@ fn dict_train_writes_a_private_dictionary_that_a_server_accepts() {
     let said = String::from_utf8_lossy(&o.stdout);
     assert!(said.contains("skipped") && said.contains("saves"), "{said}");
     assert_eq!(std::fs::metadata(&dict).unwrap().permissions().mode() & 0o777, 0o600);
+    // --json says the same for programs.
+    let d2 = dir.path("pages2.dict");
+    let o = compcache(&["dict", "train", "--from", dump.to_str().unwrap(), "--out", d2.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["same_filled_skipped"].as_u64(), v["sampled_pages"].as_u64()), (Some(64), Some(600)), "{v}");
+    assert_eq!(v["bytes"].as_u64(), Some(std::fs::metadata(&d2).unwrap().len()), "{v}");
     // Never over an existing file.
     let o = compcache(&["dict", "train", "--from", dump.to_str().unwrap(), "--out", d]);
     assert!(!o.status.success() && stderr_of(&o).contains("pages.dict"), "{}", stderr_of(&o));

@@ -51,6 +51,10 @@ struct TrainArgs {
     /// zstd level the gain is measured at (the recompression level) [default: 9].
     #[arg(long, value_name = "N", default_value_t = compcache_store::config::DEFAULT_RECOMPRESS_LEVEL)]
     level: i32,
+    /// Print the result as JSON (the dictionary, its size, the pages sampled and skipped, the
+    /// gain measured in permille).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -105,6 +109,16 @@ fn train(a: TrainArgs) -> Result<(), Failure> {
         _ => Failure::new(format!("cannot create {}: {e}", a.out.display())),
     })?;
     std::io::Write::write_all(&mut file, &trained.bytes).map_err(|e| Failure::new(format!("writing {}: {e}", a.out.display())))?;
+    if a.json {
+        println!(
+            "{:#}",
+            serde_json::json!({
+                "dict": a.out, "bytes": trained.bytes.len(), "sampled_pages": sampled, "same_filled_skipped": skipped,
+                "level": a.level, "gain_permille": trained.gain_permille, "held_out_pages": sampled / 9,
+            })
+        );
+        return Ok(());
+    }
     println!(
         "dictionary {} ({}) from {sampled} pages ({skipped} same-filled skipped): saves {:.1}% against zstd level {} alone on {} held-out pages",
         a.out.display(),

@@ -53,7 +53,7 @@ pub(super) fn supervise(mut server: ServerProcess, state: &SwapState, status: &s
         if !server.running() {
             // Its swap is taken off if the kernel can (nothing was swapped out, or the pages
             // read as errors); otherwise the record stays for `compcache swapoff`.
-            let cleaned = match run_swapoff(SwapoffArgs { devices: vec![dev.clone()] }) {
+            let cleaned = match run_swapoff(SwapoffArgs { devices: vec![dev.clone()], json: false }) {
                 Ok(()) => "its swap is off".to_string(),
                 Err(e) => format!("{e}; `compcache swapoff {}` once nothing uses it", dev.display()),
             };
@@ -85,7 +85,7 @@ pub(super) fn supervise(mut server: ServerProcess, state: &SwapState, status: &s
 fn take_down(dev: &Path, signals: &StopSignals) -> Result<(), Failure> {
     let mut delay = crate::cmd::swapdev::SWAPOFF_RETRY_FIRST;
     loop {
-        match run_swapoff(SwapoffArgs { devices: vec![dev.to_path_buf()] }) {
+        match run_swapoff(SwapoffArgs { devices: vec![dev.to_path_buf()], json: false }) {
             Ok(()) => return Ok(()),
             Err(e) if crate::cmd::swapdev::is_active_swap(dev) => {
                 log::error(&format!(

@@ -111,6 +111,12 @@ pub struct SwaponArgs {
     /// on SIGTERM swapoff and stop, except while the system shuts down (docs/swap.md, "systemd").
     #[arg(long)]
     pub(super) foreground: bool,
+
+    /// Print what was set up as JSON (`{"devices": [...]}`: per section its device, size,
+    /// algorithm, priority, front end, server pid, swap name and control socket, or why it has
+    /// no device) instead of the lines for people.
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 /// Where the kernel says whether zswap is on.
@@ -135,6 +141,11 @@ fn zswap_refusal(enabled: Option<&str>, allowed: bool) -> Option<String> {
 pub struct SwapoffArgs {
     /// Devices to take down (e.g. /dev/ublkb0) [default: every device `compcache swapon` set up].
     pub(super) devices: Vec<PathBuf>,
+
+    /// Print the devices taken down and their final statistics as JSON (`{"devices": [...]}`)
+    /// instead of the lines for people.
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
@@ -172,10 +183,12 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     // thread or child exists, collected by `foreground::supervise`.
     let signals = if args.foreground { Some(crate::process::StopSignals::block()?) } else { None };
     let mut failed = Vec::new();
+    let mut report = Vec::new();
     for p in planned {
         match p {
+            Planned::NoDevice { section, why } if args.json => report.push(serde_json::json!({"section": section, "no_device": why})),
             Planned::NoDevice { section, why } => println!("compcache: [{section}]: no device: {why}"),
-            Planned::Device(s) => match set_up(&s, signals.as_ref()) {
+            Planned::Device(s) => match set_up(&s, signals.as_ref(), args.json.then_some(&mut report)) {
                 Ok(()) => {}
                 // One device: its error is the command's, exit code included.
                 Err(e) if devices == 1 => return Err(e),
@@ -186,6 +199,9 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
                 }
             },
         }
+    }
+    if args.json && !args.foreground {
+        println!("{:#}", serde_json::json!({"devices": report}));
     }
     if failed.is_empty() {
         Ok(())
@@ -211,7 +227,12 @@ fn kernel_switch(root: &Path) -> Option<bool> {
 /// One device: its server, mkswap, swapon, and the record for swapoff. With `foreground`
 /// (the stop signals, blocked before any thread or child existed), it stays until told to stop
 /// (`foreground::supervise`).
-fn set_up(s: &Settings, foreground: Option<&crate::process::StopSignals>) -> Result<(), Failure> {
+/// With `report` (`--json`), the device is added to it instead of printed.
+fn set_up(
+    s: &Settings,
+    foreground: Option<&crate::process::StopSignals>,
+    report: Option<&mut Vec<serde_json::Value>>,
+) -> Result<(), Failure> {
     let frontend = Frontend::choose(s.frontend).map_err(Failure::new)?;
     let (server, dev) = ServerProcess::start(frontend, s, &s.reserve, foreground.is_some())?;
     let state = SwapState::new(dev.clone(), frontend, server.pid(), server.log().to_path_buf());
@@ -249,7 +270,19 @@ fn set_up(s: &Settings, foreground: Option<&crate::process::StopSignals>) -> Res
         state.log.display(),
         s.source
     );
-    println!("{status}");
+    match report {
+        Some(r) => {
+            r.push(serde_json::json!({
+                "section": s.section, "device": dev, "size_bytes": s.size_bytes, "algorithm": s.algorithm,
+                "priority": s.priority, "frontend": frontend.name(), "pid": state.pid, "swap_name": swap_path,
+                "control": state.control, "log": state.log,
+            }));
+            if foreground.is_some() {
+                println!("{:#}", serde_json::json!({"devices": r}));
+            }
+        }
+        None => println!("{status}"),
+    }
     if let Some(signals) = foreground {
         return foreground::supervise(server, &state, &status, signals);
     }
@@ -267,10 +300,14 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
     let states: Vec<PathBuf> =
         if args.devices.is_empty() { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(&device(d))).collect() };
     if states.is_empty() {
-        println!("compcache: no compcache swap devices");
+        match args.json {
+            true => println!("{}", serde_json::json!({"devices": []})),
+            false => println!("compcache: no compcache swap devices"),
+        }
         return Ok(());
     }
     let mut failed = Vec::new();
+    let mut report = Vec::new();
     for path in states {
         let state = SwapState::load(&path)?;
         let dev = state.device.clone();
@@ -286,10 +323,16 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
         match result {
             Ok(()) => {
                 let _ = std::fs::remove_file(&path);
+                let stats = std::fs::read_to_string(&state.stats).ok();
+                if args.json {
+                    let stats = stats.and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+                    report.push(serde_json::json!({"device": dev, "frontend": state.frontend.name(), "final_stats": stats}));
+                    continue;
+                }
                 println!("compcache: swapoff {}: done ({})", dev.display(), state.frontend);
-                match std::fs::read_to_string(&state.stats) {
-                    Ok(stats) => print_stats(&dev, &stats),
-                    Err(_) => println!("compcache: no final statistics for {} (see {})", dev.display(), state.log.display()),
+                match stats {
+                    Some(stats) => print_stats(&dev, &stats),
+                    None => println!("compcache: no final statistics for {} (see {})", dev.display(), state.log.display()),
                 }
             }
             Err(e) => {
@@ -297,6 +340,9 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
                 failed.push(dev.display().to_string());
             }
         }
+    }
+    if args.json {
+        println!("{:#}", serde_json::json!({"devices": report}));
     }
     if failed.is_empty() {
         Ok(())
