@@ -113,7 +113,7 @@ pub fn interpret(section: &Section, ram_mib: f64, vars: &Vars) -> Result<Device,
         dev.notes.push(format!("[{name}] {what}: zram-generator makes a file system of this device; compcache makes swap only: no device"));
         return Ok(dev);
     }
-    let bytes = mib_to_pages_bytes(size_mib(section, ram_mib, vars, &mut dev.warnings)?);
+    let bytes = mib_to_pages_bytes(size_mib(section, ram_mib, vars, &mut dev.warnings)?).map_err(|e| ctx("zram-size", e))?;
     if bytes == 0 {
         dev.notes.push(format!("[{name}] the size is 0 bytes: no device (zram-generator discards devices of size 0)"));
         return Ok(dev);
@@ -124,7 +124,7 @@ pub fn interpret(section: &Section, ram_mib: f64, vars: &Vars) -> Result<Device,
         if mib < 0.0 {
             return Err(ctx("zram-resident-limit", format!("`{expr}` is {mib} MiB, below 0")));
         }
-        dev.mem_limit_bytes = Some(mib_to_pages_bytes(mib));
+        dev.mem_limit_bytes = Some(mib_to_pages_bytes(mib).map_err(|e| ctx("zram-resident-limit", e))?);
     }
     if let Some(alg) = get("compression-algorithm") {
         let specs = parse_algorithms(alg).map_err(|e| ctx("compression-algorithm", e))?;
@@ -197,9 +197,19 @@ fn absolute_path(p: &str) -> Result<PathBuf, String> {
     Ok(path.components().collect())
 }
 
-/// Bytes, rounded up to whole pages as the kernel rounds zram's disksize and mem_limit.
-fn mib_to_pages_bytes(mib: f64) -> u64 {
-    ((mib * 1048576.0) as u64).div_ceil(PAGE) * PAGE
+/// The largest size a key may give: 2^62 bytes (4 EiB), far above any machine, and far enough
+/// below 2^64 that rounding up to whole pages cannot overflow (a larger value once saturated
+/// and wrapped to 0, which a memory limit reads as "no limit": found by the zramconf fuzzer).
+const MAX_BYTES: f64 = (1u64 << 62) as f64;
+
+/// Bytes, rounded up to whole pages as the kernel rounds zram's disksize and mem_limit; an
+/// error above [`MAX_BYTES`] (or for a value that is not a number).
+fn mib_to_pages_bytes(mib: f64) -> Result<u64, String> {
+    let bytes = mib * 1048576.0;
+    if !(0.0..=MAX_BYTES).contains(&bytes) {
+        return Err(format!("{mib} MiB is more than any machine has (at most 4 EiB)"));
+    }
+    Ok((bytes as u64).div_ceil(PAGE) * PAGE)
 }
 
 /// One entry of a `compression-algorithm` list: `name`, `name(key=value, ...)`, or a bare
@@ -342,6 +352,19 @@ mod tests {
         assert!(d.size_bytes.is_none() && d.notes[0].contains("0 bytes: no device"), "{d:?}");
         assert_eq!(dev("[zram0]\nzram-size = 0.004\n", 1024.0).unwrap().size_bytes, Some(8192));
         assert_eq!(dev("[zram0]\nzram-size = 1\n", 1024.0).unwrap().size_bytes, Some(1 << 20));
+    }
+
+    /// Found by the zramconf fuzz target on the rewritten parser: a limit of 2.5e26 MiB
+    /// saturated to u64::MAX bytes, and rounding it up to whole pages overflowed (to 0 in a
+    /// release build: "no memory limit"). Sizes and limits above 4 EiB are errors.
+    #[test]
+    fn sizes_beyond_any_machine_are_errors_not_wrapped() {
+        let e = dev("[zram0]\nzram-resident-limit = 255555555555555555555555556\n", 1024.0).unwrap_err();
+        assert!(e.contains("zram-resident-limit") && e.contains("more than any machine"), "{e}");
+        let e = dev("[zram0]\nzram-size = ram * 1e30\n", 1024.0).unwrap_err();
+        assert!(e.contains("zram-size") && e.contains("at most 4 EiB"), "{e}");
+        let d = dev("[zram0]\nzram-resident-limit = 4194304 * 1024 * 1024\n", 1024.0).unwrap();
+        assert_eq!(d.mem_limit_bytes, Some(1 << 62), "4 EiB itself is allowed");
     }
 
     #[test]
