@@ -111,7 +111,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if devices.is_empty() {
         return Ok(()); // as zramctl: no device, no output (not even the header)
     }
-    let rows: Vec<Vec<String>> = devices.iter().map(|d| columns.iter().map(|c| cell(d, c.name, args.bytes)).collect()).collect();
+    let rows: Vec<Vec<String>> = devices.iter().map(|d| columns.iter().map(|c| cell(d, c.name).text(args.bytes)).collect()).collect();
     let headers: Vec<&str> = columns.iter().map(|c| c.name).collect();
     let headers = (!args.noheadings).then_some(headers.as_slice());
     if args.raw {
@@ -215,40 +215,67 @@ fn stats_of(d: &Device) -> Stats {
     serde_json::from_value(d.answer["stats"].clone()).unwrap_or_default()
 }
 
-/// A cell of the table.
-fn cell(d: &Device, column: &str, bytes: bool) -> String {
-    let size = |b: u64| if bytes { b.to_string() } else { human(b) };
+/// What a column says about a device, before it is printed as text or JSON.
+enum Cell {
+    /// Bytes: `human` sizes, or bytes with `--bytes`.
+    Size(u64),
+    /// A limit in bytes, 0 meaning none.
+    Limit(u64),
+    Number(Option<u64>),
+    Ratio(Option<f64>),
+    Priority(Option<i64>),
+    Text(Option<String>),
+}
+
+impl Cell {
+    /// In the table (`bytes`: `--bytes`); `-` when there is nothing to say.
+    fn text(&self, bytes: bool) -> String {
+        let size = |b: u64| if bytes { b.to_string() } else { human(b) };
+        match self {
+            Cell::Size(b) => size(*b),
+            Cell::Limit(0) => "none".into(),
+            Cell::Limit(b) => size(*b),
+            Cell::Number(n) => n.map_or("-".into(), |n| n.to_string()),
+            Cell::Ratio(r) => r.map_or("-".into(), |r| format!("{r:.2}")),
+            Cell::Priority(p) => p.map_or("-".into(), |p| p.to_string()),
+            Cell::Text(t) => t.clone().unwrap_or_else(|| "-".into()),
+        }
+    }
+
+    /// In `--json`: sizes in bytes, a limit of 0 as 0, nothing as null.
+    fn json(&self) -> Value {
+        match self {
+            Cell::Size(b) | Cell::Limit(b) => json!(b),
+            Cell::Number(n) => json!(n),
+            Cell::Ratio(r) => json!(r),
+            Cell::Priority(p) => json!(p),
+            Cell::Text(t) => json!(t),
+        }
+    }
+}
+
+/// The cell of `column` for the device.
+fn cell(d: &Device, column: &str) -> Cell {
     let s = stats_of(d);
     let sum = s.summary();
-    let dev = |k: &str| d.answer.pointer(&format!("/device/{k}")).and_then(Value::as_str).filter(|v| !v.is_empty());
+    let dev =
+        |k: &str| Cell::Text(d.answer.pointer(&format!("/device/{k}")).and_then(Value::as_str).filter(|v| !v.is_empty()).map(String::from));
     match column {
-        "NAME" => name_of(&d.answer).unwrap_or_else(|| "?".into()),
-        "DISKSIZE" => size(sum.disksize),
-        "DATA" => size(sum.data_bytes),
-        "COMPR" => size(sum.compr_bytes),
-        "ALGORITHM" => {
-            if sum.algorithm.is_empty() {
-                "?".into()
-            } else {
-                sum.algorithm
-            }
-        }
-        "TOTAL" => size(sum.total_bytes),
-        "MEM-LIMIT" => {
-            if sum.mem_limit == 0 {
-                "none".into()
-            } else {
-                size(sum.mem_limit)
-            }
-        }
-        "MEM-USED" => size(sum.mem_used_max),
-        "RATIO" => sum.ratio.map_or("-".into(), |r| format!("{r:.2}")),
-        "SAME-PAGES" => sum.same_pages.to_string(),
-        "BACKING" => dev("backing").unwrap_or("-").into(),
-        "BD-DATA" => size(s.bd_bytes),
-        "FRONTEND" => dev("frontend").unwrap_or("?").into(),
-        "PRIORITY" => d.priority.map_or("-".into(), |p| p.to_string()),
-        "PID" => d.answer.pointer("/device/pid").and_then(Value::as_u64).map_or("?".into(), |p| p.to_string()),
+        "NAME" => Cell::Text(name_of(&d.answer)),
+        "DISKSIZE" => Cell::Size(sum.disksize),
+        "DATA" => Cell::Size(sum.data_bytes),
+        "COMPR" => Cell::Size(sum.compr_bytes),
+        "ALGORITHM" => Cell::Text(Some(sum.algorithm).filter(|a| !a.is_empty())),
+        "TOTAL" => Cell::Size(sum.total_bytes),
+        "MEM-LIMIT" => Cell::Limit(sum.mem_limit),
+        "MEM-USED" => Cell::Size(sum.mem_used_max),
+        "RATIO" => Cell::Ratio(sum.ratio),
+        "SAME-PAGES" => Cell::Number(Some(sum.same_pages)),
+        "BACKING" => dev("backing"),
+        "BD-DATA" => Cell::Size(s.bd_bytes),
+        "FRONTEND" => dev("frontend"),
+        "PRIORITY" => Cell::Priority(d.priority),
+        "PID" => Cell::Number(d.answer.pointer("/device/pid").and_then(Value::as_u64)),
         other => unreachable!("column {other} is checked by `columns`"),
     }
 }
@@ -256,30 +283,7 @@ fn cell(d: &Device, column: &str, bytes: bool) -> String {
 /// A device for `--json`: the chosen columns (lowercase names, sizes in bytes, absent values
 /// null), and its control socket.
 fn json_of(d: &Device, columns: &[&Column]) -> Value {
-    let s = stats_of(d);
-    let sum = s.summary();
-    let mut m = Map::new();
-    for c in columns {
-        let v = match c.name {
-            "NAME" => json!(name_of(&d.answer)),
-            "DISKSIZE" => json!(sum.disksize),
-            "DATA" => json!(sum.data_bytes),
-            "COMPR" => json!(sum.compr_bytes),
-            "ALGORITHM" => json!(sum.algorithm),
-            "TOTAL" => json!(sum.total_bytes),
-            "MEM-LIMIT" => json!(sum.mem_limit),
-            "MEM-USED" => json!(sum.mem_used_max),
-            "RATIO" => json!(sum.ratio),
-            "SAME-PAGES" => json!(sum.same_pages),
-            "BACKING" => d.answer.pointer("/device/backing").cloned().unwrap_or(Value::Null),
-            "BD-DATA" => json!(s.bd_bytes),
-            "FRONTEND" => d.answer.pointer("/device/frontend").cloned().unwrap_or(Value::Null),
-            "PRIORITY" => json!(d.priority),
-            "PID" => d.answer.pointer("/device/pid").cloned().unwrap_or(Value::Null),
-            other => unreachable!("column {other} is checked by `columns`"),
-        };
-        m.insert(c.name.to_ascii_lowercase(), v);
-    }
+    let mut m: Map<String, Value> = columns.iter().map(|c| (c.name.to_ascii_lowercase(), cell(d, c.name).json())).collect();
     m.insert("control".into(), d.answer.pointer("/device/control_socket").cloned().unwrap_or(Value::Null));
     Value::Object(m)
 }
@@ -303,14 +307,14 @@ mod tests {
     #[test]
     fn cells_follow_zramctl() {
         let d = device("ublk", "/dev/ublkb0", None);
-        let cells: Vec<String> = COLUMNS.iter().map(|c| cell(&d, c.name, false)).collect();
+        let cells: Vec<String> = COLUMNS.iter().map(|c| cell(&d, c.name).text(false)).collect();
         assert_eq!(
             cells,
             ["/dev/ublkb0", "1G", "300M", "100M", "lz4", "120M", "none", "150M", "2.50", "7", "/var/swap.img", "4K", "ublk", "100", "42"]
         );
-        assert_eq!(cell(&d, "DATA", true), (300u64 << 20).to_string());
+        assert_eq!(cell(&d, "DATA").text(true), (300u64 << 20).to_string());
         let served = device("nbd-server", "compcache", Some("/run/compcache/compcache.sock"));
-        assert_eq!(cell(&served, "NAME", false), "/run/compcache/compcache.sock");
+        assert_eq!(cell(&served, "NAME").text(false), "/run/compcache/compcache.sock");
         let j = json_of(&d, &columns(&[]).unwrap());
         assert_eq!(j["name"], "/dev/ublkb0");
         assert_eq!((j["data"].as_u64(), j["mem-limit"].as_u64(), j["priority"].as_i64()), (Some(300 << 20), Some(0), Some(100)));
