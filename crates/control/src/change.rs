@@ -72,7 +72,7 @@ pub(crate) fn writeback(store: &Store, req: &Value) -> Value {
         (Ok(i), Ok(m)) => (i.unwrap_or(0), m.unwrap_or(u64::MAX)),
         (Err(e), _) | (_, Err(e)) => return refuse(e),
     };
-    if store.writeback_settings().is_none() {
+    if !store.has_backing() {
         return refuse("writeback: this device has no backing device (start it with --backing PATH)");
     }
     let r = store.writeback_idle(idle, WritebackBudget { max_bytes: max });

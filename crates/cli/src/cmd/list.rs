@@ -82,10 +82,20 @@ const COLUMNS: [Column; 15] = [
 const DEFAULT_COLUMNS: [&str; 10] =
     ["NAME", "ALGORITHM", "DISKSIZE", "DATA", "COMPR", "TOTAL", "RATIO", "MEM-LIMIT", "FRONTEND", "PRIORITY"];
 
-/// One device: what its control socket said, and its swap priority.
+/// One device: what its control socket said (and its statistics, typed once), and its swap
+/// priority.
 struct Device {
     answer: Value,
+    stats: Stats,
     priority: Option<i64>,
+}
+
+impl Device {
+    fn new(answer: Value, priority: Option<i64>) -> Device {
+        // Fields an older server did not send read as 0.
+        let stats = serde_json::from_value(answer["stats"].clone()).unwrap_or_default();
+        Device { answer, stats, priority }
+    }
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -96,7 +106,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         .filter_map(|ctl| ask(ctl))
         .map(|answer| {
             let priority = name_of(&answer).and_then(|n| swap_priority(&swaps, Path::new(&n)));
-            Device { answer, priority }
+            Device::new(answer, priority)
         })
         .collect();
     if args.prometheus {
@@ -211,10 +221,6 @@ fn swap_priority(swaps: &str, dev: &Path) -> Option<i64> {
     })
 }
 
-fn stats_of(d: &Device) -> Stats {
-    serde_json::from_value(d.answer["stats"].clone()).unwrap_or_default()
-}
-
 /// What a column says about a device, before it is printed as text or JSON.
 enum Cell {
     /// Bytes: `human` sizes, or bytes with `--bytes`.
@@ -256,7 +262,7 @@ impl Cell {
 
 /// The cell of `column` for the device.
 fn cell(d: &Device, column: &str) -> Cell {
-    let s = stats_of(d);
+    let s = &d.stats;
     let sum = s.summary();
     let dev =
         |k: &str| Cell::Text(d.answer.pointer(&format!("/device/{k}")).and_then(Value::as_str).filter(|v| !v.is_empty()).map(String::from));
@@ -301,7 +307,7 @@ mod tests {
                       "compr_data_size": 100u64 << 20, "mem_used_total": 120u64 << 20, "mem_limit": 0,
                       "mem_used_max": 150u64 << 20, "same_pages": 7, "bd_bytes": 4096}
         });
-        Device { answer, priority: Some(100) }
+        Device::new(answer, Some(100))
     }
 
     #[test]

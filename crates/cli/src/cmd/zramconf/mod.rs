@@ -121,13 +121,7 @@ pub fn load(src: Sources, ram_mib: f64, run: &mut dyn FnMut(&str) -> Result<Prog
                     out.warnings.push(format!("{origin}:{}: section [{}] is ignored (only [zramN] sections are devices)", s.line, s.name));
                     continue;
                 }
-                let i = match sections.iter().position(|x| x.name == s.name) {
-                    Some(i) => i,
-                    None => {
-                        sections.push(Section { name: s.name.clone(), ..Section::default() });
-                        sections.len() - 1
-                    }
-                };
+                let i = section_index(&mut sections, &s.name);
                 for e in s.entries {
                     let key = match RENAMED.iter().find(|(old, _)| *old == e.key) {
                         Some((old, new)) => {
@@ -157,6 +151,18 @@ pub fn load(src: Sources, ram_mib: f64, run: &mut dyn FnMut(&str) -> Result<Prog
     Ok(out)
 }
 
+/// The index of the section `name` in `sections`, added (empty) if it is not there yet: files
+/// read later merge into the sections of earlier ones.
+fn section_index(sections: &mut Vec<Section>, name: &str) -> usize {
+    match sections.iter().position(|x| x.name == name) {
+        Some(i) => i,
+        None => {
+            sections.push(Section { name: name.to_string(), ..Section::default() });
+            sections.len() - 1
+        }
+    }
+}
+
 /// `zram` and a number: the sections zram-generator makes devices of.
 fn is_device_name(name: &str) -> bool {
     name.strip_prefix("zram").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && n.parse::<u64>().is_ok())
@@ -172,13 +178,7 @@ fn sort_sections(sections: &mut [Section]) {
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn parse_into(sections: &mut Vec<Section>, text: &str, origin: &str) -> Result<(), String> {
     for s in ini::parse(text, origin)?.sections {
-        let i = match sections.iter().position(|x| x.name == s.name) {
-            Some(i) => i,
-            None => {
-                sections.push(Section { name: s.name.clone(), ..Section::default() });
-                sections.len() - 1
-            }
-        };
+        let i = section_index(sections, &s.name);
         for e in s.entries {
             sections[i].keys.insert(e.key, e.value);
         }
