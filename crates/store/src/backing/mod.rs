@@ -93,6 +93,8 @@ pub(crate) struct Backing {
     /// This run's key (or identifier), sealing every record (`seal.rs`).
     pub run: seal::RecordSeal,
     pub space: SpaceMap,
+    /// As configured at start. Its watermarks, rate and writeback limit are only the starting
+    /// values: the live ones are `tune` and `Maint::limit` (`compcache set` changes them).
     pub cfg: BackingConfig,
     /// Writeback's watermarks and rate, changeable while the device runs (`tuning.rs`).
     pub tune: tuning::Tunables,
