@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from .swapconf import NbdLoopSwap, SwapConfig, compcache_stats, compcache_unavailable
+from .swapconf import NbdLoopSwap, SwapConfig, compcache_stats, compcache_unavailable, slow_disk_filters
 from .system import CommandError
 
 CACHE_CONFIGS = ("direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-cache-zstd")
@@ -47,22 +47,6 @@ def _loop_dio(system, loop: str) -> bool | None:
         return system.read(f"/sys/block/{os.path.basename(loop)}/loop/dio").strip() == "1"
     except OSError:
         return None
-
-
-def slow_disk_filters(seq_bytes_per_s: float, read_delay_ms: float, write_delay_ms: float,
-                      burstiness_s: float) -> list:
-    """nbdkit filter flags and parameters that make a fast file look like a hard disk.
-
-    - noparallel serialize=all-requests: one request at a time over all connections (one
-      actuator; nbdfuse opens several connections),
-    - delay: a fixed time per read and per write request (the seek and rotation),
-    - rate: the sequential transfer rate (bits per second for nbdkit). Its token bucket
-      refills while the delay sleeps, so a request costs about max(delay, bytes / rate):
-      4 KiB random reads are bound by the delay (1.4 ms: ~700/s), large sequential ones by
-      the rate."""
-    return (["--filter=noparallel", "--filter=rate", "--filter=delay"],
-            ["serialize=all-requests", f"rate={int(seq_bytes_per_s * 8)}", f"burstiness={burstiness_s:g}",
-             f"rdelay={read_delay_ms:g}ms", f"wdelay={write_delay_ms:g}ms"])
 
 
 class SlowOrigin(NbdLoopSwap):

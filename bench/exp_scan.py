@@ -106,11 +106,15 @@ def _run_config(ctx, p, cfg, name, res):
 
 
 def speedups(configs: dict, key: str = "recipe") -> dict:
-    """The seed's measure, within this run: (t_disk - t_x) / t_disk of recipe means."""
+    """The seed's measure, within this run: (t_disk - t_x) / t_disk of recipe means; and, when
+    `disk-hdd` ran, t_x / t_disk-hdd (the time against swap on the seeds' hard disk)."""
     disk = configs.get("disk", {}).get(key, {}).get("mean_s")
+    hdd = configs.get("disk-hdd", {}).get(key, {}).get("mean_s")
     out = {}
     for name, res in configs.items():
         t = res.get(key, {}).get("mean_s")
         if disk and t:
             out[name] = {"speedup": round((disk - t) / disk, 4), "disk_over_x": round(disk / t, 4)}
+        if hdd and t:
+            out.setdefault(name, {})["x_over_disk_hdd"] = round(t / hdd, 4)
     return out

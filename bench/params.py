@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 
+from .swapconf import SEED_HDD
+
 MiB = 1 << 20
 
 QUICK = {
@@ -80,7 +82,7 @@ QUICK = {
         "slow_configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-cache-zstd"],
         # The seed's hard disk: ~75 MB/s sequential, ~700 random 4 KiB reads/s (its iozone
         # random read at 4 KiB records: 2770 KB/s). See bench/cacheconf.py's slow_disk_filters.
-        "slow_disk": {"seq_bytes_per_s": 75e6, "read_delay_ms": 1.4, "write_delay_ms": 1.4, "burstiness_s": 0.1},
+        "slow_disk": dict(SEED_HDD),
         # Seconds of fio on the slow origin alone, per run, to record what it delivers (0: skip).
         "calibrate_s": 2,
     },

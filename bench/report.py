@@ -42,7 +42,7 @@ def _recipe_rows(cfgs: dict, key: str, sp: dict) -> list:
         if rec is None:
             continue
         runs = " ".join(_t(x["wall_s"]) if x["status"] == "ok" else x["status"].upper() for x in rec["runs"])
-        s = sp.get(name)
+        s = sp.get(name) if "speedup" in sp.get(name, {}) else None
         spread = "-" if rec.get("min_s") is None else f"{rec['min_s']:.2f}-{rec['max_s']:.2f}"
         # The recipe hardly swaps (as in the seed); the sweep shows the ratio under load.
         best = max((x for x in r.get("sweep", []) if x.get("compression_ratio")),
@@ -60,6 +60,15 @@ RECIPE_HEAD = ["config", "runs (s)", "mean 2.. (s)", "median 2.. (s)", "range 2.
                "swapped MiB (peak)", "device MiB (peak)", "ratio", "ratio in sweep"]
 
 
+def _hdd_line(cfgs: dict, sp: dict) -> list:
+    """Each configuration's mean time as a fraction of disk swap on the seeds' hard disk."""
+    cells = [f"{cfgs[n]['label']} {v['x_over_disk_hdd']:.2f}x" for n, v in sp.items()
+             if "x_over_disk_hdd" in v and n != "disk-hdd"]
+    if not cells:
+        return []
+    return ["Time against disk swap on the seeds' hard disk (disk-hdd, means of runs 2..): " + ", ".join(cells) + ".", ""]
+
+
 def scan_tables(scan: dict) -> str:
     p = scan["params"]
     cfgs = scan["configs"]
@@ -74,6 +83,7 @@ def scan_tables(scan: dict) -> str:
            "resident size, which --swap's mlockall inflates). Ratio: orig_data_size / mem_used_total where the "
            "device held most data; none below 4 MiB stored. A speedup smaller than the range of the runs is noise.",
            ""]
+    out += _hdd_line(cfgs, scan.get("speedup_vs_disk", {}))
     pr = p.get("pressure_recipe")
     if pr and any(r.get("pressure") for r in cfgs.values()):
         out += [f"#### scan recipe at the seed's pressure: `scan {pr['mib']} {pr['passes']}` ({pr['mode']}) in a "

@@ -8,6 +8,9 @@ end, so one stuck step does not leave the rest behind.
 
   noswap        no swap; the cgroup may not swap at all
   disk          a swap file on the machine's disk
+  disk-hdd      a swap file behind `nbdkit file` with the seed's hard disk imposed by nbdkit
+                filters (SEED_HDD), via nbdfuse + loop device: disk swap as the seeds had it
+                (this machine's virtual disk is cached by its host, and as fast as zram here)
   zram-lz4      kernel zram, lz4          (a device of our own from zram-control/hot_add)
   zram-lzo-rle  kernel zram, lzo-rle (the kernel default)
   zswap         zswap in front of the disk swap file
@@ -15,6 +18,8 @@ end, so one stuck step does not leave the rest behind.
   compcache     compcache serve, via nbdfuse + loop device
   compcache-fuse  compcache fuse: its own FUSE file + loop device ("compcache (FUSE)")
   compcache-fuse-recompress  the same with --recompress on (idle after 10 s; docs/store.md)
+  compcache-fuse-uring  the same with --io-uring: FUSE over io_uring (Linux 6.14+); the
+                module's enable_uring is Y only while the server starts, then as found
 """
 
 from __future__ import annotations
@@ -28,6 +33,30 @@ from .parse import parse_block_stat, parse_proc_status_kib, parse_zram_mm_stat
 from .system import CommandError, Ledger, System
 
 SWAP_PRIORITY = 100
+
+# The seeds' hard disk: ~75 MB/s sequential, ~700 random 4 KiB reads/s (seed 003's iozone
+# random read at 4 KiB records: 2770 KB/s). Used for the zcache experiment's slow origin and
+# for `disk-hdd` swap.
+# FUSE over io_uring is offered to new connections only while this is Y (Linux 6.14+).
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
+
+SEED_HDD = {"seq_bytes_per_s": 75e6, "read_delay_ms": 1.4, "write_delay_ms": 1.4, "burstiness_s": 0.1}
+
+
+def slow_disk_filters(seq_bytes_per_s: float, read_delay_ms: float, write_delay_ms: float,
+                      burstiness_s: float) -> tuple:
+    """nbdkit filter flags and parameters that make a fast file look like a hard disk.
+
+    - noparallel serialize=all-requests: one request at a time over all connections (one
+      actuator; nbdfuse opens several connections),
+    - delay: a fixed time per read and per write request (the seek and rotation),
+    - rate: the sequential transfer rate (bits per second for nbdkit). Its token bucket
+      refills while the delay sleeps, so a request costs about max(delay, bytes / rate):
+      4 KiB random reads are bound by the delay (1.4 ms: ~700/s), large sequential ones by
+      the rate."""
+    return (["--filter=noparallel", "--filter=rate", "--filter=delay"],
+            ["serialize=all-requests", f"rate={int(seq_bytes_per_s * 8)}", f"burstiness={burstiness_s:g}",
+             f"rdelay={read_delay_ms:g}ms", f"wdelay={write_delay_ms:g}ms"])
 
 
 class TeardownError(RuntimeError):
@@ -362,6 +391,42 @@ class NbdLoopSwap(SwapConfig):
         return [swapoff, detach_loop, unmount, stop_fuse, stop_server, close_logs]
 
 
+class DiskHddSwap(NbdLoopSwap):
+    """Disk swap with the seeds' hard disk: a swap file on this machine's disk served by
+    `nbdkit file` (cache=none) behind slow_disk_filters(SEED_HDD), via nbdfuse and a loop
+    device with direct I/O. The chain's own cost (tens of microseconds a request) is small
+    beside the 1.4 ms every request waits. No discard, as `disk`."""
+
+    name = "disk-hdd"
+    label = "disk swap (HDD figures)"
+    tools = NbdLoopSwap.tools + ("nbdkit", "fallocate")
+
+    def server_argv(self, socket):
+        filters, args = slow_disk_filters(**SEED_HDD)
+        # --swap: nbdkit mlockall()s itself, as a server the kernel swaps to must.
+        return ["nbdkit", "--swap", "-f", "-U", socket, *filters, "file", self.path, "cache=none", *args]
+
+    def setup(self) -> None:
+        self.path = os.path.join(self.workdir, f"{self.name}.swapfile")
+        self.system.run(["fallocate", "-l", str(self.size_bytes), self.path])
+        self.ledger.add("files", self.path)
+        self.system.run(["chmod", "600", self.path])
+        self.info["swapfile"] = self.path
+        self.info["hdd"] = dict(SEED_HDD)
+        self._attach()
+        self._swapon(self.loop)
+
+    def _teardown_steps(self):
+        def remove_file():
+            p = getattr(self, "path", None)
+            if p and p in self.ledger.files:
+                if self.system.exists(p):
+                    self.system.remove(p)
+                self.ledger.drop("files", p)
+
+        return super()._teardown_steps() + [remove_file]
+
+
 class NbdkitSwap(NbdLoopSwap):
     name = "nbdkit-zstd"
     label = "nbdkit zstd"
@@ -417,10 +482,12 @@ class CompcacheSwap(NbdLoopSwap):
     name = "compcache"
     label = "compcache"
 
-    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None, algorithm: str = "lz4"):
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None, algorithm: str = "lz4",
+                 extra_args: tuple = ()):
         super().__init__(system, ledger, workdir, size_bytes)
         self.binary = binary
         self.algorithm = algorithm
+        self.extra_args = list(extra_args)
 
     def unavailable(self):
         return compcache_unavailable(self.system, self.binary, "serve", "--socket",
@@ -428,7 +495,7 @@ class CompcacheSwap(NbdLoopSwap):
 
     def server_argv(self, socket):
         return [self.binary, "serve", "--size", str(self.size_bytes), "--socket", socket,
-                "--control", socket + ".ctl", "--algorithm", self.algorithm, "--mlock"]
+                "--control", socket + ".ctl", "--algorithm", self.algorithm, "--mlock", *self.extra_args]
 
     def stats(self) -> dict:
         sock = getattr(self, "socket", None)
@@ -534,8 +601,41 @@ class CompcacheFuseRecompressSwap(CompcacheFuseSwap):
                          extra_args=("--recompress", "on", "--recompress-idle", "10"))
 
 
-ALL_CONFIGS = ("noswap", "disk", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache", "compcache-fuse",
-               "compcache-fuse-recompress")
+class CompcacheFuseUringSwap(CompcacheFuseSwap):
+    """`compcache fuse --io-uring`: requests through FUSE over io_uring. The fuse module's
+    `enable_uring` is set to Y while the server mounts (a connection keeps io_uring once it
+    negotiated it) and put back as found; the server's log must say it serves through
+    io_uring, else setup fails (a silent fallback would measure the classic protocol twice)."""
+
+    name = "compcache-fuse-uring"
+    label = "compcache (FUSE, io_uring)"
+
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None):
+        super().__init__(system, ledger, workdir, size_bytes, binary, extra_args=("--io-uring",))
+
+    def unavailable(self):
+        if self.binary and not self.system.exists(ENABLE_URING):
+            return "this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)"
+        return super().unavailable()
+
+    def setup(self) -> None:
+        found = self.system.read(ENABLE_URING).strip()
+        self.system.write(ENABLE_URING, "Y")
+        try:
+            super().setup()
+        finally:
+            self.system.write(ENABLE_URING, found)
+        deadline = self.system.monotonic() + 30
+        while "fuse transport:" not in (log := self.system.read(self.log_path)):
+            if self.system.monotonic() > deadline:
+                raise RuntimeError(f"compcache fuse never said which transport it uses; see {self.log_path}")
+            self.system.sleep(0.05)
+        if "fuse transport: io_uring" not in log:
+            raise RuntimeError(f"compcache fuse --io-uring is not serving through io_uring; see {self.log_path}")
+        self.info["transport"] = "io_uring"
+
+ALL_CONFIGS = ("noswap", "disk", "disk-hdd", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache",
+               "compcache-fuse", "compcache-fuse-recompress", "compcache-fuse-uring")
 
 
 def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_bytes: int,
@@ -544,6 +644,8 @@ def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_by
         return NoSwap(system, ledger, workdir, size_bytes)
     if name == "disk":
         return DiskSwap(system, ledger, workdir, size_bytes)
+    if name == "disk-hdd":
+        return DiskHddSwap(system, ledger, workdir, size_bytes)
     if name.startswith("zram-"):
         return ZramSwap(system, ledger, workdir, size_bytes, name[len("zram-"):])
     if name == "zswap":
@@ -556,4 +658,6 @@ def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_by
         return CompcacheFuseSwap(system, ledger, workdir, size_bytes, compcache_bin)
     if name == "compcache-fuse-recompress":
         return CompcacheFuseRecompressSwap(system, ledger, workdir, size_bytes, compcache_bin)
+    if name == "compcache-fuse-uring":
+        return CompcacheFuseUringSwap(system, ledger, workdir, size_bytes, compcache_bin)
     raise ValueError(f"unknown configuration {name!r} (known: {', '.join(ALL_CONFIGS)})")

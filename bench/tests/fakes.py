@@ -64,6 +64,8 @@ class FakeSystem:
         self.serve_help = "Usage: compcache serve --size SIZE --socket PATH"
         self.files["/sys/class/zram-control/hot_add"] = ""
         self.files["/sys/module/zswap/parameters/enabled"] = "N\n"
+        self.files["/sys/module/fuse/parameters/enable_uring"] = "N\n"
+        self.logs: dict = {}  # path -> StringIO of open_log
         self.files["/sys/module/zswap/parameters/compressor"] = "lzo\n"
         self.files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "9223372036854771712\n"
 
@@ -93,6 +95,8 @@ class FakeSystem:
             return "rchar: 10\nread_bytes: 8192\nwrite_bytes: 4096\n"
         if path in self.files:
             return self.files[path]
+        if path in self.logs:
+            return self.logs[path].getvalue()
         raise FileNotFoundError(path)
 
     def write(self, path, value):
@@ -125,7 +129,8 @@ class FakeSystem:
         self.files.pop(path, None)
 
     def open_log(self, path):
-        return io.StringIO()
+        self.logs[path] = io.StringIO()
+        return self.logs[path]
 
     def which(self, tool):
         return f"/usr/bin/{tool}" if tool in self.tools else None
@@ -191,6 +196,10 @@ class FakeSystem:
                 self.loop_backing[dev] = f"/run/compcache/fuse-{proc.pid}/device"
                 self.files[self.loop_backing[dev]] = "file"
                 self.files[f"/sys/block/{os.path.basename(dev)}/loop/dio"] = "1\n"
+                # What the real server logs: io_uring only if asked for and offered.
+                uring = "--io-uring" in argv and self.files["/sys/module/fuse/parameters/enable_uring"].strip() == "Y"
+                if stdout is not None:
+                    stdout.write("fuse transport: " + ("io_uring (2 queues x 32 entries)" if uring else "/dev/fuse") + "\n")
             if argv[0] == "nbdfuse":
                 self.files[argv[1]] = "file"
                 self.mounts.append(os.path.dirname(argv[1]))

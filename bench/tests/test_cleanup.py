@@ -77,12 +77,12 @@ def test_zswap_restores_after_run():
     assert fs.files["/sys/module/zswap/parameters/enabled"] == "N"
 
 
-@pytest.mark.parametrize("name", ["nbdkit-zstd", "compcache"])
+@pytest.mark.parametrize("name", ["nbdkit-zstd", "compcache", "disk-hdd"])
 @pytest.mark.parametrize("failing", ["mkswap", "swapon", "losetup", "spawn:nbdfuse", "spawn:server"])
 def test_nbd_chain_undone_when_a_setup_step_fails(name, failing):
     fs, ledger = FakeSystem(), Ledger()
     if failing == "spawn:server":
-        failing = "spawn:nbdkit" if name == "nbdkit-zstd" else "spawn:compcache"
+        failing = "spawn:compcache" if name == "compcache" else "spawn:nbdkit"
     fs.fail[failing] = {1, 2}  # losetup: with and without direct I/O
     with pytest.raises(CommandError):
         with _config(name, fs, ledger):
@@ -116,6 +116,44 @@ def test_compcache_served_with_mlock_and_discard():
         assert cfg.info["swap_discard"] == "pages"
         assert any(c[0] == "swapon" and "--discard=pages" in c for c in fs.commands)
         assert cfg.stats()["orig_data_size"] == 4096000
+
+
+def test_disk_hdd_is_a_swap_file_behind_the_seeds_disk():
+    fs, ledger = FakeSystem(), Ledger()
+    with _config("disk-hdd", fs, ledger) as cfg:
+        argv = cfg.info["server_argv"]
+        assert argv[:2] == ["nbdkit", "--swap"] and "--filter=delay" in argv and "rdelay=1.4ms" in argv
+        assert argv[argv.index("file") + 1] == cfg.path == "/work/disk-hdd.swapfile"
+        assert cfg.path in ledger.files
+        swapon = [c for c in fs.commands if c[0] == "swapon"]
+        assert len(swapon) == 1 and not any(a.startswith("--discard") for a in swapon[0]), "no discard, as disk swap"
+    assert cfg.path not in fs.files
+    _assert_clean(fs, ledger)
+
+
+def test_fuse_uring_enables_uring_only_while_the_server_starts():
+    fs, ledger = FakeSystem(), Ledger()
+    with _config("compcache-fuse-uring", fs, ledger) as cfg:
+        assert "--io-uring" in cfg.info["server_argv"] and cfg.info["transport"] == "io_uring"
+        assert fs.read("/sys/module/fuse/parameters/enable_uring") == "N", "put back as found"
+    assert [v for p, v in fs.writes if p.endswith("enable_uring")] == ["Y", "N"]
+    _assert_clean(fs, ledger)
+
+
+def test_fuse_uring_refuses_a_server_that_fell_back_to_dev_fuse():
+    fs, ledger = FakeSystem(), Ledger()
+    fs.fail["write:/sys/module/fuse/parameters/enable_uring"] = 1  # the kernel refuses Y
+    with pytest.raises(CommandError):
+        with _config("compcache-fuse-uring", fs, ledger):
+            pass
+    _assert_clean(fs, ledger)
+    fs, ledger = FakeSystem(), Ledger()
+    orig = fs.write
+    fs.write = lambda path, v: None if path.endswith("enable_uring") else orig(path, v)  # ignored
+    with pytest.raises(RuntimeError, match="not serving through io_uring"):
+        with _config("compcache-fuse-uring", fs, ledger):
+            pass
+    _assert_clean(fs, ledger)
 
 
 def test_compcache_missing_binary_is_a_skip_reason():

@@ -91,6 +91,19 @@ def test_speedup_is_the_seeds_formula():
     assert sp["disk"]["speedup"] == 0 and "noswap" not in sp
 
 
+def test_time_against_the_hdd_disk_swap():
+    cfgs = {"disk": {"label": "disk swap", "recipe": {"mean_s": 20.0}},
+            "disk-hdd": {"label": "disk swap (HDD figures)", "recipe": {"mean_s": 200.0}},
+            "compcache-fuse": {"label": "compcache (FUSE)", "recipe": {"mean_s": 22.0}}}
+    sp = exp_scan.speedups(cfgs)
+    assert sp["compcache-fuse"]["x_over_disk_hdd"] == pytest.approx(0.11)
+    assert sp["disk"]["speedup"] == 0 and "x_over_disk_hdd" not in exp_scan.speedups({"disk": cfgs["disk"]})["disk"]
+    line = report._hdd_line(cfgs, sp)[0]
+    assert "compcache (FUSE) 0.11x" in line and "disk swap 0.10x" in line and "(HDD figures) 1.00x" not in line
+    # Without disk, only the HDD figure: the seed's speedup column stays empty, no KeyError.
+    assert "speedup" not in exp_scan.speedups({k: v for k, v in cfgs.items() if k != "disk"})["compcache-fuse"]
+
+
 def test_fio_compare_pairs_points():
     f = _fio()
     pairs = exp_fio.compare(f["configs"]["noswap"]["points"], f["configs"]["zram-lz4"]["points"])
