@@ -59,8 +59,8 @@ FULL = dict(QUICK, limit_bytes=512 * MiB, factors=[1.5, 2.0, 2.5], passes=5, run
 class CompcacheBackingSwap(CompcacheSwap):
     """compcache with --mem-limit and a backing file in the work directory."""
 
-    def __init__(self, system, ledger, workdir, size_bytes, binary, mem_limit_bytes: int):
-        super().__init__(system, ledger, workdir, size_bytes, binary)
+    def __init__(self, system, ledger, workdir, size_bytes, binary, mem_limit_bytes: int, extra_args: tuple = ()):
+        super().__init__(system, ledger, workdir, size_bytes, binary, extra_args=extra_args)
         self.name = "compcache-backing"
         self.label = f"compcache + backing ({mem_limit_bytes / MiB:.1f} MiB RAM)"
         self.mem_limit_bytes = mem_limit_bytes

@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import select
+import shlex
 import signal
 import statistics
 import subprocess
@@ -78,6 +79,7 @@ DEFAULTS = {
     "fio_nice": 10,  # fio and its server yield the CPU to the swap path (2 shared cores)
     "sample_s": 5.0,
     "leak_tolerance_mib": 16,
+    "server_args": [],  # more arguments for both servers (--server-args)
 }
 
 # fio jobs the loop rotates through. Each writes every block of its region once (fio's random
@@ -177,10 +179,16 @@ def failed_requests(stats: dict) -> int:
     return sum(int(stats.get(k) or 0) for k in FAILED_KEYS)
 
 
+def recompress_asked(server_args: list) -> bool:
+    """Whether the servers were started with background recompression on."""
+    a = list(server_args)
+    return any(x == "--recompress=on" or (x == "--recompress" and a[i + 1:i + 2] == ["on"]) for i, x in enumerate(a))
+
+
 def summarize(phases: dict, leftovers: list, interrupted: str | None = None) -> dict:
     """Totals over the phases and the verdict, with every reason it failed."""
     tot = {"scan_bytes_verified": 0, "fio_bytes_verified": 0, "mismatches": 0, "failed_requests": 0,
-           "swap_bytes_in": 0, "swap_bytes_out": 0}
+           "swap_bytes_in": 0, "swap_bytes_out": 0, "recompressions": 0}
     problems = []
     for name, ph in phases.items():
         if ph.get("error"):
@@ -206,6 +214,8 @@ def summarize(phases: dict, leftovers: list, interrupted: str | None = None) -> 
                 problems.append(f"{name}: {srv} server: {st['leak']['verdict']}")
             if st.get("died"):
                 problems.append(f"{name}: {srv} server died: {st['died']}")
+        for st in ph.get("servers", {}).values():
+            tot["recompressions"] += int(st.get("final_stats", {}).get("recompress_done") or 0)
         if srv_sw := ph.get("servers", {}).get("swap", {}).get("final_stats"):
             tot["swap_bytes_in"] += int(srv_sw.get("num_reads") or 0) * PAGE
             tot["swap_bytes_out"] += int(srv_sw.get("num_writes") or 0) * PAGE
@@ -255,7 +265,9 @@ def markdown(results: dict) -> str:
              f"**{'PASS' if s['ok'] else 'FAIL'}**: {_gib(s['bytes_verified'])} GiB verified "
              f"({_gib(s['scan_bytes_verified'])} GiB scan pages, {_gib(s['fio_bytes_verified'])} GiB fio), "
              f"{s['mismatches']} mismatches, {s['failed_requests']} failed requests; swap through compcache: "
-             f"{_gib(s['swap_bytes_out'])} GiB out, {_gib(s['swap_bytes_in'])} GiB in.",
+             f"{_gib(s['swap_bytes_out'])} GiB out, {_gib(s['swap_bytes_in'])} GiB in"
+             + (f"; servers started with `{' '.join(p['server_args'])}`: {s['recompressions']} pages recompressed"
+                if p.get("server_args") else "") + ".",
              ""]
     for prob in s["problems"]:
         lines.append(f"- {prob}")
@@ -355,7 +367,7 @@ class FioServer:
     its files removed on exit."""
 
     def __init__(self, system: System, ledger: Ledger, binary: str, workdir: str, size_bytes: int,
-                 mem_limit: int | None = None, nice: int = 0):
+                 mem_limit: int | None = None, nice: int = 0, extra_args: tuple = ()):
         self.system, self.ledger, self.binary = system, ledger, binary
         self.dir = os.path.join(workdir, "fio-server")
         self.socket = os.path.join(self.dir, "nbd.sock")
@@ -364,6 +376,7 @@ class FioServer:
         self.argv = [binary, "serve", "--size", str(size_bytes), "--socket", self.socket, "--control", self.control]
         if mem_limit:
             self.argv += ["--mem-limit", str(mem_limit), "--backing", self.backing, "--backing-size", str(size_bytes)]
+        self.argv += list(extra_args)
         if nice:
             self.argv = ["nice", "-n", str(nice)] + self.argv  # nice execs: the PID is the server's
         self.proc = None
@@ -432,7 +445,10 @@ def proc_mem(pid: int) -> dict:
 
 STAT_KEYS = ("mem_used_total", "mem_used_max", "mem_reserve_free", "slot_table_bytes", "orig_data_size",
              "compr_data_size", "num_reads", "num_writes", "notify_free", "bd_count", "bd_reads", "bd_writes",
-             "bd_space_bytes", "bd_overflow_pages", "bd_writeback_pages", "bd_promoted_pages") + FAILED_KEYS
+             "bd_space_bytes", "bd_overflow_pages", "bd_writeback_pages", "bd_promoted_pages",
+             # Recompression (--server-args "--recompress on"): absent from a server without it.
+             "recompress_done", "recompress_rejected", "recomp_pages", "recomp_dict_pages", "dict_version",
+             "recompress_cpu_ms") + FAILED_KEYS
 
 
 class Watcher(threading.Thread):
@@ -650,12 +666,14 @@ def run_phase(ph: dict, name: str, p: dict, system: System, ledger: Ledger, log,
     system.mkdir(pdir)
     size = p["swap_device_mib"] * MiB
     if name == "backing":
-        swap = CompcacheBackingSwap(system, ledger, pdir, size, compcache_bin, p["swap_mem_limit_mib"] * MiB)
+        swap = CompcacheBackingSwap(system, ledger, pdir, size, compcache_bin, p["swap_mem_limit_mib"] * MiB,
+                                    extra_args=p["server_args"])
         fio_limit = p["fio_mem_limit_mib"] * MiB
     else:
-        swap = CompcacheSwap(system, ledger, pdir, size, compcache_bin)
+        swap = CompcacheSwap(system, ledger, pdir, size, compcache_bin, extra_args=p["server_args"])
         fio_limit = None
-    fio_srv = FioServer(system, ledger, compcache_bin, pdir, p["fio_device_mib"] * MiB, fio_limit, p["fio_nice"])
+    fio_srv = FioServer(system, ledger, compcache_bin, pdir, p["fio_device_mib"] * MiB, fio_limit, p["fio_nice"],
+                        extra_args=p["server_args"])
     cg = cgroup_mod.MemoryCgroup(system, ledger, f"compcache-soak-{os.getpid()}-{name}", p["cgroup_limit_mib"] * MiB,
                                  allow_swap=True, swappiness=100, detected=cg_detected)
     fio_dir = os.path.join(pdir, "fio")
@@ -736,6 +754,12 @@ def run_phase(ph: dict, name: str, p: dict, system: System, ledger: Ledger, log,
                     if not fs.get("bd_writes") or not fs.get("bd_reads"):
                         ph["checks_failed"].append(f"{nm} server: the backing file was not exercised "
                                                    f"(bd_writes {fs.get('bd_writes')}, bd_reads {fs.get('bd_reads')})")
+            if recompress_asked(p["server_args"]):
+                for nm in ("swap", "fio"):
+                    fs = ph["servers"][nm]["final_stats"]
+                    if not fs.get("recompress_done"):
+                        ph["checks_failed"].append(f"{nm} server: --recompress on, but no page was recompressed "
+                                                   f"(recompress_done {fs.get('recompress_done')})")
             loop = swap.info.get("loop_device", "")
             ph["kernel_errors"] = new_kernel_errors(dmesg0, dmesg_lines(), [os.path.basename(loop)] if loop else [])
     log(f"phase {name}: torn down")
@@ -769,6 +793,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fio-nice", type=int, default=DEFAULTS["fio_nice"],
                     help="nice value of fio and its server (default 10: the kernel's swap path comes first)")
     ap.add_argument("--leak-tolerance-mib", type=float, default=DEFAULTS["leak_tolerance_mib"])
+    ap.add_argument("--server-args", default="", metavar="ARGS",
+                    help="more arguments for both `compcache serve`s, e.g. \"--recompress on --recompress-idle 5\" "
+                         "(the results then count recompressions)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--workdir", default="/var/tmp/compcache-soak")
     a = ap.parse_args(argv)
@@ -777,7 +804,8 @@ def main(argv=None) -> int:
     if bad or not phases:
         ap.error(f"--phases: unknown {', '.join(bad)} (choose from {', '.join(PHASES)})")
     p = dict(DEFAULTS, minutes_per_phase=a.minutes_per_phase, scan_mib=a.scan_mib,
-             cgroup_limit_mib=a.cgroup_limit_mib, fio_nice=a.fio_nice, leak_tolerance_mib=a.leak_tolerance_mib)
+             cgroup_limit_mib=a.cgroup_limit_mib, fio_nice=a.fio_nice, leak_tolerance_mib=a.leak_tolerance_mib,
+             server_args=shlex.split(a.server_args))
     pages = a.pages or os.path.join(REPO_ROOT, "data", "pages-mixed.bin")
     pages = os.path.abspath(pages) if os.path.exists(pages) else None
     if a.pages and not pages:

@@ -99,6 +99,21 @@ def test_summary_fails_on_each_kind_of_problem():
     assert not soak.summarize({"backing": {"error": "RuntimeError: the swap server died"}}, [])["ok"]
 
 
+def test_a_recompression_soak_counts_and_requires_recompressions():
+    assert soak.recompress_asked(["--recompress", "on", "--recompress-idle", "5"])
+    assert soak.recompress_asked(["--recompress=on"])
+    assert not soak.recompress_asked(["--recompress", "off"]) and not soak.recompress_asked([])
+    ph = phase(GiB, GiB)
+    ph["servers"]["swap"]["final_stats"]["recompress_done"] = 700
+    ph["servers"]["fio"]["final_stats"]["recompress_done"] = 50
+    s = soak.summarize({"ram": ph}, [])
+    assert s["ok"] and s["recompressions"] == 750
+    results = {"started_utc": "2026-11-26T15:00:00Z", "machine": {"kernel": "6.18", "cpus": 2},
+               "params": dict(soak.DEFAULTS, server_args=["--recompress", "on"]), "phases": {"ram": ph},
+               "command": "python3 -m bench.soak", "summary": s}
+    assert "servers started with `--recompress on`: 750 pages recompressed" in soak.markdown(results)
+
+
 def test_markdown_names_the_figures():
     ph = phase(60 * GiB, 10 * GiB)
     ph["samples"] = [{"t": i * 5.0, "load1": 3.0, "swap": {"rss": 100 * MiB, "store": 60 * MiB},
