@@ -78,11 +78,7 @@ class CompcacheBackingSwap(CompcacheSwap):
 
     def _teardown_steps(self):
         def remove_backing():
-            p = getattr(self, "backing", None)
-            if p and p in self.ledger.files:
-                if self.system.exists(p):
-                    self.system.remove(p)
-                self.ledger.drop("files", p)
+            self._remove_file(getattr(self, "backing", None))
 
         return super()._teardown_steps() + [remove_backing]
 

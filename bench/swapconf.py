@@ -145,6 +145,21 @@ class SwapConfig:
             self.system.run(["swapoff", dev], timeout=600)
             self.ledger.drop("swaps", dev)
 
+    def _make_swapfile(self) -> None:
+        """`self.path`: a new file of the device's size in the work directory, mode 0600."""
+        self.path = os.path.join(self.workdir, f"{self.name}.swapfile")
+        self.system.run(["fallocate", "-l", str(self.size_bytes), self.path])
+        self.ledger.add("files", self.path)
+        self.system.run(["chmod", "600", self.path])
+        self.info["swapfile"] = self.path
+
+    def _remove_file(self, path: str | None) -> None:
+        """Removes `path` if this run made it (it is in the ledger)."""
+        if path and path in self.ledger.files:
+            if self.system.exists(path):
+                self.system.remove(path)
+            self.ledger.drop("files", path)
+
 
 class NoSwap(SwapConfig):
     name = "noswap"
@@ -158,11 +173,7 @@ class DiskSwap(SwapConfig):
     tools = ("mkswap", "swapon", "swapoff", "fallocate")
 
     def setup(self) -> None:
-        self.path = os.path.join(self.workdir, f"{self.name}.swapfile")
-        self.system.run(["fallocate", "-l", str(self.size_bytes), self.path])
-        self.ledger.add("files", self.path)
-        self.system.run(["chmod", "600", self.path])
-        self.info["swapfile"] = self.path
+        self._make_swapfile()
         self._swapon(self.path)
 
     def _teardown_steps(self):
@@ -170,11 +181,7 @@ class DiskSwap(SwapConfig):
             self._swapoff(getattr(self, "path", ""))
 
         def remove_file():
-            p = getattr(self, "path", None)
-            if p and p in self.ledger.files:
-                if self.system.exists(p):
-                    self.system.remove(p)
-                self.ledger.drop("files", p)
+            self._remove_file(getattr(self, "path", None))
 
         return [swapoff, remove_file]
 
@@ -407,22 +414,14 @@ class DiskHddSwap(NbdLoopSwap):
         return ["nbdkit", "--swap", "-f", "-U", socket, *filters, "file", self.path, "cache=none", *args]
 
     def setup(self) -> None:
-        self.path = os.path.join(self.workdir, f"{self.name}.swapfile")
-        self.system.run(["fallocate", "-l", str(self.size_bytes), self.path])
-        self.ledger.add("files", self.path)
-        self.system.run(["chmod", "600", self.path])
-        self.info["swapfile"] = self.path
+        self._make_swapfile()
         self.info["hdd"] = dict(SEED_HDD)
         self._attach()
         self._swapon(self.loop)
 
     def _teardown_steps(self):
         def remove_file():
-            p = getattr(self, "path", None)
-            if p and p in self.ledger.files:
-                if self.system.exists(p):
-                    self.system.remove(p)
-                self.ledger.drop("files", p)
+            self._remove_file(getattr(self, "path", None))
 
         return super()._teardown_steps() + [remove_file]
 
