@@ -641,10 +641,26 @@ def dmesg_lines() -> list:
         return []
 
 
+def _dmesg_time(line: str) -> float | None:
+    """The timestamp of a dmesg line ("[16563.060773] ..."), or None."""
+    if line.startswith("["):
+        try:
+            return float(line[1:line.index("]")])
+        except ValueError:
+            return None
+    return None
+
+
 def new_kernel_errors(before: list, after: list, devices: list) -> list:
     """Lines logged since `before` that report an I/O or swap error on one of `devices`
-    (e.g. "loop3", "Write-error on swap-device")."""
-    new = after[len(before):] if after[:len(before)] == before else after[-2000:]
+    (e.g. "loop3", "Write-error on swap-device"). The kernel's ring buffer drops its oldest
+    lines as new ones come, so `after` need not start with `before`: a line is new when it is
+    stamped later than the last line of `before`."""
+    last = next((t for t in map(_dmesg_time, reversed(before)) if t is not None), None)
+    if last is None:
+        new = after[len(before):]
+    else:
+        new = [line for line in after if (_dmesg_time(line) or 0.0) > last]
     out = []
     for line in new:
         low = line.lower()

@@ -136,3 +136,13 @@ def test_an_interrupted_soak_does_not_pass():
     s = soak.summarize({"ram": phase(GiB, GiB)}, [], interrupted="signal 15")
     assert not s["ok"] and "interrupted" in s["problems"][0]
     assert s["bytes_verified"] == 2 * GiB  # what ran is still counted
+
+
+def test_kernel_errors_are_new_ones_only_even_when_the_ring_buffer_turned():
+    old = ["[100.000001] I/O error, dev loop0, sector 0 op 0x0:(READ)", "[200.5] something else"]
+    after = ["[200.5] something else", "[300.25] I/O error, dev loop3, sector 8 op 0x1:(WRITE)",
+             "[301.0] Write-error on swap-device (7:3:16)", "[302.0] I/O error, dev sda, sector 1"]
+    # The oldest line fell out of the buffer: the old loop0 error must not count, nor sda's.
+    assert soak.new_kernel_errors(old, after, ["loop3"]) == after[1:3]
+    assert soak.new_kernel_errors(old, old, ["loop0"]) == []
+    assert soak.new_kernel_errors([], old, ["loop0"]) == old[:1]
