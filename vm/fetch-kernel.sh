@@ -11,16 +11,27 @@
 #                                    jbd2, crc32c_generic: the cache step's filesystem)
 #                                    (decompressed, for busybox insmod)
 #   vm/cache/kernel/version          the kernel release string
-# Idempotent: a second run with the cache present only prints what it has.
+#   vm/cache/kernel/zram/*.ko        with --zram only (vm/zram-mem.sh): zram.ko and the modules
+#                                    it depends on (zsmalloc, its compression backends' libraries),
+#                                    found by modinfo; zram/order lists them dependencies first
+# Idempotent: a second run with the cache present only prints what it has (with --zram, a cache
+# without the zram modules is fetched again, all from one package).
 # Override the package with KERNEL_PKG=linux-image-6.12.NN+deb12-amd64.
 set -euo pipefail
 cd "$(dirname "$0")"
 cache="$PWD/cache"
 out="$cache/kernel"
+zram=0
+case "${1:-}" in
+  --zram) zram=1 ;;
+  "") ;;
+  *) echo "usage: vm/fetch-kernel.sh [--zram]" >&2; exit 2 ;;
+esac
 
 modules="ublk_drv nbd loop virtio_blk crc16 mbcache jbd2 crc32c_generic ext4"
 have=1
 for m in $modules; do [ -s "$out/modules/$m.ko" ] || have=0; done
+[ "$zram" = 1 ] && [ ! -s "$out/zram/order" ] && have=0
 if [ -s "$out/vmlinuz" ] && [ "$have" = 1 ]; then
   echo "fetch-kernel: have $(cat "$out/version") in $out"
   exit 0
@@ -48,16 +59,33 @@ dpkg-deb -x "$deb" "$out.tmp/root"
 release=$(ls "$out.tmp/root/lib/modules" | head -n 1)
 cp "$out.tmp/root/boot/vmlinuz-$release" "$out.tmp/vmlinuz"
 moddir="$out.tmp/root/lib/modules/$release"
-for m in $modules; do
-  f=$(find "$moddir" -name "$m.ko*" | head -n 1)
-  [ -n "$f" ] || { echo "fetch-kernel: $pkg has no $m module" >&2; exit 1; }
+# extract NAME DIR: the module NAME (modinfo's spelling, _ for -), decompressed into DIR/NAME.ko.
+extract() {
+  local f
+  f=$(find "$moddir" \( -name "$1.ko*" -o -name "${1//_/-}.ko*" \) | head -n 1)
+  [ -n "$f" ] || { echo "fetch-kernel: $pkg has no $1 module" >&2; exit 1; }
   case "$f" in
-    *.xz) xz -dc "$f" >"$out.tmp/modules/$m.ko" ;;
-    *.zst) zstd -qdc "$f" >"$out.tmp/modules/$m.ko" ;;
-    *.gz) gzip -dc "$f" >"$out.tmp/modules/$m.ko" ;;
-    *) cp "$f" "$out.tmp/modules/$m.ko" ;;
+    *.xz) xz -dc "$f" >"$2/$1.ko" ;;
+    *.zst) zstd -qdc "$f" >"$2/$1.ko" ;;
+    *.gz) gzip -dc "$f" >"$2/$1.ko" ;;
+    *) cp "$f" "$2/$1.ko" ;;
   esac
-done
+}
+for m in $modules; do extract "$m" "$out.tmp/modules"; done
+# zram and, first, what it depends on (recursively, as modinfo says), each once, in load order.
+with_deps() {
+  grep -qx "$1" "$out.tmp/zram/order" 2>/dev/null && return 0
+  extract "$1" "$out.tmp/zram"
+  local d
+  for d in $(modinfo -F depends "$out.tmp/zram/$1.ko" | tr ',' ' '); do with_deps "$d"; done
+  echo "$1" >>"$out.tmp/zram/order"
+}
+if [ "$zram" = 1 ]; then
+  command -v modinfo >/dev/null || { echo "fetch-kernel: --zram needs modinfo (apt-get install kmod)" >&2; exit 1; }
+  mkdir "$out.tmp/zram"
+  with_deps zram
+  echo "fetch-kernel: zram modules: $(tr '\n' ' ' <"$out.tmp/zram/order")"
+fi
 # No modules.dep: the guest loads them in dependency order by hand (ext4 depends on crc16,
 # mbcache and jbd2; the others only on built-in code: virtio and virtio_pci are built in;
 # crc32c_generic is what ext4's and jbd2's checksums ask the crypto API for).

@@ -41,6 +41,8 @@
 # nbd-client step, Debian's nbd-client) into vm/cache/, builds the initramfs, boots qemu, and
 # exits 0 only if the guest reports "ALL PASS". The serial console is saved in vm/cache/last-run.log.
 # Times inside the guest are emulated under TCG: they are printed as information only.
+# vm/zram-mem.sh (not part of this test) boots the same kernel to measure kernel zram's memory
+# (lzo-rle, lz4, zstd, zstd with a dictionary) for page dumps: see its header and docs/store.md.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
