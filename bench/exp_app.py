@@ -20,6 +20,7 @@ import select
 import subprocess
 import time
 
+from .parse import compression_ratio
 from .runner import Sampler
 
 APP = os.path.join(os.path.dirname(__file__), "apps", "dpkgdb.py")
@@ -43,8 +44,12 @@ def _readline(proc, deadline: float) -> str:
             return line
 
 
-def run_point(ctx, cg, n: int, instance_mib: int, cycles: int, timeout_s: float) -> dict:
-    """Starts n instances, cycles through them; returns times or the failure."""
+def run_point(ctx, cg, n: int, instance_mib: int, cycles: int, timeout_s: float, settle_s: float = 0,
+              stats=None) -> dict:
+    """Starts n instances, cycles through them; returns times or the failure. With `settle_s`,
+    the instances then stay alive and idle that long and `stats()` (the device's statistics)
+    is read at the end: what the device holds once its pages have aged ("settled"), which is
+    when background recompression has had its turn."""
     deadline = time.monotonic() + timeout_s
     procs = []
     res = {"n": n, "status": "ok", "cycle_s": [], "start_s": None}
@@ -64,6 +69,9 @@ def run_point(ctx, cg, n: int, instance_mib: int, cycles: int, timeout_s: float)
                 _readline(p, deadline)
             res["cycle_s"].append(round(time.monotonic() - t0, 4))
         res["total_s"] = round(sum(res["cycle_s"]), 4)
+        if settle_s and stats is not None:
+            ctx.system.sleep(settle_s)
+            res["settled"] = settled(stats(), settle_s)
     except (InstanceDied, BrokenPipeError) as e:
         res["status"] = "oom" if cg.oom_kills_since_setup() > 0 else "died"
         res["error"] = str(e)
@@ -86,6 +94,14 @@ def run_point(ctx, cg, n: int, instance_mib: int, cycles: int, timeout_s: float)
     return res
 
 
+def settled(st: dict, after_s: float) -> dict:
+    """The device's figures after the settling pause, with the seed's ratio."""
+    out = {"after_s": after_s, **{k: st.get(k) for k in ("orig_data_size", "mem_used_total", "recompress_done")}}
+    ratio = compression_ratio(st) if (st.get("orig_data_size") or 0) >= 4 << 20 else None
+    out["compression_ratio"] = None if ratio is None else round(ratio, 3)
+    return out
+
+
 def run(ctx, p: dict, backend: str) -> dict:
     out = {"params": p, "backend": backend, "sizes": {}}
     limit = p["limit_bytes"]
@@ -106,12 +122,15 @@ def _run_size(ctx, p, cfg, entry, label, limit):
         entry["info"] = dict(cfg.info)
         for n in p["counts"]:
             with ctx.cgroup(limit, cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:
-                pt = run_point(ctx, cg, n, p["instance_mib"], p["cycles"], p["point_timeout_s"])
+                pt = run_point(ctx, cg, n, p["instance_mib"], p["cycles"], p["point_timeout_s"] + p.get("settle_s", 0),
+                               p.get("settle_s", 0), cfg.stats)
             pt.update(smp.summary())
             entry["points"].append(pt)
             ratio = pt.get("compression_ratio")
             ctx.log(f"app {label} N={n}: {pt['status']} "
                     + (f"{pt['total_s']:.2f} s" if pt["status"] == "ok" else f"({pt.get('error', '')})")
-                    + (f" ratio {ratio:.2f}:1" if ratio else ""))
+                    + (f" ratio {ratio:.2f}:1" if ratio else "")
+                    + (f"; after {pt['settled']['after_s']:g} s idle {pt['settled']['compression_ratio']}:1"
+                       if pt.get("settled") else ""))
             if pt["status"] != "ok":
                 break

@@ -55,6 +55,9 @@ QUICK = {
         "size_percents": [0, 25, 50, 75, 100],
         "cycles": 3,
         "point_timeout_s": 120,
+        # Seconds the instances stay alive and idle after the cycles before the device's
+        # figures are read again ("settled": recompression's idle pages; 0: not done).
+        "settle_s": 0,
     },
     "zcache": {
         # Seed 003 had a 1 GiB file and 1 GiB of RAM (the page cache's share of it smaller

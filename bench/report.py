@@ -192,6 +192,13 @@ def app_tables(app: dict) -> str:
         out += ["Compression ratio seen (orig_data_size / mem_used_total at the largest orig_data_size; "
                 "seed 002 saw at least 4:1):", "",
                 table(["size", "N", "orig MiB", "compr MiB", "mem_used MiB", "ratio"], rows), ""]
+    rows = [[lab, pt["n"], f"{st['after_s']:g}", _mib(st.get("orig_data_size")), _mib(st.get("mem_used_total")),
+             st.get("recompress_done") if st.get("recompress_done") is not None else "-",
+             "-" if not st.get("compression_ratio") else f"{st['compression_ratio']:.2f}:1"]
+            for lab in labels for pt in sizes[lab].get("points", []) if (st := pt.get("settled"))]
+    if rows:
+        out += ["After the cycles, the instances idle (settle_s), then the device again:", "",
+                table(["size", "N", "idle s", "orig MiB", "mem_used MiB", "recompressed pages", "ratio"], rows), ""]
     return "\n".join(out)
 
 

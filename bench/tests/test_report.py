@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from bench import exp_fio, exp_scan, plots, report
+from bench import exp_app, exp_fio, exp_scan, plots, report
 
 MiB = 1 << 20
 
@@ -147,3 +147,20 @@ def test_plots_are_written(tmp_path):
     for m in made:
         with open(m, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_app_settled_figures_are_read_and_reported():
+    st = exp_app.settled({"orig_data_size": 200 << 20, "mem_used_total": 50 << 20, "recompress_done": 9000}, 60)
+    assert st == {"after_s": 60, "orig_data_size": 200 << 20, "mem_used_total": 50 << 20, "recompress_done": 9000,
+                  "compression_ratio": 4.0}
+    assert exp_app.settled({"orig_data_size": 1 << 20, "mem_used_total": 1 << 18}, 60)["compression_ratio"] is None
+    app = {"params": {"cycles": 3, "instance_mib": 16, "limit_bytes": 128 << 20, "counts": [20]},
+           "backend": "compcache-fuse-recompress",
+           "sizes": {"C4": {"percent": 100, "points": [{"n": 20, "status": "ok", "total_s": 3.8,
+                                                        "compression_ratio": 2.89,
+                                                        "ratio_sample": {"orig_data_size": 200 << 20},
+                                                        "settled": st}]}}}
+    md = report.app_tables(app)
+    assert "| C4 | 20 | 60 | 200.0 | 50.0 | 9000 | 4.00:1 |" in md
+    del app["sizes"]["C4"]["points"][0]["settled"]
+    assert "idle" not in report.app_tables(app)
