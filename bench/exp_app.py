@@ -20,8 +20,7 @@ import select
 import subprocess
 import time
 
-from .parse import compression_ratio
-from .runner import Sampler
+from .runner import Sampler, stored_ratio
 
 APP = os.path.join(os.path.dirname(__file__), "apps", "dpkgdb.py")
 PYTHON = "/usr/bin/python3"  # Debian's interpreter: the "real program from Debian's packages"
@@ -97,7 +96,7 @@ def run_point(ctx, cg, n: int, instance_mib: int, cycles: int, timeout_s: float,
 def settled(st: dict, after_s: float) -> dict:
     """The device's figures after the settling pause, with the seed's ratio."""
     out = {"after_s": after_s, **{k: st.get(k) for k in ("orig_data_size", "mem_used_total", "recompress_done")}}
-    ratio = compression_ratio(st) if (st.get("orig_data_size") or 0) >= 4 << 20 else None
+    ratio = stored_ratio(st)
     out["compression_ratio"] = None if ratio is None else round(ratio, 3)
     return out
 
@@ -122,8 +121,9 @@ def _run_size(ctx, p, cfg, entry, label, limit):
         entry["info"] = dict(cfg.info)
         for n in p["counts"]:
             with ctx.cgroup(limit, cfg.allow_swap) as cg, Sampler(cfg, cg) as smp:
-                pt = run_point(ctx, cg, n, p["instance_mib"], p["cycles"], p["point_timeout_s"] + p.get("settle_s", 0),
-                               p.get("settle_s", 0), cfg.stats)
+                settle = p.get("settle_s", 0)
+                pt = run_point(ctx, cg, n, p["instance_mib"], p["cycles"], p["point_timeout_s"] + settle, settle,
+                               cfg.stats)
             pt.update(smp.summary())
             entry["points"].append(pt)
             ratio = pt.get("compression_ratio")

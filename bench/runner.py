@@ -27,6 +27,12 @@ class Progress:
         self.stream.flush()
 
 
+def stored_ratio(stats: dict) -> float | None:
+    """The seed's ratio of a device's statistics, or None below 4 MiB stored, where the
+    store's fixed overhead dominates."""
+    return compression_ratio(stats) if (stats.get("orig_data_size") or 0) >= 4 << 20 else None
+
+
 class Sampler:
     """Polls a configuration's device statistics and the cgroup's usage in the background
     and keeps the peaks, so a run that frees its swap on exit still reports what it used.
@@ -71,8 +77,7 @@ class Sampler:
 
     def summary(self) -> dict:
         out = {f"peak_{k}": v for k, v in self.peak.items()}
-        # Below 4 MiB stored the fixed overhead of the store dominates: no ratio.
-        ratio = compression_ratio(self.at_peak_orig) if self.at_peak_orig.get("orig_data_size", 0) >= 4 << 20 else None
+        ratio = stored_ratio(self.at_peak_orig)
         if ratio is not None:
             out["compression_ratio"] = round(ratio, 3)
             out["ratio_sample"] = {k: self.at_peak_orig.get(k) for k in
