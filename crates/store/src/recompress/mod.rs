@@ -35,8 +35,8 @@
 //! there becomes its new baseline). Versions no page uses any more are freed.
 //!
 //! # Memory and the swap server's guarantees
-//! Nothing here runs on the I/O path. The state (contexts, sample buffer) is made on the first
-//! step and kept. New pool objects come from the pool like a write's; in fault-free mode (a
+//! Nothing here runs on the I/O path. The state (contexts) is made on the first step and
+//! kept; the sample buffer only while samples are taken, freed when they are trained on. New pool objects come from the pool like a write's; in fault-free mode (a
 //! swap server with a reserve) a step stops while fewer than `RESERVE_FLOOR_PAGES` resident
 //! pages are free, so it never takes the reserve the I/O path needs. Each install frees an
 //! object at least as large, so recompression never raises `mem_used_total` (after
@@ -253,7 +253,8 @@ struct State {
 }
 
 struct Trainer {
-    /// Sample pages, back to back (`pages` at most).
+    /// Sample pages, back to back (`pages` at most). Allocated by `start`, freed after the
+    /// training, so that between trainings (most of a device's life) it costs nothing.
     samples: Vec<u8>,
     pages: usize,
     /// Drift window: bytes with and without the dictionary, and pages measured.
@@ -280,7 +281,7 @@ struct Trainer {
 impl Trainer {
     fn new(pages: usize) -> Trainer {
         Trainer {
-            samples: Vec::with_capacity(pages * PAGE_SIZE),
+            samples: Vec::new(),
             pages,
             with: 0,
             without: 0,
@@ -302,7 +303,7 @@ impl Trainer {
 
     /// Starts (or restarts) sampling over a device holding `stored` pages.
     fn start(&mut self, stored: u64) {
-        self.samples.clear();
+        self.samples = Vec::with_capacity(self.pages * PAGE_SIZE);
         (self.retrain, self.refused_at) = (true, None);
         (self.stride, self.seen, self.visited) = ((stored / self.pages as u64).max(1), 0, 0);
     }
@@ -594,7 +595,7 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
     t.forced = false;
     let few = t.samples.len() < t.pages * PAGE_SIZE;
     let trained = dict::train(&t.samples, DICT_MAX_BYTES, r.cfg.level);
-    t.samples.clear();
+    t.samples = Vec::new();
     // Not installed (too little gain, a failure, or every table place still in use): no
     // training again until as many pages as `RETRY_AFTER_SAMPLES` samples' worth have been
     // recompressed, so that a device whose pages a dictionary does not help spends nothing
