@@ -32,7 +32,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from .swapconf import NbdLoopSwap, SwapConfig, compcache_stats, compcache_unavailable, slow_disk_filters
+from .swapconf import (NbdLoopSwap, SwapConfig, compcache_stats, compcache_unavailable, recompression_as_asked,
+                       slow_disk_filters)
 from .system import CommandError
 
 CACHE_CONFIGS = ("direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-cache-zstd")
@@ -281,7 +282,7 @@ class CompcacheCacheDisk(_NbdCacheDisk):
 
     def server_argv(self, socket):
         argv = [self.binary, "serve", "--origin", self.origin, "--mem-limit", str(self.budget_bytes),
-                "--socket", socket, "--control", socket + ".ctl"]
+                "--socket", socket, "--control", socket + ".ctl", *recompression_as_asked(())]
         if self._has_readahead():
             argv += ["--readahead", self.readahead]
         if self.algorithm:

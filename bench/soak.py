@@ -56,7 +56,7 @@ from .exp_backing import CompcacheBackingSwap
 from .fio_nbd import fio_global
 from .parse import parse_proc_status_kib, parse_scan_output
 from .runner import Progress
-from .swapconf import CompcacheSwap, find_compcache
+from .swapconf import CompcacheSwap, find_compcache, recompression_as_asked
 from .system import Ledger, System
 
 MiB = 1 << 20
@@ -376,7 +376,7 @@ class FioServer:
         self.argv = [binary, "serve", "--size", str(size_bytes), "--socket", self.socket, "--control", self.control]
         if mem_limit:
             self.argv += ["--mem-limit", str(mem_limit), "--backing", self.backing, "--backing-size", str(size_bytes)]
-        self.argv += list(extra_args)
+        self.argv += recompression_as_asked(extra_args) + list(extra_args)
         if nice:
             self.argv = ["nice", "-n", str(nice)] + self.argv  # nice execs: the PID is the server's
         self.proc = None

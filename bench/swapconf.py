@@ -466,6 +466,15 @@ def compcache_unavailable(system, binary: str | None, subcommand: str, marker: s
     return None
 
 
+def recompression_as_asked(extra_args) -> list:
+    """`--recompress off` unless `extra_args` say something about recompression. compcache
+    recompresses by default (docs/store.md, "On by default"); the suite's compcache
+    configurations measure the store's codec alone ("compcache lz4" against "zram lz4"), except
+    the ones that ask for recompression."""
+    asked = any(a == "--recompress" or str(a).startswith("--recompress=") for a in extra_args)
+    return [] if asked else ["--recompress", "off"]
+
+
 def compcache_stats(system, binary: str, control: str, rss_bytes: int | None) -> dict:
     """`compcache stat --json` of the server on `control`, plus its RSS if known."""
     try:
@@ -494,7 +503,8 @@ class CompcacheSwap(NbdLoopSwap):
 
     def server_argv(self, socket):
         return [self.binary, "serve", "--size", str(self.size_bytes), "--socket", socket,
-                "--control", socket + ".ctl", "--algorithm", self.algorithm, "--mlock", *self.extra_args]
+                "--control", socket + ".ctl", "--algorithm", self.algorithm, "--mlock",
+                *recompression_as_asked(self.extra_args), *self.extra_args]
 
     def stats(self) -> dict:
         sock = getattr(self, "socket", None)
@@ -530,7 +540,8 @@ class CompcacheFuseSwap(SwapConfig):
         self.system.mkdir(base)
         self.log_path = os.path.join(base, "server.log")
         self.server_log = self.system.open_log(self.log_path)
-        argv = [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm, *self.extra_args]
+        argv = [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm,
+                *recompression_as_asked(self.extra_args), *self.extra_args]
         self.info["server_argv"] = argv
         self.server = self.system.spawn(argv, stdout=self.server_log, stderr=subprocess.STDOUT)
         self.ledger.add("pids", self.server.pid)

@@ -1,6 +1,7 @@
 """Recompression through a real server and real clients: `compcache serve --recompress on`
 re-encodes the pages nbdcopy wrote (real process pages, tools/pagedump) in the background,
 `compcache stat` shows it, the memory goes down, and every byte reads back as written."""
+import json
 import os
 import time
 
@@ -57,10 +58,18 @@ def test_a_locked_server_gives_back_what_the_dictionary_trainer_used(start_serve
     assert grown < 3 * 1024, f"the server's RSS grew by {grown} KiB over three retrains: freed trainer memory stays locked"
 
 
-def test_recompression_flags_need_it_on(compcache_bin):
-    r = run([compcache_bin, "serve", "--size", "16M", "--dict", "none"], check=False, timeout=30)
+def test_recompression_is_on_by_default_and_tuned_without_saying_on(start_server, compcache_bin):
+    for extra in ((), ("--recompress-idle", "300", "--dict", "none")):
+        srv = start_server("16M", *extra)
+        said = json.loads(run([compcache_bin, "recompress", "--control", srv.control, "--json"]).stdout)
+        idle, dictionary = ("300", "none") if extra else ("60", "train")
+        assert (said["settings"]["idle_secs"], said["settings"]["dict"]) == (int(idle), dictionary), said
+
+
+def test_tuning_recompression_while_turning_it_off_is_an_error(compcache_bin):
+    r = run([compcache_bin, "serve", "--size", "16M", "--recompress", "off", "--dict", "none"], check=False, timeout=30)
     assert r.returncode != 0
-    assert "need --recompress on" in r.stderr
+    assert "--recompress off turns off" in r.stderr, r.stderr
 
 
 def test_recompression_is_tuned_paused_and_run_through_the_control_socket(start_server, compcache_bin, page_files):
@@ -84,6 +93,7 @@ def test_recompression_is_tuned_paused_and_run_through_the_control_socket(start_
     run([compcache_bin, "recompress", *ctl, "--resume"])
 
 
-def test_recompress_on_a_device_without_it_says_how_to_turn_it_on(server, compcache_bin):
-    r = run([compcache_bin, "recompress", "--control", server.control], check=False)
-    assert r.returncode != 0 and "--recompress on" in r.stderr, r.stderr
+def test_recompress_on_a_device_without_it_says_why(start_server, compcache_bin):
+    srv = start_server("16M", "--recompress", "off")
+    r = run([compcache_bin, "recompress", "--control", srv.control], check=False)
+    assert r.returncode != 0 and "started with --recompress off" in r.stderr, r.stderr

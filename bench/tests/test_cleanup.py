@@ -118,6 +118,16 @@ def test_compcache_served_with_mlock_and_discard():
         assert cfg.stats()["orig_data_size"] == 4096000
 
 
+def test_compcache_configs_measure_lz4_alone_unless_they_ask_for_recompression():
+    # compcache recompresses by default; the suite's "compcache lz4" must not.
+    for name, want in (("compcache", ["--recompress", "off"]), ("compcache-fuse-recompress", ["--recompress", "on"])):
+        fs, ledger = FakeSystem(), Ledger()
+        with _config(name, fs, ledger):
+            argv = next(c for c in fs.commands if c[0] == "/bin/compcache" and c[1] in ("serve", "fuse") and "--help" not in c)
+            at = argv.index("--recompress")
+            assert argv[at:at + 2] == want and argv.count("--recompress") == 1, argv
+
+
 def test_disk_hdd_is_a_swap_file_behind_the_seeds_disk():
     fs, ledger = FakeSystem(), Ledger()
     with _config("disk-hdd", fs, ledger) as cfg:

@@ -777,7 +777,7 @@ impl Store {
         let r = self
             .recomp
             .as_ref()
-            .ok_or_else(|| StoreError::Config("recompression is off on this device (start it with --recompress on)".into()))?;
+            .ok_or_else(|| StoreError::Config("recompression is off on this device (it was started with --recompress off)".into()))?;
         r.tune(t).map_err(StoreError::Config)
     }
 

@@ -8,7 +8,7 @@ use compcache_control as control;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
-/// Show or change the recompression of a running device (started with --recompress on).
+/// Show or change the recompression of a running device (on unless it was started with --recompress off).
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Control socket of the server [default: the default NBD socket path + .ctl].
