@@ -6,7 +6,9 @@
 //! (tools/pagedump), for unit sizes of 4 KiB (the store as it is: the baseline) to 64 KiB, with
 //! liblz4 (block API, default acceleration, as `crates/store/src/compress/lz4.rs`) and zstd
 //! levels 1 and 3 (bulk API, frames without checksum, content size or dictionary id, as
-//! `compress/zstd.rs`).
+//! `compress/zstd.rs`); `--codecs` adds others, among them recompression's own (`zstd-9+dict`:
+//! level 9 with a dictionary trained from the dump as recompression trains one from its
+//! device).
 //!
 //! The model of a unit:
 //! - The dump is cut into aligned groups of `unit / 4 KiB` consecutive pages (the dumps hold a
@@ -33,6 +35,7 @@
 //! Every unit is decompressed and compared with the original once before anything is timed.
 
 use clap::Parser;
+use compcache_store::recompress::dict;
 use compcache_store::PAGE_SIZE;
 use serde::Serialize;
 use std::hint::black_box;
@@ -59,22 +62,60 @@ struct Args {
     /// Write the results as JSON to this file as well.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Codecs: `lz4`, `zstd-N`, and `zstd-N+dict` (zstd at level N with a 16 KiB dictionary
+    /// trained on 576 pages spread over the dump, as recompression trains its own; `zstd-9+dict`
+    /// is what recompression stores idle pages with).
+    #[arg(long, value_delimiter = ',', default_value = "lz4,zstd-1,zstd-3")]
+    codecs: Vec<String>,
 }
 
-/// A codec as the store's backends use it: lz4, or zstd at a level.
+/// A codec as the store's backends use it: lz4, or zstd at a level, with or without a
+/// dictionary (recompression's codec).
 #[derive(Clone, Copy)]
 enum Codec {
     Lz4,
-    Zstd(i32),
+    Zstd(i32, bool),
 }
 
 impl Codec {
+    fn parse(s: &str) -> Option<Codec> {
+        if s == "lz4" {
+            return Some(Codec::Lz4);
+        }
+        let rest = s.strip_prefix("zstd-")?;
+        let (level, dict) = match rest.strip_suffix("+dict") {
+            Some(l) => (l, true),
+            None => (rest, false),
+        };
+        level.parse().ok().filter(|l| (1..=22).contains(l)).map(|l| Codec::Zstd(l, dict))
+    }
+
     fn name(self) -> String {
         match self {
             Codec::Lz4 => "lz4".into(),
-            Codec::Zstd(l) => format!("zstd-{l}"),
+            Codec::Zstd(l, false) => format!("zstd-{l}"),
+            Codec::Zstd(l, true) => format!("zstd-{l}+dict"),
         }
     }
+}
+
+/// Pages recompression samples to train its dictionary, and the dictionary's largest size
+/// (the store's defaults: `RecompressConfig::dict_samples`, 16 KiB).
+const DICT_SAMPLES: usize = 576;
+const DICT_BYTES: usize = 16 << 10;
+
+/// A dictionary trained as recompression trains its own: `DICT_SAMPLES` pages spread evenly
+/// over the dense pages, by `compcache_store::recompress::dict::train`.
+fn train_dict(dense: &[u8], level: i32) -> Vec<u8> {
+    let n = dense.len() / PAGE_SIZE;
+    let stride = (n / DICT_SAMPLES).max(1);
+    let samples: Vec<u8> = dense.chunks_exact(PAGE_SIZE).step_by(stride).take(DICT_SAMPLES).flatten().copied().collect();
+    let trained = dict::train(&samples, DICT_BYTES, level).unwrap_or_else(|e| {
+        eprintln!("compcache-unitbench: training a dictionary failed: {e}");
+        std::process::exit(1);
+    });
+    eprintln!("  dictionary: {} bytes, gain on held-out pages {:.1}%", trained.bytes.len(), trained.gain_permille as f64 / 10.0);
+    trained.bytes
 }
 
 /// A codec's working state (zstd's contexts are made once, as the store's per-worker context).
@@ -84,15 +125,16 @@ enum Coder {
 }
 
 impl Coder {
-    fn new(codec: Codec) -> Coder {
+    /// `dict`: the dictionary of a `+dict` codec.
+    fn new(codec: Codec, dict: &[u8]) -> Coder {
         match codec {
             Codec::Lz4 => Coder::Lz4,
-            Codec::Zstd(level) => {
-                let mut c = zstd::bulk::Compressor::new(level).expect("zstd compression context");
+            Codec::Zstd(level, _) => {
+                let mut c = zstd::bulk::Compressor::with_dictionary(level, dict).expect("zstd compression context");
                 c.set_parameter(CParameter::ChecksumFlag(false)).expect("zstd parameter");
                 c.set_parameter(CParameter::ContentSizeFlag(false)).expect("zstd parameter");
                 c.set_parameter(CParameter::DictIdFlag(false)).expect("zstd parameter");
-                let mut d = zstd::bulk::Decompressor::new().expect("zstd decompression context");
+                let mut d = zstd::bulk::Decompressor::with_dictionary(dict).expect("zstd decompression context");
                 d.set_parameter(DParameter::WindowLogMax(27)).expect("zstd parameter");
                 Coder::Zstd(Box::new(c), Box::new(d))
             }
@@ -183,6 +225,16 @@ fn main() {
         eprintln!("compcache-unitbench: --units-kib takes multiples of {} KiB", PAGE_SIZE / 1024);
         std::process::exit(2);
     }
+    let codecs: Vec<Codec> = args
+        .codecs
+        .iter()
+        .map(|c| {
+            Codec::parse(c).unwrap_or_else(|| {
+                eprintln!("compcache-unitbench: --codecs {c}: say lz4, zstd-N or zstd-N+dict (N in 1..=22)");
+                std::process::exit(2);
+            })
+        })
+        .collect();
     let files = if args.pages.is_empty() { vec![PathBuf::from("data/pages-mixed.bin")] } else { args.pages.clone() };
     let mut data = Vec::new();
     for f in &files {
@@ -224,8 +276,13 @@ fn main() {
     let draws: Vec<usize> = (0..args.reads).map(|_| (rng.next() % dense_pages as u64) as usize).collect();
 
     let mut rows = Vec::new();
-    for codec in [Codec::Lz4, Codec::Zstd(1), Codec::Zstd(3)] {
-        let mut coder = Coder::new(codec);
+    for codec in &codecs {
+        let codec = *codec;
+        let dict = match codec {
+            Codec::Zstd(level, true) => train_dict(&dense, level),
+            _ => Vec::new(),
+        };
+        let mut coder = Coder::new(codec, &dict);
         for &kib in &args.units_kib {
             let unit_pages = kib * 1024 / PAGE_SIZE;
             let groups = group_units(&dense_index, unit_pages);
@@ -474,5 +531,38 @@ fn print_markdown(r: &Report) {
             row.sequential_read_ns_per_page,
             row.sequential_read_ns_per_page / base.sequential_read_ns_per_page,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codecs_parse_and_name_themselves() {
+        for name in ["lz4", "zstd-1", "zstd-9+dict", "zstd-22"] {
+            assert_eq!(Codec::parse(name).map(Codec::name).as_deref(), Some(name));
+        }
+        for bad in ["zstd-0", "zstd-23", "zstd", "zstd-x", "lz4+dict", "zstd-9+dic"] {
+            assert!(Codec::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_unit_round_trips_with_a_trained_dictionary() {
+        // Pages of text records, so that the trainer has something to learn.
+        let dense: Vec<u8> = (0..600u32)
+            .flat_map(|i| format!("{{\"id\":{i},\"name\":\"user{}\",\"score\":{}}}\n", i % 97, i * 7 % 1000).into_bytes())
+            .cycle()
+            .take(600 * PAGE_SIZE)
+            .collect();
+        let dict = train_dict(&dense, 9);
+        let mut coder = Coder::new(Codec::Zstd(9, true), &dict);
+        let unit = &dense[..4 * PAGE_SIZE];
+        let mut out = vec![0u8; coder.bound(unit.len())];
+        let n = coder.compress(unit, &mut out);
+        let mut back = vec![0u8; unit.len()];
+        coder.decompress(&out[..n], &mut back);
+        assert!(back == unit);
     }
 }
