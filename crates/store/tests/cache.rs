@@ -4,7 +4,8 @@
 //!   flushes, with origin faults switched on and off, against a byte array of the origin,
 //!   under a budget small enough that eviction runs all the time: every read equals the
 //!   model, a failed read is an error (never data), the origin file equals the model after
-//!   every flush;
+//!   every flush; and the same with recompression (on by default in the CLI) re-encoding
+//!   cached pages between the requests, dictionary training included;
 //! - fault injection case by case (EIO on read, write, sync, discard; short reads);
 //! - threads reading and writing overlapping pages, then every page equals the origin;
 //! - scan resistance, readahead, same-filled pages, block status, and the origin checks at
@@ -14,11 +15,12 @@ mod common;
 
 use common::{page, Kind, PAGE};
 use compcache_store::testing::{FaultyOrigin, OriginFaults, TempDir};
-use compcache_store::{Config, Extent, FileOrigin, OriginConfig, Store, StoreError};
+use compcache_store::{Config, DictSource, Extent, FileOrigin, OriginConfig, RecompressConfig, Store, StoreError};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 const P: u64 = PAGE as u64;
 
@@ -79,6 +81,8 @@ enum Op {
     /// Switch one fault on (0: reads, 1: short reads, 2: writes, 3: syncs, 4: discards).
     Fault(u8),
     Heal,
+    /// Recompress every cached page that qualifies, now (a no-op without recompression).
+    Recompress,
 }
 
 const PAGES: u64 = 48;
@@ -95,6 +99,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Flush),
         1 => (0..5u8).prop_map(Op::Fault),
         2 => Just(Op::Heal),
+        2 => Just(Op::Recompress),
     ]
 }
 
@@ -102,11 +107,19 @@ fn set_fault(f: &OriginFaults, which: u8, on: bool) {
     [&f.fail_reads, &f.short_reads, &f.fail_writes, &f.fail_syncs, &f.fail_discards][which as usize].store(on, Relaxed);
 }
 
-fn check_model(ops: Vec<Op>, budget_pages: u64, readahead: u64) -> Result<(), TestCaseError> {
+/// Recompression as the model runs it: every page idle at once, and a dictionary trained on
+/// 18 sampled pages (the device has only 48), so that `Op::Recompress` re-encodes cached pages
+/// with and without a dictionary while eviction and writes replace them.
+fn recompression() -> RecompressConfig {
+    RecompressConfig { idle_secs: 0, dict: DictSource::Train, dict_samples: 18, min_dict_gain_permille: 0, ..RecompressConfig::default() }
+}
+
+fn check_model(ops: Vec<Op>, budget_pages: u64, readahead: u64, recompress: bool) -> Result<(), TestCaseError> {
     let dir = TempDir::new("cache-model");
     let init = varied(PAGES, 1);
     let path = image(&dir, PAGES, &init);
-    let (store, faults) = faulty_store(config(PAGES, budget_pages, &path, readahead), &path);
+    let cfg = Config { recompress: recompress.then(recompression), ..config(PAGES, budget_pages, &path, readahead) };
+    let (store, faults) = faulty_store(cfg, &path);
     let mut ctx = store.context();
     let mut model = init;
     let mut faulty = [false; 5];
@@ -178,6 +191,9 @@ fn check_model(ops: Vec<Op>, budget_pages: u64, readahead: u64) -> Result<(), Te
                 faulty = [false; 5];
                 (0..5).for_each(|k| set_fault(&faults, k, false));
             }
+            Op::Recompress => {
+                store.recompress(Duration::from_millis(200));
+            }
         }
         let s = store.stats();
         prop_assert!(s.mem_used_total <= budget_pages * P, "pool {} above the budget", s.mem_used_total);
@@ -198,13 +214,58 @@ proptest! {
     #[test]
     fn the_cache_matches_a_model_of_its_origin(ops in prop::collection::vec(op(), 1..120)) {
         // 8 pages of budget for 48 pages of origin: eviction runs all the time.
-        check_model(ops, 8, 64 << 10)?;
+        check_model(ops, 8, 64 << 10, false)?;
     }
 
     #[test]
     fn the_cache_matches_the_model_without_readahead_and_with_room(ops in prop::collection::vec(op(), 1..80)) {
-        check_model(ops, 64, 0)?;
+        check_model(ops, 64, 0, false)?;
     }
+
+    #[test]
+    fn the_cache_matches_the_model_with_recompression_running(ops in prop::collection::vec(op(), 1..120)) {
+        // Tight (eviction all the time) and roomy (recompressed pages stay) in turn.
+        check_model(ops.clone(), 8, 64 << 10, true)?;
+        check_model(ops, 64, 0, true)?;
+    }
+}
+
+/// The model above with recompression can only pass if recompression ran: here it does, on
+/// cached text pages, and they read back, are rewritten and are evicted like any others.
+#[test]
+fn recompressed_cached_pages_read_back_and_leave_like_any_others() {
+    let dir = TempDir::new("cache-recompress");
+    let init: Vec<u8> = (0..PAGES).flat_map(|i| page(Kind::Text, i, 1)).collect();
+    let path = image(&dir, PAGES, &init);
+    let cfg = Config { recompress: Some(recompression()), ..config(PAGES, 24, &path, 0) };
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.context();
+    let mut buf = vec![0u8; (16 * P) as usize];
+    store.read(&mut ctx, 0, &mut buf).unwrap();
+    // The first call trains (one pass of samples), the next ones re-encode.
+    for _ in 0..4 {
+        store.recompress(Duration::from_secs(1));
+    }
+    let st = store.stats();
+    assert!(st.recomp_pages > 0 && st.recomp_dict_pages > 0, "nothing recompressed with a dictionary: {st:?}");
+    assert!(st.mem_used_total <= 24 * P);
+    buf.fill(0xEE);
+    store.read(&mut ctx, 0, &mut buf).unwrap();
+    assert!(buf == init[..buf.len()], "recompressed cached pages read back wrong");
+    // A write replaces a recompressed page (through to the origin); reading the rest of the
+    // origin evicts the others.
+    let new = page(Kind::Text, 3, 2);
+    store.write(&mut ctx, 3 * P, &new).unwrap();
+    let mut all = vec![0u8; (PAGES * P) as usize];
+    store.read(&mut ctx, 0, &mut all).unwrap();
+    let mut want = init.clone();
+    want[(3 * P) as usize..][..PAGE].copy_from_slice(&new);
+    assert!(all == want);
+    let st = store.stats();
+    assert!(st.cache_evictions > 0, "the cache evicted nothing: {st:?}");
+    assert!(st.recomp_pages <= st.pages_stored);
+    store.flush().unwrap();
+    assert!(std::fs::read(&path).unwrap() == want, "the origin differs");
 }
 
 #[test]
