@@ -140,7 +140,7 @@ pub fn lock_memory(flag: &str) -> Result<(), Failure> {
 /// dictionary and the encoder loaded with it, which stay in use), 0.2 MiB over three retrains
 /// (docs/store.md, "Recompression"). The I/O paths do not feel it: their buffers are made once
 /// and reused (an NBD worker keeps up to 1 MiB, the FUSE and ublk buffers are made at start).
-pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 128 << 10;
+const MALLOC_MMAP_THRESHOLD_BYTES: usize = 128 << 10;
 
 fn fix_malloc_mmap_threshold() {
     #[cfg(target_env = "gnu")]

@@ -36,7 +36,8 @@
 //!
 //! # Memory and the swap server's guarantees
 //! Nothing here runs on the I/O path. The state (contexts) is made on the first step and
-//! kept; the sample buffer only while samples are taken, freed when they are trained on. New pool objects come from the pool like a write's; in fault-free mode (a
+//! kept; the sample buffer exists only while samples are taken, and is freed when they have
+//! been trained on. New pool objects come from the pool like a write's; in fault-free mode (a
 //! swap server with a reserve) a step stops while fewer than `RESERVE_FLOOR_PAGES` resident
 //! pages are free, so it never takes the reserve the I/O path needs. Each install frees an
 //! object at least as large, so recompression never raises `mem_used_total` (after
