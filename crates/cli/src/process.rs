@@ -136,7 +136,7 @@ pub fn lock_memory(flag: &str) -> Result<(), Failure> {
 /// temporary buffer would stay resident for its whole life: zstd's dictionary trainer's tables
 /// (measured: 9.7 MiB kept after the first training, 7 MiB more after a retrain), or one large
 /// client request. Setting the threshold turns the raising off; `munmap` frees locked pages
-/// like any others. Measured with the same server: 2.9 MiB after the first training (the
+/// like any others. Measured with the same server: 2.8 MiB after the first training (the
 /// dictionary and the encoder loaded with it, which stay in use), 0.2 MiB over three retrains
 /// (docs/store.md, "Recompression"). The I/O paths do not feel it: their buffers are made once
 /// and reused (an NBD worker keeps up to 1 MiB, the FUSE and ublk buffers are made at start).
