@@ -12,7 +12,6 @@ Run again after changing a harness's input format: `python3 fuzz/make-seeds.py`.
 """
 import os
 import random
-import shutil
 import struct
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -280,6 +279,10 @@ def cache():
     def status(off, length):
         return bytes([11]) + struct.pack("<IH", off, length - 1)
 
+    def recompress(retrain=False):
+        # Op 10 with an odd operand whose bit 1 is set: a recompression run (config bit 6).
+        return bytes([10, 0x83 if retrain else 0x03])
+
     basic = (r(0, 8 * P) + wp(2, 2, 2) + r(0, 4 * P) + w(4000, 300, 3) + r(3900, 600) + disc(P, 2 * P) + r(0, 3 * P)
              + zero(10, 5000) + r(0, 2 * P) + flush + check + compact() + status(0, 16 * P) + r(0, P))
     scan = seq(0, 16) + seq(16, 16) + seq(32, 16) + seq(48, 16) + r(0, 8 * P) + seq(0, 8) + check + compact(True)
@@ -301,13 +304,29 @@ def cache():
         "read-faults-ra-2": bytes([0x1C]) + read_faults,
         "write-faults-file": bytes([0x09]) + write_faults,
         "write-faults-memory": bytes([0x3E]) + write_faults + scan,
+        # Recompression of cached pages (bit 6): cached text, recompressed, read, rewritten,
+        # evicted by a scan, recompressed again after a retrain; and under read faults.
+        "recompress-budget-24": bytes([0x48]) + fill + recompress() + r(0, 8 * P) + wp(1, 2, 2) + recompress()
+        + scan + recompress(True) + check + r(0, 16 * P) + flush,
+        "recompress-file-zstd-budget-8-faults": bytes([0x47]) + fill + recompress() + faults(1) + r(0, 8 * P)
+        + check + faults(0) + recompress(True) + r(0, 8 * P) + write_faults,
     }
     for k, v in seeds.items():
         write("cache_ops", k, v)
 
 
+def clear_made_seeds():
+    """Removes the seeds this script made, keeping the inputs that once crashed a target
+    (`crash-*`, put there by hand when the bug was fixed: they are regression tests)."""
+    seeds = os.path.join(ROOT, "seeds")
+    for t in os.listdir(seeds) if os.path.isdir(seeds) else []:
+        for f in os.listdir(os.path.join(seeds, t)):
+            if not f.startswith("crash-"):
+                os.remove(os.path.join(seeds, t, f))
+
+
 if __name__ == "__main__":
-    shutil.rmtree(os.path.join(ROOT, "seeds"), ignore_errors=True)
+    clear_made_seeds()
     nbd()
     control()
     zramconf()

@@ -6,14 +6,17 @@
 //! (on tmpfs, unlinked as soon as it is open; opened as the store opens one) instead of
 //! memory, bit 1 zstd instead of lz4, bits 2-3 the memory budget (4, 8, 24 or 48 pages: the
 //! first two evict all the time, the last two read ahead, whose window is at most a sixteenth
-//! of the budget), bits 4-5 the largest readahead window (none, 2, 16 or 256 pages). The
+//! of the budget), bits 4-5 the largest readahead window (none, 2, 16 or 256 pages), bit 6
+//! recompression (on by default in the CLI; here every page is idle at once, and dictionaries
+//! are trained on 9 samples). The
 //! origin starts with pages of every kind (zero, same-filled, text, noise, half noise). Then
 //! each operation is an opcode byte and its operands: WRITE (whole pages, or any offset and
 //! length: partial pages are read-modify-written), READ (any range, or a run of one-page reads
 //! in order, which readahead follows), DISCARD, WRITE_ZEROES, FLUSH, the origin's faults
 //! switched on and off (EIO on read, short reads, EIO on write after a torn first page, EIO on
 //! sync, EIO on discard and zeroing), a check of every cached page against the origin,
-//! compaction or the maintenance step, BLOCK_STATUS.
+//! compaction, the maintenance step or a recompression run (sometimes after asking for a new
+//! dictionary), BLOCK_STATUS.
 //!
 //! Checked after every operation:
 //! - a successful READ returns exactly the model's bytes; a READ fails only while a read
@@ -37,7 +40,9 @@
 
 use crate::{fill, Bytes, PAGE};
 use compcache_store::testing::{FaultyOrigin, OriginFaults};
-use compcache_store::{Algorithm, Allocation, Config, Context, OriginConfig, OriginDevice, Store, StoreError};
+use compcache_store::{
+    Algorithm, Allocation, Config, Context, OriginConfig, OriginDevice, RecompressConfig, RecompressTuning, Store, StoreError,
+};
 use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::Ordering::Relaxed;
@@ -339,6 +344,9 @@ fn config(c: u8, origin: &Shared) -> Config {
     let mut o = OriginConfig::new(origin.describe());
     o.readahead_max_bytes = [0, 2, 16, 256][((c >> 4) & 3) as usize] * P;
     cfg.origin = Some(o);
+    if c & 0x40 != 0 {
+        cfg.recompress = Some(RecompressConfig { idle_secs: 0, dict_samples: 9, min_dict_gain_permille: 0, ..RecompressConfig::default() });
+    }
     cfg
 }
 
@@ -416,6 +424,13 @@ fn run_with(data: &[u8], b: &mut Buffers) {
                 let x = input.u8();
                 if x & 1 == 0 {
                     h.store.compact();
+                } else if x & 2 != 0 && h.store.recompresses() {
+                    if x & 0x80 != 0 {
+                        h.store.tune_recompression(&RecompressTuning { retrain: Some(true), ..Default::default() }).expect("retrain");
+                    }
+                    // A whole second of CPU: every cached page is taken in one run, whatever
+                    // the machine's speed, so that runs repeat.
+                    h.store.recompress(Duration::from_secs(1));
                 } else {
                     let r = h.store.maintain(Duration::from_millis(u64::from(x) * 10));
                     assert!(r.writeback.error.is_none() && r.gc.error.is_none(), "maintain in cache mode: {r:?}");
