@@ -56,7 +56,7 @@ from .exp_backing import CompcacheBackingSwap
 from .fio_nbd import fio_global
 from .parse import parse_proc_status_kib, parse_scan_output
 from .runner import Progress
-from .swapconf import CompcacheSwap, find_compcache, recompression_as_asked
+from .swapconf import CompcacheSwap, find_compcache, recompress_flag, recompression_as_asked
 from .system import Ledger, System
 
 MiB = 1 << 20
@@ -180,13 +180,14 @@ def failed_requests(stats: dict) -> int:
 
 
 def recompress_asked(server_args: list) -> bool:
-    """Whether the servers were started with background recompression on."""
-    a = list(server_args)
-    return any(x == "--recompress=on" or (x == "--recompress" and a[i + 1:i + 2] == ["on"]) for i, x in enumerate(a))
+    """Whether the servers were started with background recompression on (without
+    `--recompress`, the soak's servers are started with it off: `recompression_as_asked`)."""
+    return recompress_flag(server_args) == "on"
 
 
-def summarize(phases: dict, leftovers: list, interrupted: str | None = None) -> dict:
-    """Totals over the phases and the verdict, with every reason it failed."""
+def summarize(phases: dict, leftovers: list, interrupted: str | None = None, recompress: bool = False) -> dict:
+    """Totals over the phases and the verdict, with every reason it failed; `recompress`: the
+    servers were started with recompression on (`recompress_asked`)."""
     tot = {"scan_bytes_verified": 0, "fio_bytes_verified": 0, "mismatches": 0, "failed_requests": 0,
            "swap_bytes_in": 0, "swap_bytes_out": 0, "recompressions": 0}
     problems = []
@@ -229,10 +230,9 @@ def summarize(phases: dict, leftovers: list, interrupted: str | None = None) -> 
     # while a device is busy (recompress_busy_skips). Not each phase: with the default idle age
     # (60 s) the backing phase's writeback moves the cold pages to the backing file before they
     # are idle that long in RAM, and a phase may rightly recompress nothing.
-    asked = [ph for ph in phases.values() if ph.get("recompress_asked")]
     swap_recompressed = sum(int(ph.get("servers", {}).get("swap", {}).get("final_stats", {}).get("recompress_done") or 0)
-                            for ph in asked)
-    if asked and not swap_recompressed:
+                            for ph in phases.values())
+    if recompress and phases and not swap_recompressed:
         problems.append("recompression was asked for (--server-args), but no swap server recompressed a page")
     if leftovers:
         problems.append("left behind: " + ", ".join(leftovers))
@@ -780,9 +780,6 @@ def run_phase(ph: dict, name: str, p: dict, system: System, ledger: Ledger, log,
                     if not fs.get("bd_writes") or not fs.get("bd_reads"):
                         ph["checks_failed"].append(f"{nm} server: the backing file was not exercised "
                                                    f"(bd_writes {fs.get('bd_writes')}, bd_reads {fs.get('bd_reads')})")
-            # Summed over the phases by `summarize`: recompression asked for, some swap server
-            # must have recompressed.
-            ph["recompress_asked"] = recompress_asked(p["server_args"])
             loop = swap.info.get("loop_device", "")
             ph["kernel_errors"] = new_kernel_errors(dmesg0, dmesg_lines(), [os.path.basename(loop)] if loop else [])
     log(f"phase {name}: torn down")
@@ -878,7 +875,8 @@ def main(argv=None) -> int:
             results["machine"]["loadavg_at_end"] = system.read("/proc/loadavg").split()[:3]
         except OSError:
             pass
-        results["summary"] = summarize(results["phases"], results["leftovers"], results.get("interrupted"))
+        results["summary"] = summarize(results["phases"], results["leftovers"], results.get("interrupted"),
+                                       recompress_asked(results["params"]["server_args"]))
         _save(results, out_dir)
         md = markdown(results)
         with open(os.path.join(out_dir, "results.md"), "w") as f:

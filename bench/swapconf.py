@@ -466,13 +466,23 @@ def compcache_unavailable(system, binary: str | None, subcommand: str, marker: s
     return None
 
 
+def recompress_flag(args) -> str | None:
+    """The value `args` give `--recompress` (`--recompress X` or `--recompress=X`), or None."""
+    a = [str(x) for x in args]
+    for i, x in enumerate(a):
+        if x.startswith("--recompress="):
+            return x.split("=", 1)[1]
+        if x == "--recompress":
+            return a[i + 1] if i + 1 < len(a) else ""
+    return None
+
+
 def recompression_as_asked(extra_args) -> list:
     """`--recompress off` unless `extra_args` say something about recompression. compcache
     recompresses by default (docs/store.md, "On by default"); the suite's compcache
     configurations measure the store's codec alone ("compcache lz4" against "zram lz4"), except
     the ones that ask for recompression."""
-    asked = any(a == "--recompress" or str(a).startswith("--recompress=") for a in extra_args)
-    return [] if asked else ["--recompress", "off"]
+    return [] if recompress_flag(extra_args) is not None else ["--recompress", "off"]
 
 
 def compcache_stats(system, binary: str, control: str, rss_bytes: int | None) -> dict:

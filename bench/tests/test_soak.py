@@ -106,15 +106,13 @@ def test_a_recompression_soak_counts_and_requires_recompressions():
     ph = phase(GiB, GiB)
     ph["servers"]["swap"]["final_stats"]["recompress_done"] = 700
     ph["servers"]["fio"]["final_stats"]["recompress_done"] = 50
-    ph["recompress_asked"] = True
-    s = soak.summarize({"ram": ph}, [])
+    s = soak.summarize({"ram": ph}, [], recompress=True)
     assert s["ok"] and s["recompressions"] == 750
     # A phase may recompress nothing (the backing phase's writeback takes the cold pages first
     # at the default idle age) as long as a swap server did in another one.
     quiet = phase(GiB, GiB)
-    quiet["recompress_asked"] = True
-    assert soak.summarize({"ram": ph, "backing": quiet}, [])["ok"]
-    bad = soak.summarize({"backing": quiet}, [])
+    assert soak.summarize({"ram": ph, "backing": quiet}, [], recompress=True)["ok"]
+    bad = soak.summarize({"backing": quiet}, [], recompress=True)
     assert not bad["ok"] and "no swap server recompressed" in bad["problems"][0], bad["problems"]
     results = {"started_utc": "2026-11-26T15:00:00Z", "machine": {"kernel": "6.18", "cpus": 2},
                "params": dict(soak.DEFAULTS, server_args=["--recompress", "on"]), "phases": {"ram": ph},
