@@ -34,15 +34,35 @@ pub fn spawn(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> 
     })
 }
 
-/// How often the recompression thread takes a step.
+/// How often the recompression thread takes a step while there is work, or may be.
 const RECOMPRESS_PERIOD: Duration = Duration::from_millis(200);
+/// The longest it sleeps on a settled device, and never more than a quarter of the idle age.
+/// A page that turns idle then waits that much longer to be found on a device of up to
+/// 256 MiB (one step scans 65,536 slots); on larger ones a pass takes several steps.
+const RECOMPRESS_SETTLED_MAX: Duration = Duration::from_secs(5);
 /// The recompression thread's nice value: it yields the CPU to the I/O threads.
 const RECOMPRESS_NICE: libc::c_int = 10;
 
+/// The recompression thread's next sleep, after a step that reported `rep`, the last sleep
+/// being `last`, with pages recompressed after `idle_secs`: while steps find work (or are
+/// skipped for a busy device) every `RECOMPRESS_PERIOD`; after a whole pass over the device
+/// found nothing, the sleep doubles, up to `RECOMPRESS_SETTLED_MAX` and a quarter of the idle
+/// age. A device that holds only recompressed or young pages (or none) then wakes its thread
+/// once in a few seconds instead of five times a second: what a phone or a netbook on battery
+/// wants from a process that mostly sleeps.
+pub fn next_recompress_sleep(rep: &compcache_store::RecompressReport, last: Duration, idle_secs: u64) -> Duration {
+    if !rep.settled {
+        return RECOMPRESS_PERIOD;
+    }
+    let cap = RECOMPRESS_SETTLED_MAX.min(Duration::from_millis(idle_secs.saturating_mul(250))).max(RECOMPRESS_PERIOD);
+    (last * 2).clamp(RECOMPRESS_PERIOD, cap)
+}
+
 /// Starts the recompression thread for `store` (which has recompression on): a step every
-/// 200 ms within the configured CPU share (`Store::recompress_step`), at nice 10. It runs for
-/// the life of the process. In a swap server it is started after the memory is pinned, so
-/// it inherits `PR_SET_IO_FLUSHER` and its allocations are locked.
+/// 200 ms within the configured CPU share (`Store::recompress_step`), less often while the
+/// device is settled (`next_recompress_sleep`), at nice 10. It runs for the life of the
+/// process. In a swap server it is started after the memory is pinned, so it inherits
+/// `PR_SET_IO_FLUSHER` and its allocations are locked.
 pub fn spawn_recompression(store: Arc<Store>) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name("recompress".into()).spawn(move || {
         // SAFETY: setpriority with PRIO_PROCESS and who = 0 changes this thread's nice value
@@ -51,10 +71,13 @@ pub fn spawn_recompression(store: Arc<Store>) -> std::io::Result<std::thread::Jo
             crate::log::warning(&format!("recompression thread: cannot lower its priority: {}", std::io::Error::last_os_error()));
         }
         let mut last = std::time::Instant::now();
+        let mut sleep = RECOMPRESS_PERIOD;
         loop {
-            std::thread::sleep(RECOMPRESS_PERIOD);
-            store.recompress_step(last.elapsed());
+            std::thread::sleep(sleep);
+            let rep = store.recompress_step(last.elapsed());
             last = std::time::Instant::now();
+            let idle_secs = store.recompression_settings().map_or(0, |s| s.idle_secs);
+            sleep = next_recompress_sleep(&rep, sleep, idle_secs);
         }
     })
 }
@@ -69,6 +92,25 @@ mod tests {
         assert!(!worth_compacting(255, 300), "under 1 MiB is not worth a pass");
         assert!(!worth_compacting(1000, 100_000), "1% of the pool is not worth a pass");
         assert!(worth_compacting(2000, 100_000));
+    }
+
+    #[test]
+    fn a_settled_device_wakes_the_recompression_thread_less_and_work_wakes_it_again() {
+        use compcache_store::RecompressReport;
+        let settled = RecompressReport { settled: true, ..Default::default() };
+        let ms = Duration::from_millis;
+        let mut sleep = RECOMPRESS_PERIOD;
+        let mut sleeps = vec![];
+        for _ in 0..7 {
+            sleep = next_recompress_sleep(&settled, sleep, 60);
+            sleeps.push(sleep.as_millis());
+        }
+        assert_eq!(sleeps, [400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert_eq!(next_recompress_sleep(&RecompressReport { done: 1, ..Default::default() }, sleep, 60), RECOMPRESS_PERIOD);
+        let busy = RecompressReport { busy: true, ..Default::default() };
+        assert_eq!(next_recompress_sleep(&busy, ms(5000), 60), RECOMPRESS_PERIOD, "a busy device is watched closely");
+        assert_eq!(next_recompress_sleep(&settled, ms(3200), 4), ms(1000), "at most a quarter of the idle age");
+        assert_eq!(next_recompress_sleep(&settled, ms(200), 0), RECOMPRESS_PERIOD, "idle age 0: never slower than the period");
     }
 
     #[test]

@@ -235,6 +235,11 @@ pub struct RecompressReport {
     pub busy: bool,
     /// A dictionary version was installed in this step.
     pub dict_installed: Option<u64>,
+    /// A whole pass over the device, ending in this step, found nothing to do: no page to
+    /// recompress or to sample (a settled or empty device); also set while background steps
+    /// are paused. The front end's thread may then step less often, until a step finds work
+    /// again.
+    pub settled: bool,
 }
 
 /// The state a step keeps between steps (made on the first one).
@@ -244,6 +249,9 @@ struct State {
     ctx: Context,
     out: Box<[u8]>,
     cursor: u64,
+    /// Slots scanned since a step last found work (a page copied out to recompress or to
+    /// sample, or a training): at least the device's slot count means a whole quiet pass.
+    quiet: u64,
     last_requests: u64,
     budget_ns: i64,
     /// The dictionary new recompressions use: its place and the dictionary.
@@ -362,6 +370,7 @@ pub(crate) fn step(
         ctx: make_ctx(),
         out: vec![0u8; MAX_COMPRESSED_BYTES].into_boxed_slice(),
         cursor: 0,
+        quiet: 0,
         last_requests: 0,
         budget_ns: 0,
         current: None,
@@ -379,7 +388,10 @@ pub(crate) fn step(
     st.last_requests = requests;
     match budget {
         Some(ns) => st.budget_ns = ns,
-        None if r.tune.paused.load(Relaxed) => return rep,
+        None if r.tune.paused.load(Relaxed) => {
+            rep.settled = true;
+            return rep;
+        }
         None => {
             let secs = elapsed.as_secs_f64().max(1e-3);
             let busy = r.tune.busy_pages_per_sec.load(Relaxed);
@@ -395,6 +407,7 @@ pub(crate) fn step(
     let start = thread_cpu_ns();
     if st.budget_ns > 0 {
         scan(mv, r, st, start, &mut rep);
+        rep.settled = st.quiet >= mv.num_slots();
     }
     r.dicts.free_unused(c, st.current.as_ref().map(|(p, _)| *p));
     let used = thread_cpu_ns() - start;
@@ -425,6 +438,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
     for (index, h) in mv.hints_from(st.cursor).take(SCAN_PER_STEP.min(n) as usize) {
         st.cursor = (index + 1) % n.max(1);
         rep.scanned += 1;
+        st.quiet += 1;
         // Pages in the store's codec; raw pages; and, once there is a dictionary, pages
         // recompressed without it or with an older one (so that old versions empty out).
         let current = st.current.as_ref().map(|(place, _)| Codec::with_dict(*place));
@@ -455,6 +469,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             // A whole pass without enough samples (a device with few pages): train on what
             // there is (`train` refuses too few), and recompress without waiting any more.
             train(r, st, rep);
+            st.quiet = 0;
             continue;
         }
         if !candidate && !sample_only(h.kind, h.ac_time) {
@@ -475,6 +490,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
         }) else {
             continue;
         };
+        st.quiet = 0;
         // Decode (raw pages are their own page). The dictionary a page names is in the table:
         // only this thread frees dictionaries (`dict.rs`).
         let old_len = match old {
@@ -762,6 +778,27 @@ mod tests {
         assert_eq!((again.done, again.rejected), (0, 0), "rejected pages are passed by");
         s.write_page(&mut ctx, 0, &record_page(50)).unwrap();
         assert_eq!(s.recompress(std::time::Duration::from_secs(1)).rejected, 1, "a rewritten page is a new page");
+    }
+
+    #[test]
+    fn a_pass_that_finds_nothing_says_the_device_is_settled() {
+        let rc = RecompressConfig { idle_secs: 10, dict: DictSource::None, ..RecompressConfig::default() };
+        let (s, mut ctx) = filled(64, rc);
+        let step = || s.recompress(std::time::Duration::from_secs(1));
+        let young = step();
+        assert!(young.settled && young.done == 0, "nothing idle yet: a quiet pass {young:?}");
+        s.advance_clock(20);
+        let work = step();
+        assert!(!work.settled && work.done == 64, "{work:?}");
+        assert!(step().settled, "everything recompressed: the next pass finds nothing");
+        // A page written again becomes a candidate once idle: found, so not settled.
+        s.write_page(&mut ctx, 7, &record_page(700)).unwrap();
+        assert!(step().settled, "written, but not idle yet");
+        s.advance_clock(20);
+        let again = step();
+        assert!(!again.settled && again.done == 1, "{again:?}");
+        s.tune_recompression(&RecompressTuning { paused: Some(true), ..Default::default() }).unwrap();
+        assert!(s.recompress_step(std::time::Duration::from_millis(200)).settled, "paused: nothing to do in the background");
     }
 
     #[test]
