@@ -7,7 +7,10 @@
 #   fuzz/run.sh --execs N [TARGET...]   each target, one after the other, until N executions;
 #                                       the fuzzer's state stays in fuzz/out/TARGET (resumed
 #                                       on the next run); prints the figures at the end;
-#                                       FUZZ_MAX_SECONDS=S stops each target after S seconds
+#                                       FUZZ_MAX_SECONDS=S stops each target after S seconds;
+#                                       FUZZ_MAX_LEN=N generates inputs of at most N bytes
+#                                       (afl-fuzz -G: a queue that grew inputs of tens of KB
+#                                       slows ublk_request and store_ops to a few per second)
 #   fuzz/run.sh --stats [TARGET...]     the figures of fuzz/out/TARGET (fuzzer_stats)
 #   fuzz/run.sh --minimize [TARGET...]  afl-cmin of corpus + seeds + fuzz/out/TARGET's queue
 #                                       into fuzz/corpus/TARGET (commit the result)
@@ -32,7 +35,7 @@ case "${1:-}" in
     shift 2
     ;;
   *)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$FUZZ_DIR/run.sh" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
@@ -163,7 +166,7 @@ case $mode in
       echo "run.sh: $t until $execs executions (done: $done_so_far), state in fuzz/$out"
       # shellcheck disable=SC2046
       AFL_AUTORESUME=1 cargo afl fuzz -i "$input" -o "$out" -t "$TIMEOUT_MS" -m none -E "$execs" $(dict_args "$t") \
-        ${FUZZ_MAX_SECONDS:+-V "$FUZZ_MAX_SECONDS"} \
+        ${FUZZ_MAX_SECONDS:+-V "$FUZZ_MAX_SECONDS"} ${FUZZ_MAX_LEN:+-G "$FUZZ_MAX_LEN"} \
         -- "$(binary "$t")" >>"$out/afl.log" 2>&1 || { tail -30 "$out/afl.log" >&2; exit 1; }
       print_stats "$t" "$out/default"
       check_findings "$t" "$out/default" || true
