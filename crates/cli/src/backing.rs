@@ -165,13 +165,22 @@ impl Drop for StartGuard {
     }
 }
 
-/// How often the writeback thread calls [`Store::maintain`].
+/// How often the writeback thread calls [`Store::maintain`] while it has work.
 const WRITEBACK_PERIOD: Duration = Duration::from_millis(100);
+/// How long it sleeps when a step found nothing to do, unless pool memory passing the high
+/// watermark wakes it first (`Store::arm_writeback_wakeup`): GC of pages rewritten or
+/// discarded on the backing device, and a change of the watermarks or the limit, wait that
+/// long at most.
+const WRITEBACK_IDLE: Duration = Duration::from_secs(1);
 
 /// Starts the backing tier's background writer for `store` (which has a backing device): every
-/// 100 ms, writeback of cold pages above the high watermark (within --writeback-rate) and GC of
-/// the backing device. It runs for the life of the process. The store logs device errors
-/// itself; this thread says when the device fills up and when it has room again.
+/// 100 ms while there is work, writeback of cold pages above the high watermark (within
+/// --writeback-rate) and GC of the backing device; when a step finds nothing to do, it sleeps
+/// until the pool passes the high watermark (the allocation that crosses it wakes the thread)
+/// or a second has passed, so an idle device does not wake it ten times a second. (Without a
+/// memory limit there is no watermark: only GC, once a second while idle.) It runs for
+/// the life of the process. The store logs device errors itself; this thread says when the
+/// device fills up and when it has room again.
 ///
 /// In a swap server it is started after the memory is pinned, so it inherits
 /// `PR_SET_IO_FLUSHER` and its stack is locked. Nothing on the I/O path waits for it: when it
@@ -182,15 +191,28 @@ pub fn spawn_writeback(store: Arc<Store>) -> std::io::Result<std::thread::JoinHa
         let mut full = false;
         let mut last = Instant::now();
         loop {
-            std::thread::sleep(WRITEBACK_PERIOD);
+            // Armed before the step: a crossing during it wakes the park below at once.
+            let armed = store.arm_writeback_wakeup();
             let r = store.maintain(last.elapsed());
             last = Instant::now();
             if r.writeback.device_full != full {
                 full = r.writeback.device_full;
                 log::info(&format!("backing device {}", if full { "full: writeback paused" } else { "has room again" }));
             }
+            match (worked(&r), armed) {
+                (true, _) => std::thread::sleep(WRITEBACK_PERIOD),
+                (false, true) => std::thread::park_timeout(WRITEBACK_IDLE),
+                // Over the watermark and nothing written (the writeback limit, a full device):
+                // allocations do not wake it; it tries again in a second.
+                (false, false) => std::thread::sleep(WRITEBACK_IDLE),
+            }
         }
     })
+}
+
+/// Whether a maintenance step did something (so the next one may find more).
+fn worked(r: &compcache_store::MaintenanceReport) -> bool {
+    r.writeback.pages > 0 || r.writeback.raced > 0 || r.gc.segments > 0 || r.gc.segments_freed > 0 || r.gc.punched > 0
 }
 
 #[cfg(test)]

@@ -64,16 +64,28 @@ impl StopSignals {
         (sig > 0).then_some(sig)
     }
 
-    /// Returns the signal that arrived, or `None` once `alive()` turns false (checked five
-    /// times a second).
+    /// Returns the signal that arrived, or `None` once `alive()` turns false (checked once a
+    /// second: an idle server's main thread wakes no more than that).
     pub fn wait(&self, alive: &dyn Fn() -> bool) -> Option<i32> {
         loop {
-            if let Some(sig) = self.wait_timeout(Duration::from_millis(200)) {
+            if let Some(sig) = self.wait_timeout(Duration::from_secs(1)) {
                 return Some(sig);
             }
             if !alive() {
                 return None;
             }
+        }
+    }
+
+    /// Waits for a stop signal, however long that takes (no wake-up before it comes).
+    pub fn wait_forever(&self) -> i32 {
+        loop {
+            // SAFETY: `self.set` is initialised; a null siginfo pointer is allowed.
+            let sig = unsafe { libc::sigwaitinfo(&self.set, std::ptr::null_mut()) };
+            if sig > 0 {
+                return sig;
+            }
+            // EINTR (a signal outside the set, e.g. SIGSTOP/SIGCONT): wait again.
         }
     }
 }

@@ -742,6 +742,28 @@ impl Store {
         backing::gc::gc(&self.mover(), b, max_bytes)
     }
 
+    /// Makes the calling thread (the front end's writeback thread) the one to wake when pool
+    /// memory passes writeback's high watermark, and arms that wake-up while the pool is
+    /// under it: call before each [`Store::maintain`]; if it returns true and the step found
+    /// nothing to do, sleep with `std::thread::park_timeout`. The allocation that crosses the
+    /// watermark unparks the thread (one futex call, once per arming; nothing allocated, no
+    /// lock). Returns false, arming nothing, when the pool is over the watermark already (so
+    /// a step that could not write back, at the writeback limit or with the device full, is
+    /// not woken again by every allocation), and without a backing device or a memory limit.
+    pub fn arm_writeback_wakeup(&self) -> bool {
+        let Some(b) = &self.backing else { return false };
+        let Some(high) = backing::high_watermark_bytes(b, self.mem_limit_bytes.load(Relaxed)) else { return false };
+        let mark = high / PAGE;
+        let w = self.pool.high_watch();
+        w.watch(mark);
+        if self.pool.total_pages() > mark {
+            return false;
+        }
+        w.rearm();
+        // An allocation that crossed between the check and the re-arming woke nobody.
+        self.pool.total_pages() <= mark
+    }
+
     /// One step of background work for a front end's maintenance thread, called every
     /// `elapsed`: writeback within the configured rate, then GC with what is left of it.
     ///
@@ -817,6 +839,21 @@ impl Store {
     /// Free pool pages that are resident (the reserve left; `mem_reserve_free` in stats).
     pub fn reserve_free_pages(&self) -> u64 {
         self.pool.resident_free_pages()
+    }
+
+    /// Makes the calling thread the reserve's watcher: the pool allocation (a write's, or a
+    /// background mover's) that leaves fewer than `low_pages` resident free pages unparks it
+    /// (`std::thread::park`), once until [`Store::rearm_reserve_watch`]. So the keeper sleeps
+    /// until the reserve is used instead of polling it; the wake-up is one futex call on the
+    /// I/O path, which allocates nothing and takes no lock.
+    pub fn watch_reserve(&self, low_pages: u64) {
+        self.pool.low_watch().watch(low_pages)
+    }
+
+    /// The watcher is about to look at the reserve: the next allocation under the mark wakes
+    /// it again. Call before each look, then park.
+    pub fn rearm_reserve_watch(&self) {
+        self.pool.low_watch().rearm()
     }
 
     /// Fault-free mode: the write path takes only resident pool pages (see

@@ -255,6 +255,50 @@ fn writeback_tunables_change_on_a_running_device() {
     assert!(plain.tune_writeback(&WritebackTuning::default()).unwrap_err().to_string().contains("--backing"));
 }
 
+/// The writeback thread need not poll: armed while the pool is under the high watermark, it
+/// is woken by the allocation that takes the pool past it. Here it parks for up to a minute
+/// and must be woken by the writes long before that; once over the mark, arming refuses (so a
+/// step that cannot write back is not woken by every allocation), and after writeback drains
+/// the pool it arms again.
+#[test]
+fn the_allocation_that_passes_the_high_watermark_wakes_the_writeback_thread() {
+    use std::time::{Duration, Instant};
+    let dir = TempDir::new("backing");
+    let store = Arc::new(Store::new(config(4096, 256, &dir.file(), 0)).unwrap()); // high: 80% of 256 pages
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            assert!(store.arm_writeback_wakeup(), "an empty pool is under the mark");
+            ready_tx.send(()).unwrap();
+            let start = Instant::now();
+            // park may return spuriously: it is the pool over the mark that counts.
+            while store.stats().mem_used_total <= 256 * 80 / 100 * PAGE as u64 && start.elapsed() < Duration::from_secs(60) {
+                std::thread::park_timeout(Duration::from_secs(60));
+            }
+            start.elapsed()
+        })
+    };
+    ready_rx.recv().unwrap();
+    let mut ctx = store.context();
+    let mut i = 0;
+    while store.stats().mem_used_total <= 256 * 80 / 100 * PAGE as u64 {
+        store.write_page(&mut ctx, i, &page(Kind::Random, i, 1)).unwrap();
+        i += 1;
+    }
+    let woken_after = thread.join().unwrap();
+    assert!(woken_after < Duration::from_secs(30), "parked {woken_after:?}: no allocation woke it");
+    assert!(!store.arm_writeback_wakeup(), "over the mark: nothing to arm");
+    let r = store.maintain(Duration::from_secs(1));
+    assert!(r.writeback.pages > 0, "{r:?}");
+    assert!(store.arm_writeback_wakeup(), "drained under the low watermark: armed again");
+    for j in 0..i {
+        assert_eq!(read(&store, j).unwrap(), page(Kind::Random, j, 1), "page {j}");
+    }
+    let plain = Store::new(Config::with_disksize(1 << 20)).unwrap();
+    assert!(!plain.arm_writeback_wakeup(), "no backing device: no writeback to wake");
+}
+
 #[test]
 fn a_page_read_twice_soon_is_promoted_back_into_ram() {
     let dir = TempDir::new("backing");

@@ -332,3 +332,48 @@ fn a_write_waits_for_the_reserve_only_when_a_refill_can_come() {
     assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
     assert!(t.elapsed() < Duration::from_secs(2), "failed at the limit only after {:?}", t.elapsed());
 }
+
+/// The reserve's keeper sleeps until the reserve is used: the write whose allocation leaves
+/// fewer resident free pages than the keeper's mark wakes it (once, until it looks again), so
+/// an idle swap server's keeper does not poll. Here the keeper parks for up to a minute, and
+/// must be woken by the writes long before that.
+#[test]
+fn the_allocation_that_drains_the_reserve_wakes_its_keeper() {
+    use std::time::{Duration, Instant};
+    let store = Arc::new(Store::new(Config::with_disksize(1024 * PAGE as u64)).unwrap());
+    assert_eq!(store.prefault(64), 64);
+    store.set_fault_free(true);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let keeper = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            store.watch_reserve(48);
+            store.rearm_reserve_watch();
+            ready_tx.send(()).unwrap();
+            let start = Instant::now();
+            // park may also return spuriously: it is the reserve under the mark that counts.
+            while store.reserve_free_pages() >= 48 && start.elapsed() < Duration::from_secs(60) {
+                std::thread::park_timeout(Duration::from_secs(60));
+            }
+            let woken_after = start.elapsed();
+            let refilled = store.prefault(64 - store.reserve_free_pages());
+            (woken_after, refilled)
+        })
+    };
+    ready_rx.recv().unwrap();
+    let mut ctx = store.context();
+    let mut i = 0;
+    while store.reserve_free_pages() >= 48 {
+        store.write_page(&mut ctx, i, &page_of(i, 1, 4000)).unwrap();
+        i += 1;
+    }
+    let (woken_after, refilled) = keeper.join().unwrap();
+    assert!(woken_after < Duration::from_secs(30), "the keeper slept {woken_after:?}: no allocation woke it");
+    assert!(refilled > 0);
+    // Every page written reads back.
+    let mut back = vec![0u8; PAGE];
+    for j in 0..i {
+        store.read_page(&mut ctx, j, &mut back).unwrap();
+        assert!(back == page_of(j, 1, 4000), "page {j}");
+    }
+}

@@ -15,7 +15,8 @@
 //! pages come from a *reserve* that this keeper fills with `Store::prefault`, which faults
 //! pages in with no store lock held; under `mlockall` they stay resident, and so do pages the
 //! pool frees (madvise cannot drop locked pages), which it reuses first. When the reserve runs
-//! below three quarters, the keeper thread tops it up. Its page faults may wait in reclaim,
+//! below three quarters, the keeper thread tops it up: the allocation that takes it below wakes
+//! the keeper, which otherwise sleeps. Its page faults may wait in reclaim,
 //! but nothing waits for the keeper without a bound: meanwhile the I/O path stores pages from
 //! what is left of the reserve, the kernel frees the swapped-out pages, and the keeper's
 //! faults complete. A write that finds the reserve empty waits for the keeper up to `WAIT`
@@ -29,8 +30,11 @@ use std::time::Duration;
 use compcache_store::{Store, PAGE_SIZE};
 
 const PAGE: u64 = PAGE_SIZE as u64;
-/// How often the keeper looks at the reserve.
-const TICK: Duration = Duration::from_millis(10);
+/// How often the keeper looks at the reserve when nothing wakes it. The pool wakes it as soon
+/// as an allocation leaves the reserve under its low mark (`Store::watch_reserve`), so this is
+/// only a safety net; it polled every 10 ms before, a hundred wake-ups a second on an idle
+/// machine.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
 /// How long a write that finds the reserve empty waits for the keeper before it fails with
 /// ENOSPC (`Store::set_reserve_wait`). In the VM test's `global` step (the whole guest out of
 /// memory, a 256 MiB scan, other work on the host), failing at once refused 70 and 1890
@@ -91,13 +95,19 @@ impl Reserve {
         }
     }
 
-    /// The keeper's loop: top up whenever the free reserve is below three quarters. Never returns.
+    /// The keeper's loop: top up whenever the free reserve is below three quarters. It sleeps
+    /// until the pool wakes it (an allocation that leaves the reserve below that) or
+    /// `IDLE_LOOK` has passed. Never returns.
     pub fn keep(self) {
+        self.store.watch_reserve(self.low_pages);
         loop {
+            // Re-armed before looking: an allocation that crosses the mark after this wakes
+            // the park below at once (an unpark before the park is kept for it).
+            self.store.rearm_reserve_watch();
             if self.free_pages() < self.low_pages {
                 self.top_up();
             }
-            std::thread::sleep(TICK);
+            std::thread::park_timeout(IDLE_LOOK);
         }
     }
 }

@@ -154,7 +154,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let server = Arc::new(Server::new(Export { name: args.name.clone(), description, store: store.clone() }, options));
 
     let (tx, events) = mpsc::channel::<Event>();
-    spawn("signals", tx.clone(), move || Event::Signal(signals.wait(&|| true).unwrap_or(0)));
+    spawn("signals", tx.clone(), move || Event::Signal(signals.wait_forever()));
     if let Some(l) = unix {
         let s = server.clone();
         spawn("nbd-unix", tx.clone(), move || listener::serve_unix(s, l));

@@ -87,6 +87,7 @@ pub(crate) fn writeback(mv: &Mover<'_>, b: &Backing, budget: WritebackBudget) ->
     let used = mv.pool_bytes();
     let (high_pct, low_pct) = b.tune.watermarks();
     let (high, low) = (limit * high_pct as u64 / 100, limit * low_pct as u64 / 100);
+    debug_assert_eq!(Some(high), high_watermark_bytes(b, limit));
     if used > high {
         m.draining = true;
     }
@@ -100,6 +101,12 @@ pub(crate) fn writeback(mv: &Mover<'_>, b: &Backing, budget: WritebackBudget) ->
         m.draining = false;
     }
     report
+}
+
+/// Pool bytes above which writeback starts (`high_pct` of the memory limit `limit`); `None`
+/// without a limit.
+pub(crate) fn high_watermark_bytes(b: &Backing, limit: u64) -> Option<u64> {
+    (limit > 0).then(|| limit * b.tune.watermarks().0 as u64 / 100)
 }
 
 /// `Store::writeback_idle`: pages idle for `min_age_secs`, whatever the watermarks.

@@ -18,6 +18,13 @@
 //! Each pfn also has a small descriptor (`PageDesc`, the pool's `struct page`), which the
 //! owning size class uses for zspage bookkeeping.
 //!
+//! Background threads need not poll the arena: the reserve's keeper registers with
+//! [`Arena::low_watch`] and is woken by the allocation that leaves fewer resident free pages
+//! than its mark; the writeback thread registers with [`Arena::high_watch`] and is woken by
+//! the allocation that takes the pages in use past its mark ([`Watch`]: `Thread::unpark`, no
+//! allocation, no lock; one futex wake, once per look). So an idle server's threads sleep
+//! instead of waking many times a second to look.
+//!
 //! Locking: `free` (the free-page list) is one mutex for the whole arena. It is taken once per
 //! zspage created or destroyed, not per object, and always last (lock order in `slot.rs`).
 
@@ -73,6 +80,51 @@ pub(super) struct Arena {
     limit_pages: AtomicU64,
     max_used_pages: AtomicU64,
     fault_free: AtomicBool,
+    /// Woken when resident free pages fall below its mark (the reserve's keeper).
+    low: Watch,
+    /// Woken when the pages in use pass its mark (the writeback thread).
+    high: Watch,
+}
+
+/// A thread to wake when an allocation crosses a mark (`Arena::low_watch`, `Arena::high_watch`).
+/// `signalled` is set by the allocation that wakes it and cleared by the thread when it looks
+/// again (`rearm`), so it is woken once per look, not once per allocation.
+pub(crate) struct Watch {
+    thread: std::sync::OnceLock<std::thread::Thread>,
+    mark: AtomicU64,
+    signalled: AtomicBool,
+}
+
+impl Watch {
+    fn new(mark: u64) -> Watch {
+        Watch { thread: std::sync::OnceLock::new(), mark: AtomicU64::new(mark), signalled: AtomicBool::new(false) }
+    }
+
+    /// Registers the calling thread (the first to call; a later call only moves the mark).
+    pub fn watch(&self, mark: u64) {
+        let _ = self.thread.set(std::thread::current());
+        self.mark.store(mark, Relaxed);
+    }
+
+    /// The watcher is about to look: the next crossing wakes it again. Call before each look,
+    /// then park (an unpark that comes in between is kept for the park).
+    pub fn rearm(&self) {
+        self.signalled.store(false, Relaxed);
+    }
+
+    /// Wakes the watcher if `crossed` (judged against `mark()`) and it was not woken since it
+    /// last looked. Called with no lock held.
+    fn poke(&self, crossed: bool) {
+        if crossed && !self.signalled.swap(true, Relaxed) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    fn mark(&self) -> u64 {
+        self.mark.load(Relaxed)
+    }
 }
 
 struct FreeState {
@@ -106,6 +158,8 @@ impl Arena {
             limit_pages: AtomicU64::new(limit_pages),
             max_used_pages: AtomicU64::new(0),
             fault_free: AtomicBool::new(false),
+            low: Watch::new(0),
+            high: Watch::new(u64::MAX),
         })
     }
 
@@ -138,6 +192,9 @@ impl Arena {
                 (false, 0) => self.capacity_pages as u64,
                 (false, l) => l,
             };
+            let left = st.resident.len() as u64;
+            drop(st);
+            self.low.poke(left < self.low.mark());
             return Err((used, cap));
         }
         for slot in out.iter_mut().take(n) {
@@ -151,7 +208,21 @@ impl Arena {
         }
         let now = self.used_pages.fetch_add(n as u64, Relaxed) + n as u64;
         self.max_used_pages.fetch_max(now, Relaxed);
+        let left = st.resident.len() as u64;
+        drop(st);
+        self.low.poke(left < self.low.mark());
+        self.high.poke(now > self.high.mark());
         Ok(())
+    }
+
+    /// The watch woken by the allocation that leaves fewer resident free pages than its mark.
+    pub fn low_watch(&self) -> &Watch {
+        &self.low
+    }
+
+    /// The watch woken by the allocation that takes the pages in use past its mark.
+    pub fn high_watch(&self) -> &Watch {
+        &self.high
     }
 
     /// Returns pages to the arena and their memory to the kernel where it can (not under

@@ -200,6 +200,14 @@ impl ZsPool {
     pub fn resident_free_pages(&self) -> u64 {
         self.arena.resident_free_pages()
     }
+    /// See [`Arena::low_watch`]: resident free pages under the mark.
+    pub fn low_watch(&self) -> &arena::Watch {
+        self.arena.low_watch()
+    }
+    /// See [`Arena::high_watch`]: pages in use over the mark.
+    pub fn high_watch(&self) -> &arena::Watch {
+        self.arena.high_watch()
+    }
     pub fn set_fault_free(&self, on: bool) {
         self.arena.set_fault_free(on)
     }
