@@ -30,7 +30,7 @@
 
 use parking_lot::Mutex;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use crate::zeroed::{Zeroable, ZeroedSlice};
 use crate::PAGE_SIZE;
@@ -108,14 +108,26 @@ impl Watch {
 
     /// The watcher is about to look: the next crossing wakes it again. Call before each look,
     /// then park (an unpark that comes in between is kept for the park).
+    ///
+    /// Ordering: the watcher clears `signalled` and then reads the counter it watches; an
+    /// allocation changes the counter and then reads `signalled` (in `poke`). With a SeqCst
+    /// fence between the two steps on each side, at least one of them sees the other's write:
+    /// the watcher sees the crossing, or the allocation sees the cleared flag and wakes it.
+    /// (The keeper's counter is read under the arena's mutex, which orders it too; writeback's
+    /// `used_pages` is a plain atomic.)
     pub fn rearm(&self) {
         self.signalled.store(false, Relaxed);
+        fence(SeqCst);
     }
 
-    /// Wakes the watcher if `crossed` (judged against `mark()`) and it was not woken since it
-    /// last looked. Called with no lock held.
+    /// Wakes the watcher if `crossed` (judged against `mark()`, after the allocation changed
+    /// the counter) and it was not woken since it last looked. Called with no lock held.
     fn poke(&self, crossed: bool) {
-        if crossed && !self.signalled.swap(true, Relaxed) {
+        if !crossed {
+            return;
+        }
+        fence(SeqCst);
+        if !self.signalled.swap(true, Relaxed) {
             if let Some(t) = self.thread.get() {
                 t.unpark();
             }
