@@ -377,6 +377,7 @@ fn run_with(data: &[u8], b: &mut Buffers) {
     let ctx = store.context();
     let mut h = Harness { store, ctx, origin, switches, faults: Faults::default(), b };
     let mut n = 0u64;
+    let mut retrains = 0;
     while !input.is_empty() {
         n += 1;
         match input.u8() % 12 {
@@ -425,7 +426,8 @@ fn run_with(data: &[u8], b: &mut Buffers) {
                 if x & 1 == 0 {
                     h.store.compact();
                 } else if x & 2 != 0 && h.store.recompresses() {
-                    if x & 0x80 != 0 {
+                    if x & 0x80 != 0 && retrains < crate::MAX_RETRAINS {
+                        retrains += 1;
                         h.store.tune_recompression(&RecompressTuning { retrain: Some(true), ..Default::default() }).expect("retrain");
                     }
                     // A whole second of CPU: every cached page is taken in one run, whatever

@@ -59,6 +59,13 @@ pub fn init(run: fn(&[u8])) {
 /// The page size of the store.
 pub const PAGE: usize = compcache_store::PAGE_SIZE;
 
+/// Forced dictionary retrains an input may ask for (`store_ops`, `cache_ops`); later requests
+/// are ignored. A training (zstd's trainer on the samples) takes tens to hundreds of
+/// milliseconds, so inputs that asked for one in many operations took seconds each, slowed
+/// the campaigns to a few executions a second and were saved as "hangs"; two still cover a
+/// retrain over a retrain.
+pub const MAX_RETRAINS: u32 = 2;
+
 /// A cursor over the fuzzer's input: little-endian integers, 0 past the end.
 pub struct Bytes<'a> {
     data: &'a [u8],

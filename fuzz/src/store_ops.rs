@@ -139,6 +139,7 @@ fn run_with(data: &[u8], b: &mut Buffers) {
     let mut n = 0u64;
     // A write failed because the backing device is full (which the device counts as an error).
     let mut full = false;
+    let mut retrains = 0;
     while !input.is_empty() {
         n += 1;
         match input.u8() % 11 {
@@ -216,7 +217,8 @@ fn run_with(data: &[u8], b: &mut Buffers) {
             _ => {
                 let how = input.u8();
                 if how % 3 == 2 {
-                    if how & 0x80 != 0 && store.recompresses() {
+                    if how & 0x80 != 0 && store.recompresses() && retrains < crate::MAX_RETRAINS {
+                        retrains += 1;
                         store.tune_recompression(&RecompressTuning { retrain: Some(true), ..Default::default() }).expect("retrain");
                     }
                     // A whole second of CPU: every idle page of the 32 is taken in one run,
