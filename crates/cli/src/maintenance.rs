@@ -76,7 +76,8 @@ pub fn spawn_recompression(store: Arc<Store>) -> std::io::Result<std::thread::Jo
             std::thread::sleep(sleep);
             let rep = store.recompress_step(last.elapsed());
             last = std::time::Instant::now();
-            let idle_secs = store.recompression_settings().map_or(0, |s| s.idle_secs);
+            // The idle age only matters once settled (and reading it formats the settings).
+            let idle_secs = if rep.settled { store.recompression_settings().map_or(0, |s| s.idle_secs) } else { 0 };
             sleep = next_recompress_sleep(&rep, sleep, idle_secs);
         }
     })

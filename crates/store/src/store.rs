@@ -752,7 +752,7 @@ impl Store {
     /// not woken again by every allocation), and without a backing device or a memory limit.
     pub fn arm_writeback_wakeup(&self) -> bool {
         let Some(b) = &self.backing else { return false };
-        let Some(high) = backing::high_watermark_bytes(b, self.mem_limit_bytes.load(Relaxed)) else { return false };
+        let Some((high, _)) = backing::watermark_bytes(b, self.mem_limit_bytes.load(Relaxed)) else { return false };
         let mark = high / PAGE;
         let w = self.pool.high_watch();
         w.watch(mark);

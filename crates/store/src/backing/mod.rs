@@ -79,7 +79,7 @@ pub(crate) use device::trusted_link_to_block_device;
 pub use device::{BackingDevice, DeviceOptions, FileDevice, ReadBuf};
 pub use gc::GcReport;
 use log::{Batch, LogHead, HEADER};
-pub(crate) use policy::high_watermark_bytes;
+pub(crate) use policy::watermark_bytes;
 pub use policy::{WritebackBudget, WritebackReport};
 use space::SpaceMap;
 

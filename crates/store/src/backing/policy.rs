@@ -80,14 +80,10 @@ fn age_bucket(age: u16) -> usize {
 /// `Store::writeback`: the watermarks decide whether to write back and how much.
 pub(crate) fn writeback(mv: &Mover<'_>, b: &Backing, budget: WritebackBudget) -> WritebackReport {
     let mut m = b.maint.lock();
-    let limit = mv.mem_limit_bytes();
-    if limit == 0 {
+    let Some((high, low)) = watermark_bytes(b, mv.mem_limit_bytes()) else {
         return WritebackReport::default();
-    }
+    };
     let used = mv.pool_bytes();
-    let (high_pct, low_pct) = b.tune.watermarks();
-    let (high, low) = (limit * high_pct as u64 / 100, limit * low_pct as u64 / 100);
-    debug_assert_eq!(Some(high), high_watermark_bytes(b, limit));
     if used > high {
         m.draining = true;
     }
@@ -103,10 +99,11 @@ pub(crate) fn writeback(mv: &Mover<'_>, b: &Backing, budget: WritebackBudget) ->
     report
 }
 
-/// Pool bytes above which writeback starts (`high_pct` of the memory limit `limit`); `None`
-/// without a limit.
-pub(crate) fn high_watermark_bytes(b: &Backing, limit: u64) -> Option<u64> {
-    (limit > 0).then(|| limit * b.tune.watermarks().0 as u64 / 100)
+/// The watermarks in pool bytes for the memory limit `limit`: above the high one writeback
+/// starts, and it drains to the low one; `None` without a limit (no writeback by watermark).
+pub(crate) fn watermark_bytes(b: &Backing, limit: u64) -> Option<(u64, u64)> {
+    let (high_pct, low_pct) = b.tune.watermarks();
+    (limit > 0).then(|| (limit * high_pct as u64 / 100, limit * low_pct as u64 / 100))
 }
 
 /// `Store::writeback_idle`: pages idle for `min_age_secs`, whatever the watermarks.

@@ -102,7 +102,7 @@ impl Watch {
 
     /// Registers the calling thread (the first to call; a later call only moves the mark).
     pub fn watch(&self, mark: u64) {
-        let _ = self.thread.set(std::thread::current());
+        self.thread.get_or_init(std::thread::current);
         self.mark.store(mark, Relaxed);
     }
 
