@@ -164,6 +164,24 @@ pub const DEFAULT_WRITEBACK_HIGH_PCT: u8 = 90;
 pub const DEFAULT_WRITEBACK_LOW_PCT: u8 = 75;
 /// Default segment size of the backing log: the unit of allocation, GC and sequential I/O.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 1 << 20;
+/// The cold tier's default zstd level: its pages are read rarely and compressed once, so it
+/// takes zstd's strongest practical level (docs/store.md, "The cold tier").
+pub const DEFAULT_COLD_LEVEL: i32 = 19;
+/// Pages idle this long go to the cold tier by default (seconds).
+pub const DEFAULT_COLD_IDLE_SECS: u64 = 600;
+
+/// Where the backing tier keeps its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    /// A block device or regular file at `BackingConfig::path`.
+    File,
+    /// RAM, compressed 64 KiB at a time with zstd at `level` (`backing/memdev.rs`): the cold
+    /// tier. Pages are written to it decoded (raw), so that runs of them compress together;
+    /// a write over the memory limit is refused rather than sent to it (it would compress on
+    /// the request path), and its records are not encrypted (they stay in this process's
+    /// memory, as the pool's pages do).
+    Memory { level: i32 },
+}
 
 /// The backing device and its writeback policy (compcache 0.5's backing swap device; zram's
 /// `backing_dev`, `writeback`, `writeback_limit`).
@@ -200,6 +218,12 @@ pub struct BackingConfig {
     /// page of memory (`backing/seal.rs`); without it records are stored as they are, with a
     /// crc32c. On by default: it costs well under a microsecond per page (docs/backing.md).
     pub encrypt: bool,
+    /// Where the records live: the file or device at `path`, or RAM (the cold tier).
+    pub medium: Medium,
+    /// Pages idle at least this many seconds are written back by [`crate::Store::maintain`]
+    /// whatever the watermarks (zram's `writeback idle`, done by the device itself); 0: only
+    /// the watermarks move pages.
+    pub idle_secs: u64,
 }
 
 impl BackingConfig {
@@ -217,7 +241,27 @@ impl BackingConfig {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             force: false,
             encrypt: true,
+            medium: Medium::File,
+            idle_secs: 0,
         }
+    }
+
+    /// The cold tier: `size_bytes` of records (raw pages and their headers, before its own
+    /// compression) kept in RAM, compressed with zstd at [`DEFAULT_COLD_LEVEL`]; pages idle
+    /// for [`DEFAULT_COLD_IDLE_SECS`] go there.
+    pub fn in_memory(size_bytes: u64) -> BackingConfig {
+        BackingConfig {
+            size_bytes,
+            encrypt: false,
+            medium: Medium::Memory { level: DEFAULT_COLD_LEVEL },
+            idle_secs: DEFAULT_COLD_IDLE_SECS,
+            ..BackingConfig::new("memory")
+        }
+    }
+
+    /// Whether the records are in RAM (the cold tier).
+    pub fn in_ram(&self) -> bool {
+        matches!(self.medium, Medium::Memory { .. })
     }
 
     fn validate(&self) -> Result<(), StoreError> {
@@ -232,6 +276,27 @@ impl BackingConfig {
         // (`backing/seal.rs`).
         if self.segment_bytes > 1 << 32 {
             return bad(format!("segment size {} is above 4 GiB", self.segment_bytes));
+        }
+        if let Medium::Memory { level } = self.medium {
+            let block = crate::backing::memdev::BLOCK_BYTES;
+            if self.size_bytes == 0 || self.size_bytes % self.segment_bytes != 0 {
+                return bad(format!(
+                    "the cold tier's size {} bytes is not a non-zero multiple of its segment size ({} bytes)",
+                    self.size_bytes, self.segment_bytes
+                ));
+            }
+            if self.segment_bytes % block != 0 {
+                return bad(format!("segment size {} is not a multiple of the cold tier's {block}-byte blocks", self.segment_bytes));
+            }
+            if !(1..=22).contains(&level) {
+                return bad(format!("zstd level {level} is outside 1..=22"));
+            }
+            if self.incompressible {
+                return bad("incompressible pages go to a backing file or device, not to the cold tier (it would compress them on the request path)".into());
+            }
+            if self.encrypt {
+                return bad("the cold tier's records stay in this process's memory and are not encrypted: turn encryption off".into());
+            }
         }
         Ok(())
     }

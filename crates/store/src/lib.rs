@@ -60,7 +60,7 @@ pub use backing::tuning::{WritebackSettings, WritebackTuning};
 pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
 pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
-pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config, DictSource, OriginConfig, RecompressConfig};
+pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config, DictSource, Medium, OriginConfig, RecompressConfig};
 pub use error::StoreError;
 pub use latency::{Latency, LatencyHistogram};
 pub use recompress::{RecompressReport, RecompressSettings, RecompressTuning};

@@ -39,6 +39,7 @@ use std::time::Instant;
 
 use crate::backing::Backing;
 use crate::compress::Codec;
+use crate::recompress::dict::{Dict, Dicts};
 use crate::slot::{Entry, Hint, Mark, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zspool::ZsPool;
@@ -102,6 +103,8 @@ pub(crate) struct Mover<'a> {
     backing: Option<&'a Backing>,
     clock: &'a Clock,
     mem_limit_bytes: &'a AtomicU64,
+    /// Recompression's dictionaries, for movers that decode (the cold tier's writeback).
+    dicts: Option<&'a Dicts>,
 }
 
 impl<'a> Mover<'a> {
@@ -112,8 +115,16 @@ impl<'a> Mover<'a> {
         backing: Option<&'a Backing>,
         clock: &'a Clock,
         mem_limit_bytes: &'a AtomicU64,
+        dicts: Option<&'a Dicts>,
     ) -> Mover<'a> {
-        Mover { slots, pool, counters, backing, clock, mem_limit_bytes }
+        Mover { slots, pool, counters, backing, clock, mem_limit_bytes, dicts }
+    }
+
+    /// The dictionary in `place`, for decoding a page whose codec names it. Call under the
+    /// lock of a slot that names it (in `copy_out`'s callback): only then is it that page's
+    /// (recompress/dict.rs).
+    pub fn dict(&self, place: usize) -> Option<std::sync::Arc<Dict>> {
+        self.dicts.and_then(|d| d.get(place))
     }
 
     pub fn num_slots(&self) -> u64 {

@@ -101,6 +101,8 @@ pub(crate) struct BackingGauges<'a> {
     pub size_bytes: u64,
     /// Bytes in segments in use.
     pub space_bytes: u64,
+    /// RAM the device holds (the cold tier's; 0 for a file).
+    pub mem_bytes: u64,
 }
 
 impl Counters {
@@ -115,6 +117,7 @@ impl Counters {
         let used = gauges.pool_pages;
         let bd_bytes = g(&c.bd_bytes);
         let (bd_size_bytes, bd_space_bytes) = gauges.backing.as_ref().map_or((0, 0), |b| (b.size_bytes, b.space_bytes));
+        let bd_mem_bytes = gauges.backing.as_ref().map_or(0, |b| b.mem_bytes);
         let bd = gauges.backing.as_ref().map(|b| b.counters);
         let bdc = |f: fn(&BackingCounters) -> &AtomicU64| bd.map_or(0, |c| g(f(c)));
         let rc = gauges.recompress.as_ref().map(|r| r.counters);
@@ -126,7 +129,7 @@ impl Counters {
             comp_algorithm: gauges.comp_algorithm.to_string(),
             orig_data_size: pages_stored_all * PAGE,
             compr_data_size: g(&c.compr_data_size),
-            mem_used_total: used * PAGE,
+            mem_used_total: used * PAGE + bd_mem_bytes,
             mem_limit: gauges.mem_limit,
             mem_used_max: gauges.pool_max_pages * PAGE,
             same_pages: same,
@@ -144,6 +147,7 @@ impl Counters {
             bd_size_bytes,
             bd_space_bytes,
             bd_efficiency_pct: (bd_bytes * 100).checked_div(bd_space_bytes).unwrap_or(0),
+            bd_mem_bytes,
             bd_overflow_pages: bdc(|c| &c.overflow_pages),
             bd_writeback_pages: bdc(|c| &c.writeback_pages),
             bd_gc_pages: bdc(|c| &c.gc_pages),
@@ -221,7 +225,8 @@ pub struct Stats {
     pub orig_data_size: u64,
     /// Compressed size of stored data, bytes (huge pages count 4096; same pages count 0).
     pub compr_data_size: u64,
-    /// Memory the allocator holds for compressed data, bytes (pool pages * 4096).
+    /// Memory the allocator holds for compressed data, bytes (pool pages * 4096), and with a
+    /// cold tier the RAM it holds (`bd_mem_bytes`).
     pub mem_used_total: u64,
     /// The memory limit in bytes; 0 means none.
     pub mem_limit: u64,
@@ -259,6 +264,9 @@ pub struct Stats {
     pub bd_space_bytes: u64,
     /// The backing file's space efficiency: `bd_bytes * 100 / bd_space_bytes` (GC keeps it up).
     pub bd_efficiency_pct: u64,
+    /// RAM the cold tier holds (its compressed blocks, their table and its dictionary),
+    /// included in `mem_used_total`; 0 with a backing file or device.
+    pub bd_mem_bytes: u64,
     /// Pages sent to the backing device by the write path (memory limit reached, or
     /// incompressible with `--backing-incompressible`). Included in `bd_writes`.
     pub bd_overflow_pages: u64,
@@ -413,6 +421,7 @@ pub const UNITS: &[(&str, Unit)] = &[
     ("bd_size_bytes", Unit::Bytes),
     ("bd_space_bytes", Unit::Bytes),
     ("bd_efficiency_pct", Unit::Percent),
+    ("bd_mem_bytes", Unit::Bytes),
     ("bd_overflow_pages", Unit::Pages),
     ("bd_writeback_pages", Unit::Pages),
     ("bd_gc_pages", Unit::Pages),

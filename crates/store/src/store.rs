@@ -76,8 +76,9 @@ pub struct Context {
     pub(crate) strong: Option<StrongDecoder>,
     pub(crate) cbuf: Box<[u8]>,
     pub(crate) page: Box<[u8]>,
-    /// A backing record being written: header, then payload.
-    rec: Box<[u8]>,
+    /// A backing record being written: header, then payload; also where a page promoted
+    /// from the cold tier is compressed (`policy::maybe_promote`).
+    pub(crate) rec: Box<[u8]>,
     /// Reads from the backing device: a single record, or a run of records (up to
     /// `MAX_RUN_BYTES`), in the aligned blocks an O_DIRECT read covers. Made resident at its
     /// full size when the store has a backing device (about 1 MiB), empty otherwise.
@@ -180,10 +181,19 @@ impl Store {
             })?),
             None => None,
         };
+        let backend = cfg.algorithm.backend(cfg.level);
+        if let Some(b) = backing.as_ref().filter(|b| b.in_ram()) {
+            b.maint.lock().raw = Some(backing::policy::RawPages {
+                comp: backend.new_context(),
+                strong: recomp.is_some().then(StrongDecoder::new),
+                cbuf: resident_bytes(MAX_COMPRESSED_BYTES).into_boxed_slice(),
+                page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
+            });
+        }
         Ok(Store {
             slots,
             pool,
-            backend: cfg.algorithm.backend(cfg.level),
+            backend,
             num_pages,
             counters: Counters::default(),
             clock: Clock::new(),
@@ -606,7 +616,7 @@ impl Store {
         };
         match r {
             Ok(entry) => Ok(entry),
-            Err(_) if self.backing.is_some() => {
+            Err(_) if self.backing.as_ref().is_some_and(|b| !b.in_ram()) => {
                 let payload = match clen {
                     Some(n) => &ctx.cbuf[..n],
                     None => page,
@@ -684,7 +694,8 @@ impl Store {
 
     /// The interface through which the backing tier and compaction move pages (`mover.rs`).
     pub(crate) fn mover(&self) -> Mover<'_> {
-        Mover::new(&self.slots, &self.pool, &self.counters, self.backing.as_ref(), &self.clock, &self.mem_limit_bytes)
+        let dicts = self.recomp.as_ref().map(|r| &r.dicts);
+        Mover::new(&self.slots, &self.pool, &self.counters, self.backing.as_ref(), &self.clock, &self.mem_limit_bytes, dicts)
     }
 
     /// The backing tier, for paths only a `BACKING` entry or a configured device leads to.
@@ -900,6 +911,7 @@ impl Store {
             counters: &b.ctr,
             size_bytes: b.space.num_segments() * b.space.seg_bytes,
             space_bytes: b.space.segments_in_use() * b.space.seg_bytes,
+            mem_bytes: b.dev.mem_bytes(),
         });
         self.counters.snapshot(Gauges {
             disksize: self.disksize_bytes(),

@@ -62,7 +62,9 @@ pub(super) fn flush_batch(mv: &Mover<'_>, b: &Backing, m: &mut Maint, purpose: P
                 Purpose::Gc => Unchanged::Pinned,
             };
             for it in &batch.items {
-                if mv.install(it.index, it.old, Entry::Backing { loc: it.loc, len: it.len, codec: it.old.codec() }, unchanged) {
+                // A raw page (the cold tier's, or one that did not compress) has no codec.
+                let codec = if it.len as usize == crate::PAGE_SIZE { crate::compress::Codec::PRIMARY } else { it.old.codec() };
+                if mv.install(it.index, it.old, Entry::Backing { loc: it.loc, len: it.len, codec }, unchanged) {
                     f.installed += 1;
                     f.bytes += it.len as u64;
                 } else {

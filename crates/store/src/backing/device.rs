@@ -107,6 +107,11 @@ pub trait BackingDevice: Send + Sync {
     }
     /// For messages: the path or a name.
     fn describe(&self) -> String;
+    /// RAM the device itself holds (the cold tier's compressed blocks, `memdev.rs`), counted
+    /// in `mem_used_total`; 0 for a file or block device.
+    fn mem_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// Bytes before the data area: the superblock (see the module docs). A multiple of the

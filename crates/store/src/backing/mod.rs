@@ -61,6 +61,7 @@ mod batch;
 pub mod device;
 pub(crate) mod gc;
 pub(crate) mod log;
+pub mod memdev;
 pub(crate) mod policy;
 pub(crate) mod read;
 pub mod seal;
@@ -126,6 +127,9 @@ pub(crate) struct Maint {
     pub cursor: u64,
     /// The writeback limit (`tuning.rs`).
     pub limit: tuning::Limit,
+    /// The cold tier only: decodes pages before they are written (`policy.rs`); set by the
+    /// store when it is made.
+    pub raw: Option<policy::RawPages>,
 }
 
 /// What [`crate::Store::maintain`] did.
@@ -140,7 +144,12 @@ pub struct MaintenanceReport {
 pub(crate) fn maintain(mv: &Mover<'_>, b: &Backing, elapsed: Duration) -> MaintenanceReport {
     let rate = b.tune.rate_bytes();
     let budget = if rate == 0 { u64::MAX } else { (rate as f64 * elapsed.as_secs_f64().min(1.0)) as u64 };
-    let writeback = policy::writeback(mv, b, WritebackBudget { max_bytes: budget });
+    let mut writeback = policy::writeback(mv, b, WritebackBudget { max_bytes: budget });
+    let idle = b.cfg.idle_secs;
+    if idle > 0 && writeback.error.is_none() && !writeback.device_full {
+        let left = budget.saturating_sub(writeback.bytes);
+        writeback.add(policy::writeback_idle(mv, b, idle, WritebackBudget { max_bytes: left }));
+    }
     let gc = gc::gc(mv, b, budget.saturating_sub(writeback.bytes));
     MaintenanceReport { writeback, gc }
 }
@@ -167,6 +176,11 @@ impl Backing {
             min_bytes: MIN_SEGMENTS * cfg.segment_bytes,
             force: cfg.force,
         };
+        if let crate::config::Medium::Memory { level } = cfg.medium {
+            let dev = memdev::MemDevice::new(cfg.size_bytes, level)
+                .map_err(|e| StoreError::Config(format!("cannot make the cold tier of {} bytes: {e}", cfg.size_bytes)))?;
+            return Backing::with_device(cfg, Box::new(dev));
+        }
         let dev = FileDevice::open(&cfg.path, opts).map_err(|e| {
             StoreError::Config(format!(
                 "cannot use the backing device (at least {MIN_SEGMENTS} segments of {} bytes): {e}",
@@ -214,6 +228,7 @@ impl Backing {
                 draining: false,
                 cursor: 0,
                 limit: tuning::Limit { bytes: cfg.writeback_limit_bytes, base: 0 },
+                raw: None,
             }),
             ctr: BackingCounters::default(),
             closed: AtomicBool::new(false),
@@ -236,6 +251,13 @@ impl Backing {
             let _ = self.error(u64::MAX, format!("discarding the device at close failed: {e}; its records may stay on it"));
         }
         drop(m);
+    }
+
+    /// Whether the records are in RAM (the cold tier): writeback then writes pages decoded,
+    /// so that the device compresses runs of them together, and requests never write to it
+    /// (overflow would compress 64 KiB blocks on the request path).
+    pub fn in_ram(&self) -> bool {
+        self.cfg.in_ram()
     }
 
     /// Whether writeback and GC may write (checked under `maint`).

@@ -31,7 +31,7 @@ use super::space::GC_RESERVE_SEGMENTS;
 use super::{Backing, Maint};
 use crate::error::StoreError;
 use crate::mover::{Mover, Unchanged};
-use crate::slot::{Kind, Mark};
+use crate::slot::{Entry, Kind, Mark};
 use crate::PAGE_SIZE;
 
 /// A page read again within this many ticks (seconds) of its last access is promoted.
@@ -67,6 +67,46 @@ pub struct WritebackReport {
     pub device_full: bool,
     /// A write failed: the pages of that batch stay in RAM.
     pub error: Option<StoreError>,
+}
+
+impl WritebackReport {
+    /// Adds a later call's figures to this one's.
+    pub fn add(&mut self, o: WritebackReport) {
+        self.pages += o.pages;
+        self.bytes += o.bytes;
+        self.writes += o.writes;
+        self.raced += o.raced;
+        self.pool_pages_freed += o.pool_pages_freed;
+        self.device_full |= o.device_full;
+        if self.error.is_none() {
+            self.error = o.error;
+        }
+    }
+}
+
+/// The cold tier's writeback decodes each page before it goes into the batch, so that the
+/// device (`memdev.rs`) compresses whole pages together. Made by the store with its own codec
+/// (`Store::build`); lives in `Maint`, so only the holder of the maintenance mutex uses it.
+pub(crate) struct RawPages {
+    pub comp: Box<dyn crate::compress::BackendContext>,
+    pub strong: Option<crate::compress::strong::StrongDecoder>,
+    /// The payload copied out under the slot lock, then the decoded page.
+    pub cbuf: Box<[u8]>,
+    pub page: Box<[u8]>,
+}
+
+impl RawPages {
+    /// Decodes the payload copied into `cbuf` (`len` bytes of `entry`, with `dict` if its
+    /// codec names one) into `page`.
+    fn decode(&mut self, entry: Entry, len: usize, dict: Option<&crate::recompress::dict::Dict>) -> Result<(), String> {
+        match entry {
+            Entry::Huge { .. } => {
+                self.page.copy_from_slice(&self.cbuf[..PAGE_SIZE]);
+                Ok(())
+            }
+            e => crate::compress::decode(&mut *self.comp, self.strong.as_mut(), e.codec(), dict, &self.cbuf[..len], &mut self.page),
+        }
+    }
 }
 
 fn age_bucket(age: u16) -> usize {
@@ -160,14 +200,40 @@ fn write_back_coldest(mv: &Mover<'_>, b: &Backing, m: &mut Maint, want: u64, min
             continue;
         }
         // Decided again under the slot lock, where the page is copied and marked.
-        let batch = &mut m.batch;
+        let Maint { batch, raw, .. } = &mut *m;
+        let mut dict = None;
         let taken = mv.copy_out(index, Some(Mark::Writeback), |seen| {
             let age = mv.age(now, seen.ac_time);
             let old_enough = age >= min_age && age_bucket(age) >= cut;
-            old_enough.then(|| batch.push(index, seen.entry, seen.stored_bytes, false))
+            match raw {
+                _ if !old_enough => None,
+                None => Some(batch.push(index, seen.entry, seen.stored_bytes, false)),
+                Some(r) => {
+                    // The dictionary is taken under the slot lock, as a reader takes it: a
+                    // version a slot names is not freed (recompress/dict.rs).
+                    dict = seen.entry.codec().dict().and_then(|place| mv.dict(place));
+                    Some(&mut r.cbuf[..seen.stored_bytes])
+                }
+            }
         });
-        let Some(_) = taken else { continue };
-        gathered += m.batch.items.last().map_or(0, |it| it.len as u64);
+        let Some(old) = taken else { continue };
+        if let Some(r) = raw {
+            let len = match old {
+                Entry::Compressed { len, .. } => len as usize,
+                _ => PAGE_SIZE,
+            };
+            if let Err(reason) = r.decode(old, len, dict.as_deref()) {
+                // Left where it is: its reader gets the error, the cold tier no wrong page.
+                let _ = b.error(index, format!("page not written back: it does not decode ({reason})"));
+                continue;
+            }
+            batch.push(index, old, PAGE_SIZE, false).copy_from_slice(&r.page);
+        }
+        // Counted as the pool bytes it frees (the cold tier's records are raw pages).
+        gathered += match old {
+            Entry::Compressed { len, .. } => len as u64,
+            _ => PAGE_SIZE as u64,
+        };
         // Written as soon as it is full, so the next page's copy (under its slot lock) never
         // grows it.
         if m.batch.is_full() && !write_back_batch(mv, b, m, &mut rep) {
@@ -202,7 +268,18 @@ fn write_back_batch(mv: &Mover<'_>, b: &Backing, m: &mut Maint, rep: &mut Writeb
 /// and there is room under the low watermark. `p` is what the read found under the slot lock
 /// (its pin still held, so an equal entry is the same record: slot.rs rule 8), `payload` its
 /// record's payload.
-pub(crate) fn maybe_promote(mv: &Mover<'_>, b: &Backing, p: &Pending<'_>, payload: &[u8]) {
+///
+/// A raw page from the cold tier (whose records are all raw) is compressed with the store's
+/// codec first, into `scratch` (at least `MAX_COMPRESSED_BYTES`), by `comp`: it comes back
+/// as the page it was before it went cold, not as a raw 4 KiB object.
+pub(crate) fn maybe_promote(
+    mv: &Mover<'_>,
+    b: &Backing,
+    p: &Pending<'_>,
+    payload: &[u8],
+    comp: &mut dyn crate::compress::BackendContext,
+    scratch: &mut [u8],
+) {
     if !b.cfg.promote || mv.age(mv.now(), p.last_access) > PROMOTE_WITHIN_SECS {
         return;
     }
@@ -214,7 +291,12 @@ pub(crate) fn maybe_promote(mv: &Mover<'_>, b: &Backing, p: &Pending<'_>, payloa
     if limit != 0 && mv.pool_bytes() + payload.len() as u64 > room {
         return;
     }
-    if mv.install_in_ram(p.index, p.entry(), payload, p.codec, Unchanged::Pinned) {
+    let raw_cold = b.in_ram() && payload.len() == PAGE_SIZE;
+    let (payload, codec) = match raw_cold.then(|| comp.compress(payload, scratch)).flatten() {
+        Some(n) if n <= crate::config::default_huge_threshold_bytes() => (&scratch[..n], crate::compress::Codec::PRIMARY),
+        _ => (payload, p.codec),
+    };
+    if mv.install_in_ram(p.index, p.entry(), payload, codec, Unchanged::Pinned) {
         crate::stats::Counters::inc(&b.ctr.promoted_pages);
     }
 }

@@ -82,7 +82,7 @@ pub(crate) fn read_one_and_promote(
     out: &mut [u8],
 ) -> Result<(), StoreError> {
     read_one(mv, b, ctx, &p, out)?;
-    maybe_promote(mv, b, &p, &ctx.cbuf[HEADER..HEADER + p.len as usize]);
+    maybe_promote(mv, b, &p, &ctx.cbuf[HEADER..HEADER + p.len as usize], &mut *ctx.comp, &mut ctx.rec);
     Ok(())
 }
 
@@ -213,7 +213,7 @@ pub(crate) fn read_pending(
                 fail(e);
                 continue;
             }
-            maybe_promote(mv, b, p, payload);
+            maybe_promote(mv, b, p, payload, &mut *ctx.comp, &mut ctx.cbuf);
         }
     }
 }

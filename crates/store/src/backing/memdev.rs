@@ -1,0 +1,641 @@
+//! [`MemDevice`]: the cold tier's device. The backing tier's records (16-byte header + page,
+//! written back to back by its log) are kept in RAM, compressed with zstd 64 KiB at a time,
+//! so idle pages cost what multi-page compression units cost (cross-page redundancy: about
+//! 15% less than per-page compression) without changing slots or the pool.
+//!
+//! # Blocks
+//! The device is a table of aligned blocks of [`BLOCK_BYTES`], each empty (reads as zeroes)
+//! or an immutable blob, `Arc<[u8]>`: a tag byte, then either the raw 64 KiB (`RAW`: the
+//! block did not compress below 64 KiB) or one zstd frame without checksum, content size or
+//! dictionary id (`ZSTD`, or `ZSTD_DICT` when compressed with the device's dictionary).
+//! A write covering a whole block compresses it; a partial write decompresses the old block
+//! (or zeroes), patches it and compresses it again. A blob that does not decode to exactly
+//! 64 KiB (bad tag, length or frame) fails the read with `InvalidData`, never wrong data; the
+//! records above it are checksummed or authenticated besides (`seal.rs`).
+//!
+//! # Dictionary
+//! The first [`DICT_SAMPLE_BYTES`] of data written are copied aside (the bytes `write_at` is
+//! given, in order: a block patched record by record is not sampled once per record, nor
+//! its zero tail); then a dictionary of at most 16 KiB is trained on them (as 4 KiB samples,
+//! on the writer's thread, once: a failure leaves the device without one) and the samples are
+//! freed. Later blocks are compressed with it. It is installed once (a `OnceLock`) and never
+//! changes or goes while the device exists, so every `ZSTD_DICT` blob decodes; older `ZSTD`
+//! blobs decode without it. Each reading thread's decompression context holds no dictionary
+//! (the call passes the device's), so one context serves every device, before and after.
+//!
+//! # Locking
+//! Each table entry has its own mutex, held only to clone or swap the `Arc`, never while
+//! compressing or decompressing. Writers (and `discard`) are serialized by the writer mutex,
+//! which also owns the compression context and the samples: a writer takes it, then for each
+//! block clones the current blob, decodes and patches and encodes it with no entry lock held,
+//! and swaps the new blob in. Hence two writers of different ranges of one block never lose
+//! each other's bytes, and a reader sees each block before or after a write, whole. Readers
+//! never take the writer mutex: a read waits at most for an `Arc` swap. The cold tier's only
+//! writer is its maintenance thread (requests do not overflow into it), but any number of
+//! writers is correct: they wait for each other.
+//!
+//! # Memory ([`MemDevice::mem_bytes`], a running count)
+//! The block table; each blob's allocation (its length rounded up to 16, plus
+//! [`ALLOC_OVERHEAD`], an estimate of malloc's and the `Arc` counters' share); the dictionary
+//! (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers; its zstd
+//! context while a write runs (~0.7 MiB at level 3, ~2.3 MiB at 19: made by each `write_at`
+//! and freed at its end, so an idle tier does not hold it); the samples as they fill
+//! (reserved at full size, resident as written). Not counted: each reading thread's
+//! context (one zstd decompression context and a 64 KiB buffer, ~160 KiB, made on its first
+//! read and shared by every `MemDevice`), and a blob a reader still holds after it was replaced.
+//!
+//! # Costs
+//! A read decompresses each block it touches (a record: one, or two when it straddles a
+//! boundary), whatever the level: 50-100 microseconds per 64 KiB block as measured here, and
+//! no allocation after the thread's first read. A write compresses each block it touches, a
+//! partial one whole: about 0.4 ms per block at level 3, 12 ms at level 19, so records should
+//! come in batches (a block written record by record is compressed once per record). The
+//! dictionary's training (once) holds the writer mutex for a few hundred milliseconds.
+
+use std::cell::RefCell;
+use std::fmt::Display;
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+use zstd::zstd_safe::{get_error_name, CCtx, CParameter, DCtx, DDict};
+
+use super::device::BackingDevice;
+
+/// Bytes per compressed block.
+pub const BLOCK_BYTES: u64 = 64 << 10;
+/// Data written before the dictionary is trained (576 pages).
+pub const DICT_SAMPLE_BYTES: u64 = 576 * 4096;
+/// Estimated bytes per allocation beyond its rounded length: malloc's header and the two
+/// `Arc` counters.
+pub const ALLOC_OVERHEAD: u64 = 32;
+const BLOCK: usize = BLOCK_BYTES as usize;
+const DICT_MAX_BYTES: usize = 16 << 10;
+const SAMPLE: usize = 4096;
+const RAW: u8 = 0;
+const ZSTD: u8 = 1;
+const ZSTD_DICT: u8 = 2;
+
+type Blob = Arc<[u8]>;
+
+/// A backing device in RAM, compressed in 64 KiB blocks (see the module docs).
+pub struct MemDevice {
+    size_bytes: u64,
+    level: i32,
+    table: Box<[Mutex<Option<Blob>>]>,
+    /// The decoder's dictionary, set once by the writer before any blob uses it.
+    ddict: OnceLock<DDict<'static>>,
+    writer: Mutex<Writer>,
+    mem: AtomicU64,
+    blocks: AtomicU64,
+    compressed: AtomicU64,
+}
+
+/// What writers share, under the writer mutex.
+struct Writer {
+    /// Compresses blocks; holds the dictionary once there is one. Made by each `write_at` and
+    /// dropped at its end: at level 19 it is about 2.3 MiB, which an idle tier (most of its
+    /// life) should not hold; making one costs about a millisecond, against ~12 ms per block.
+    cctx: Option<CCtx<'static>>,
+    /// The trained dictionary's bytes, loaded into each new `cctx`.
+    dict: Option<Vec<u8>>,
+    /// A block being patched.
+    block: Box<[u8]>,
+    /// The blob being made: the tag and up to `BLOCK` bytes.
+    out: Box<[u8]>,
+    samples: Vec<u8>,
+    sample_bytes: usize,
+    /// The dictionary was trained (or failed to be, or none is wanted): no more samples.
+    trained: bool,
+    /// What of `MemDevice::mem` is this state's own memory.
+    counted: u64,
+}
+
+impl Writer {
+    fn own_bytes(&self) -> u64 {
+        let cctx = self.cctx.as_ref().map_or(0, |c| c.sizeof());
+        let dict = self.dict.as_ref().map_or(0, |d| d.len());
+        (cctx + dict + self.block.len() + self.out.len() + self.samples.len()) as u64
+    }
+}
+
+/// A compression context at `level` for blocks (no checksum, content size or dictionary id),
+/// with `dict` loaded.
+fn make_cctx(level: i32, dict: Option<&[u8]>) -> io::Result<CCtx<'static>> {
+    let mut cctx = CCtx::try_create().ok_or_else(|| io::Error::other("zstd could not make a compression context"))?;
+    for p in [
+        CParameter::CompressionLevel(level),
+        CParameter::ChecksumFlag(false),
+        CParameter::ContentSizeFlag(false),
+        CParameter::DictIdFlag(false),
+    ] {
+        cctx.set_parameter(p).map_err(|c| io::Error::other(format!("zstd refused a parameter: {}", get_error_name(c))))?;
+    }
+    if let Some(d) = dict {
+        cctx.load_dictionary(d).map_err(|c| io::Error::other(format!("zstd could not load the dictionary: {}", get_error_name(c))))?;
+    }
+    Ok(cctx)
+}
+
+/// A reading thread's decompression state (one per thread, for every device: it holds no
+/// dictionary, which each call passes).
+struct Scratch {
+    dctx: DCtx<'static>,
+    block: Box<[u8]>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's scratch, made on first use (the read path's only allocation).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    let new = || Scratch { dctx: DCtx::create(), block: vec![0u8; BLOCK].into_boxed_slice() };
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => f(s.get_or_insert_with(new)),
+        Err(_) => f(&mut new()), // re-entered (nothing here does): a private one
+    })
+}
+
+/// The blocks `offset..offset + len` touches: (block, offset in the block, range in the buffer).
+fn spans(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize, Range<usize>)> {
+    let mut pos = 0;
+    std::iter::from_fn(move || {
+        (pos < len).then(|| {
+            let at = offset + pos as u64;
+            let from = (at % BLOCK_BYTES) as usize;
+            let n = (BLOCK - from).min(len - pos);
+            pos += n;
+            ((at / BLOCK_BYTES) as usize, from, pos - n..pos)
+        })
+    })
+}
+
+fn blob_mem(len: usize) -> u64 {
+    (len as u64).next_multiple_of(16) + ALLOC_OVERHEAD
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+impl MemDevice {
+    /// A device of `size_bytes` (a non-zero multiple of [`BLOCK_BYTES`]) compressing at zstd
+    /// `level` (1..=22), every block empty.
+    pub fn new(size_bytes: u64, level: i32) -> io::Result<MemDevice> {
+        MemDevice::with_sample_bytes(size_bytes, level, DICT_SAMPLE_BYTES as usize)
+    }
+
+    /// [`MemDevice::new`] training its dictionary after `sample_bytes` (0: never).
+    pub(crate) fn with_sample_bytes(size_bytes: u64, level: i32, sample_bytes: usize) -> io::Result<MemDevice> {
+        if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 {
+            return Err(invalid(format!(
+                "a memory device of {size_bytes} bytes: its size must be a non-zero multiple of {BLOCK_BYTES} (64 KiB); round it up"
+            )));
+        }
+        if !(1..=22).contains(&level) {
+            return Err(invalid(format!("zstd level {level} for a memory device is outside 1..=22; choose one in that range")));
+        }
+        let blocks = usize::try_from(size_bytes / BLOCK_BYTES).map_err(|_| invalid(format!("{size_bytes} bytes is too large")))?;
+        // Made once now so that a level zstd refuses fails here, not at the first write.
+        make_cctx(level, None)?;
+        let w = Writer {
+            cctx: None,
+            dict: None,
+            block: vec![0u8; BLOCK].into_boxed_slice(),
+            out: vec![0u8; 1 + BLOCK].into_boxed_slice(),
+            samples: Vec::new(),
+            sample_bytes,
+            trained: sample_bytes == 0,
+            counted: 0,
+        };
+        let table: Box<[_]> = (0..blocks).map(|_| Mutex::new(None)).collect();
+        let dev = MemDevice {
+            size_bytes,
+            level,
+            mem: AtomicU64::new(std::mem::size_of_val(&*table) as u64),
+            table,
+            ddict: OnceLock::new(),
+            writer: Mutex::new(w),
+            blocks: AtomicU64::new(0),
+            compressed: AtomicU64::new(0),
+        };
+        dev.recount(&mut dev.writer.lock());
+        Ok(dev)
+    }
+
+    /// Bytes of RAM this device uses now (see the module docs for what is counted).
+    pub fn mem_bytes(&self) -> u64 {
+        self.mem.load(Relaxed)
+    }
+
+    /// Blocks holding a blob.
+    pub fn stored_blocks(&self) -> u64 {
+        self.blocks.load(Relaxed)
+    }
+
+    /// The sum of the blobs' lengths.
+    pub fn compressed_bytes(&self) -> u64 {
+        self.compressed.load(Relaxed)
+    }
+
+    /// Whether a dictionary was trained and is in use.
+    pub fn has_dict(&self) -> bool {
+        self.ddict.get().is_some()
+    }
+
+    fn check(&self, offset: u64, len: u64, what: &str) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size_bytes => Ok(()),
+            _ => Err(invalid(format!(
+                "{what} of {len} bytes at byte {offset} passes the end of the memory device ({} bytes)",
+                self.size_bytes
+            ))),
+        }
+    }
+
+    fn corrupt(b: usize, what: impl Display) -> io::Error {
+        let at = b as u64 * BLOCK_BYTES;
+        let msg = format!("memory device block at bytes {at}..{} is corrupt ({what}): its records are lost", at + BLOCK_BYTES);
+        io::Error::new(io::ErrorKind::InvalidData, msg)
+    }
+
+    /// Decodes block `b`'s `blob` into `dst` (`BLOCK` bytes), exactly or not at all.
+    fn decode(&self, b: usize, blob: &[u8], dst: &mut [u8], dctx: &mut DCtx<'static>) -> io::Result<()> {
+        let r = match blob.split_first() {
+            Some((&RAW, raw)) if raw.len() == BLOCK => {
+                dst.copy_from_slice(raw);
+                return Ok(());
+            }
+            Some((&ZSTD, frame)) => dctx.decompress(dst, frame),
+            Some((&ZSTD_DICT, frame)) => match self.ddict.get() {
+                Some(d) => dctx.decompress_using_ddict(dst, frame, d),
+                None => return Err(Self::corrupt(b, "it names a dictionary the device does not have")),
+            },
+            _ => return Err(Self::corrupt(b, format_args!("a blob of {} bytes with an unknown tag or length", blob.len()))),
+        };
+        match r {
+            Ok(BLOCK) => Ok(()),
+            Ok(n) => Err(Self::corrupt(b, format_args!("it decodes to {n} bytes instead of {BLOCK}"))),
+            Err(c) => Err(Self::corrupt(b, format_args!("zstd: {}", get_error_name(c)))),
+        }
+    }
+
+    /// Puts `blob` in block `b` (under the writer mutex) and counts the change.
+    fn install(&self, b: usize, blob: Option<Blob>) {
+        if let Some(n) = blob.as_ref().map(|x| x.len()) {
+            self.mem.fetch_add(blob_mem(n), Relaxed);
+            self.compressed.fetch_add(n as u64, Relaxed);
+            self.blocks.fetch_add(1, Relaxed);
+        }
+        let old = std::mem::replace(&mut *self.table[b].lock(), blob);
+        if let Some(n) = old.as_ref().map(|x| x.len()) {
+            self.mem.fetch_sub(blob_mem(n), Relaxed);
+            self.compressed.fetch_sub(n as u64, Relaxed);
+            self.blocks.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Brings the count of the writer's own memory up to date.
+    fn recount(&self, w: &mut Writer) {
+        let now = w.own_bytes();
+        self.mem.fetch_add(now, Relaxed);
+        self.mem.fetch_sub(std::mem::replace(&mut w.counted, now), Relaxed);
+    }
+
+    fn write_blocks(&self, w: &mut Writer, buf: &[u8], offset: u64) -> io::Result<()> {
+        for (b, from, r) in spans(offset, buf.len()) {
+            let src = &buf[r];
+            let whole = if src.len() == BLOCK {
+                src
+            } else {
+                let old = self.table[b].lock().clone();
+                match old {
+                    None => w.block.fill(0),
+                    Some(old) => with_scratch(|s| self.decode(b, &old, &mut w.block, &mut s.dctx))?,
+                }
+                w.block[from..from + src.len()].copy_from_slice(src);
+                &w.block
+            };
+            // A frame must fit in BLOCK - 1 bytes (a blob below the raw one), or the block is
+            // stored raw; a compression error only costs the space.
+            let tag = if self.has_dict() { ZSTD_DICT } else { ZSTD };
+            let cctx = w.cctx.as_mut().expect("write_at made the context");
+            let blob: Blob = match cctx.compress2(&mut w.out[1..BLOCK], whole) {
+                Ok(n) => {
+                    w.out[0] = tag;
+                    Arc::from(&w.out[..1 + n])
+                }
+                Err(_) => {
+                    w.out[0] = RAW;
+                    w.out[1..].copy_from_slice(whole);
+                    Arc::from(&w.out[..])
+                }
+            };
+            self.install(b, Some(blob));
+            if !w.trained {
+                if w.samples.capacity() == 0 {
+                    w.samples.reserve_exact(w.sample_bytes);
+                }
+                let take = (w.sample_bytes - w.samples.len()).min(src.len());
+                w.samples.extend_from_slice(&src[..take]);
+                if w.samples.len() == w.sample_bytes {
+                    self.train(w);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Trains the dictionary on the samples and frees them; on success both the compression
+    /// context and the decoder's dictionary hold it.
+    fn train(&self, w: &mut Writer) {
+        w.trained = true;
+        let samples = std::mem::take(&mut w.samples);
+        let sizes = vec![SAMPLE; samples.len() / SAMPLE];
+        let r = zstd::dict::from_continuous(&samples[..sizes.len() * SAMPLE], &sizes, DICT_MAX_BYTES)
+            .map_err(|e| format!("zstd's trainer: {e}"))
+            .and_then(|dict| {
+                let ddict = DDict::try_create(&dict).ok_or("zstd could not load the trained dictionary")?;
+                let cctx = w.cctx.as_mut().expect("training happens inside write_at");
+                if let Err(c) = cctx.load_dictionary(&dict) {
+                    let _ = cctx.load_dictionary(&[]); // no half-loaded dictionary
+                    return Err(format!("zstd could not load the trained dictionary: {}", get_error_name(c)));
+                }
+                w.dict = Some(dict);
+                Ok(ddict)
+            });
+        match r {
+            Ok(ddict) => {
+                self.mem.fetch_add(ddict.sizeof() as u64, Relaxed);
+                let _ = self.ddict.set(ddict); // only here, once: `trained` was false
+            }
+            Err(e) => compcache_log::warning("compcache", &format!("{}: no dictionary ({e})", self.describe())),
+        }
+    }
+}
+
+impl BackingDevice for MemDevice {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(offset, buf.len() as u64, "a read")?;
+        for (b, from, r) in spans(offset, buf.len()) {
+            let dst = &mut buf[r];
+            let blob = self.table[b].lock().clone();
+            match blob {
+                None => dst.fill(0),
+                Some(blob) if blob.first() == Some(&RAW) && blob.len() == 1 + BLOCK => dst.copy_from_slice(&blob[1 + from..][..dst.len()]),
+                Some(blob) if dst.len() == BLOCK => with_scratch(|s| self.decode(b, &blob, dst, &mut s.dctx))?,
+                Some(blob) => with_scratch(|s| {
+                    self.decode(b, &blob, &mut s.block, &mut s.dctx)?;
+                    dst.copy_from_slice(&s.block[from..from + dst.len()]);
+                    io::Result::Ok(())
+                })?,
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.check(offset, buf.len() as u64, "a write")?;
+        let mut w = self.writer.lock();
+        w.cctx = Some(make_cctx(self.level, w.dict.as_deref())?);
+        self.recount(&mut w);
+        let r = self.write_blocks(&mut w, buf, offset);
+        w.cctx = None;
+        self.recount(&mut w);
+        r
+    }
+
+    /// Drops the blocks entirely inside the range; the partial ones at its ends keep their bytes.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check(offset, len, "a discard")?;
+        let _w = self.writer.lock();
+        for b in offset.div_ceil(BLOCK_BYTES)..(offset + len) / BLOCK_BYTES {
+            self.install(b as usize, None);
+        }
+        Ok(())
+    }
+
+    /// Drops every block and the training samples (page data); keeps the dictionary.
+    fn discard_all(&self) -> io::Result<()> {
+        let mut w = self.writer.lock();
+        (0..self.table.len()).for_each(|b| self.install(b, None));
+        w.samples = Vec::new();
+        self.recount(&mut w);
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("memory (zstd-{}, 64 KiB blocks)", self.level)
+    }
+
+    fn mem_bytes(&self) -> u64 {
+        MemDevice::mem_bytes(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    /// Text-like bytes (compressible, different for every seed).
+    fn text(len: usize, mut seed: u64) -> Vec<u8> {
+        const WORDS: [&str; 8] = ["user", "status=active", "id", "name=\"alice\"", "quota", "path=/var/lib", "ok", "mtime"];
+        let mut v = Vec::with_capacity(len + 64);
+        while v.len() < len {
+            let (w, n) = (WORDS[rng(&mut seed) as usize % 8], rng(&mut seed) % 1000);
+            v.extend_from_slice(format!("{w} {n}; ").as_bytes());
+        }
+        v.truncate(len);
+        v
+    }
+
+    fn random(len: usize, mut seed: u64) -> Vec<u8> {
+        (0..len).map(|_| rng(&mut seed) as u8).collect()
+    }
+
+    fn read(d: &MemDevice, offset: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0xa5; len];
+        d.read_at(&mut v, offset).unwrap();
+        v
+    }
+
+    #[test]
+    fn random_writes_read_back_as_a_plain_buffer_would() {
+        let d = MemDevice::new(1 << 20, 3).unwrap();
+        let mut model = vec![0u8; 1 << 20];
+        let mut seed = 7;
+        for i in 0..400u64 {
+            let len = (rng(&mut seed) % (if i % 5 == 0 { 200_000 } else { 9000 }) + 1) as usize;
+            let off = rng(&mut seed) % ((1 << 20) - len as u64 + 1);
+            let data = match i % 3 {
+                0 => random(len, i),
+                1 => text(len, i),
+                _ => vec![(i % 7) as u8; len],
+            };
+            d.write_at(&data, off).unwrap();
+            model[off as usize..][..len].copy_from_slice(&data);
+            let (l, o) = ((rng(&mut seed) % 140_000 + 1) as usize, rng(&mut seed));
+            let o = o % ((1 << 20) - l as u64 + 1);
+            assert_eq!(read(&d, o, l), model[o as usize..][..l], "read {l} at {o} after write {i}");
+        }
+        assert_eq!(read(&d, 0, 1 << 20), model);
+        assert_eq!(d.stored_blocks(), 16);
+        assert!(d.read_at(&mut [0; 2], (1 << 20) - 1).is_err() && d.write_at(&[0; 2], u64::MAX).is_err(), "past the end");
+    }
+
+    /// Records written as the tier does: 16 + 4096 bytes each, back to back from `from`.
+    fn records(d: &MemDevice, from: u64, n: u64, seed: u64) -> Vec<u8> {
+        let all: Vec<u8> = (0..n).flat_map(|k| text(4112, seed + k)).collect();
+        all.chunks(4112).enumerate().for_each(|(k, r)| d.write_at(r, from + k as u64 * 4112).unwrap());
+        all
+    }
+
+    fn blob_len(d: &MemDevice, b: usize) -> (u8, usize) {
+        d.table[b].lock().as_ref().map_or((RAW, 0), |x| (x[0], x.len()))
+    }
+
+    #[test]
+    fn a_dictionary_is_trained_once_and_every_block_reads_back() {
+        let d = MemDevice::with_sample_bytes(4 << 20, 3, 512 << 10).unwrap();
+        let plain = MemDevice::with_sample_bytes(4 << 20, 3, 0).unwrap();
+        let n = (3 << 20) / 4112;
+        let data = records(&d, 0, n, 1);
+        assert!(d.has_dict(), "trained after 512 KiB");
+        assert_eq!(read(&d, 0, data.len()), data, "blocks from before and after the dictionary");
+        records(&plain, 0, n, 1);
+        assert!(!plain.has_dict());
+        assert_eq!((blob_len(&d, 0).0, blob_len(&d, 20).0, blob_len(&plain, 20).0), (ZSTD, ZSTD_DICT, ZSTD));
+        let (with, without): (usize, usize) =
+            (10..46).map(|b| (blob_len(&d, b).1, blob_len(&plain, b).1)).fold((0, 0), |a, x| (a.0 + x.0, a.1 + x.1));
+        println!("36 blocks: {with} bytes with the dictionary, {without} without");
+        assert!(with <= without, "{with} > {without}");
+        d.discard_all().unwrap();
+        assert!(d.has_dict(), "kept");
+        records(&d, 0, 40, 9);
+        assert_eq!(blob_len(&d, 0).0, ZSTD_DICT);
+    }
+
+    #[test]
+    fn discard_frees_whole_blocks_only_and_discard_all_everything() {
+        let d = MemDevice::new(1 << 20, 3).unwrap();
+        let data = random(4 * BLOCK, 3);
+        d.write_at(&data, 0).unwrap();
+        let before = d.mem_bytes();
+        d.discard(1000, 3 * BLOCK_BYTES - 1000).unwrap();
+        assert_eq!(d.stored_blocks(), 2, "blocks 1 and 2 went");
+        assert!(d.mem_bytes() + 2 * BLOCK_BYTES <= before, "{} then {before}", d.mem_bytes());
+        assert_eq!(read(&d, 0, BLOCK), data[..BLOCK], "a partial block keeps its bytes");
+        assert!(read(&d, BLOCK_BYTES, 2 * BLOCK).iter().all(|&x| x == 0));
+        assert_eq!(read(&d, 3 * BLOCK_BYTES, BLOCK), data[3 * BLOCK..]);
+        d.discard_all().unwrap();
+        assert_eq!((d.compressed_bytes(), d.stored_blocks()), (0, 0));
+        assert!(read(&d, 0, 4 * BLOCK).iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn a_corrupt_blob_fails_the_read_never_returns_wrong_data() {
+        let d = MemDevice::new(1 << 20, 3).unwrap();
+        let data = text(3 * BLOCK, 5);
+        d.write_at(&data, 0).unwrap();
+        let good = d.table[0].lock().clone().unwrap();
+        let bad: [Vec<u8>; 4] = [
+            [&[ZSTD][..], &random(3000, 1)].concat(),
+            good[..good.len() / 2].to_vec(),
+            [&[RAW][..], &data[..1000]].concat(),
+            [&[9][..], &good[1..]].concat(),
+        ];
+        for (k, blob) in bad.into_iter().enumerate() {
+            *d.table[0].lock() = Some(Arc::from(blob));
+            let e = d.read_at(&mut [0u8; 100], 10).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "blob {k}: {e}");
+            assert!(d.read_at(&mut vec![0u8; BLOCK + 10], 0).is_err(), "blob {k}: a read across it");
+            assert!(d.write_at(&[1; 10], 5).is_err(), "blob {k}: a partial write cannot patch it");
+        }
+        assert_eq!(read(&d, BLOCK_BYTES, 2 * BLOCK), data[BLOCK..], "the other blocks still read");
+    }
+
+    #[test]
+    fn readers_of_a_block_never_see_wrong_data_while_other_ranges_of_it_are_written() {
+        let d = MemDevice::new(16 * BLOCK_BYTES, 3).unwrap();
+        // Stable: 16 KiB either side of every block boundary; written: the middle 32 KiB.
+        let stable = text(16 * BLOCK, 11);
+        d.write_at(&stable, 0).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..3u64 {
+                let (d, stable, stop) = (&d, &stable, &stop);
+                s.spawn(move || {
+                    let mut seed = t;
+                    while !stop.load(Relaxed) {
+                        let b = 1 + rng(&mut seed) % 15;
+                        let at = b * BLOCK_BYTES - 16384 + rng(&mut seed) % 28000;
+                        let len = (rng(&mut seed) % 4112 + 1) as usize;
+                        assert_eq!(read(d, at, len), stable[at as usize..][..len], "at {at}");
+                    }
+                });
+            }
+            for round in 0..20u64 {
+                for b in 0..16u64 {
+                    let rec = text(32768, round * 100 + b);
+                    for (k, r) in rec.chunks(4112).enumerate() {
+                        d.write_at(r, b * BLOCK_BYTES + 16384 + k as u64 * 4112).unwrap();
+                    }
+                }
+            }
+            stop.store(true, Relaxed);
+        });
+        assert_eq!(read(&d, 16384, 32768), text(32768, 1900));
+    }
+
+    #[test]
+    fn bad_sizes_and_levels_are_refused() {
+        for (size, level) in [(0, 3), (1000, 3), (BLOCK_BYTES + 1, 3), (BLOCK_BYTES, 0), (BLOCK_BYTES, 23), (BLOCK_BYTES, -1)] {
+            let e = MemDevice::new(size, level).err().expect("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains(if level == 3 { "multiple of 65536" } else { "1..=22" }), "{e}");
+        }
+        assert_eq!(MemDevice::new(BLOCK_BYTES, 22).unwrap().describe(), "memory (zstd-22, 64 KiB blocks)");
+    }
+
+    #[test]
+    fn memory_is_counted() {
+        // Highly compressible pages, each different.
+        let page = |k: u64| [format!("page {k:08} ").as_bytes(), &b"compressible ".repeat(314)].concat()[..4096].to_vec();
+        let block = |b: u64| (b * 16..b * 16 + 16).flat_map(page).collect::<Vec<u8>>();
+        // Without a dictionary: the blobs of 1 MiB cost a few KiB beyond the fixed cost (the
+        // table, the writer's buffers and its zstd context, sized by its first compression).
+        let d = MemDevice::with_sample_bytes(1 << 20, 3, 0).unwrap();
+        d.write_at(&block(0), 0).unwrap();
+        let fixed = d.mem_bytes();
+        (1..16).for_each(|b| d.write_at(&block(b), b * BLOCK_BYTES).unwrap());
+        println!("fixed {fixed}, 1 MiB compressible {}", d.mem_bytes());
+        assert!(d.mem_bytes() - fixed < (1 << 20) / 32);
+        // The samples are counted until the dictionary is trained, then freed.
+        let d = MemDevice::new(16 << 20, 3).unwrap();
+        (0..16).for_each(|b| d.write_at(&block(b), b * BLOCK_BYTES).unwrap());
+        assert!(!d.has_dict() && d.mem_bytes() > 1 << 20, "{}", d.mem_bytes());
+        let t = std::time::Instant::now();
+        (16..256).for_each(|b| d.write_at(&block(b), b * BLOCK_BYTES).unwrap());
+        println!("16 MiB compressible: {} bytes, {} in blobs; {:?}", d.mem_bytes(), d.compressed_bytes(), t.elapsed());
+        assert!(d.has_dict() && d.mem_bytes() < (16 << 20) / 8);
+        // Random data costs at least itself.
+        let r = MemDevice::new(1 << 20, 3).unwrap();
+        r.write_at(&random(1 << 20, 2), 0).unwrap();
+        assert!(r.mem_bytes() >= 1 << 20, "{}", r.mem_bytes());
+        d.discard_all().unwrap();
+        assert_eq!(d.compressed_bytes(), 0);
+        println!("after discard_all: {} (a reader's context: {})", d.mem_bytes(), DCtx::create().sizeof());
+    }
+}
