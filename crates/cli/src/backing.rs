@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use compcache_store::config::{DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT};
-use compcache_store::{parse_size, BackingConfig, Store};
+use compcache_store::config::{DEFAULT_COLD_IDLE_SECS, DEFAULT_COLD_LEVEL, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT};
+use compcache_store::{parse_size, BackingConfig, Medium, Store};
 
 use crate::failure::Failure;
 use crate::log;
@@ -57,6 +57,22 @@ pub struct BackingArgs {
     #[arg(long, help_heading = "Backing device")]
     pub backing_plaintext: bool,
 
+    /// A cold tier in RAM instead of a backing device: pages idle for --cold-idle (and, with
+    /// --mem-limit, the coldest when memory passes --writeback-high) move to a log of up to
+    /// SIZE of raw pages that is kept compressed 64 KiB at a time with zstd (--cold-level),
+    /// so cold pages cost what multi-page units cost; a read of one costs tens of
+    /// microseconds. Its memory counts in mem_used_total. See docs/backing.md, "The cold tier".
+    #[arg(long, value_name = "SIZE", conflicts_with = "backing", help_heading = "Backing device")]
+    pub cold_tier: Option<String>,
+
+    /// Seconds a page stays unused before it moves to the cold tier.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_COLD_IDLE_SECS, help_heading = "Backing device")]
+    pub cold_idle: u64,
+
+    /// The cold tier's zstd level (1-22).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_COLD_LEVEL, value_parser = clap::value_parser!(i32).range(1..=22), help_heading = "Backing device")]
+    pub cold_level: i32,
+
     /// Take over an existing --backing file that has no compcache signature, or that other
     /// users could read (it is set to mode 0600 and this user). Without it such a file is
     /// refused and left untouched. See docs/backing.md, "What compcache refuses".
@@ -79,6 +95,38 @@ impl BackingArgs {
     /// device's memory limit in bytes (0: none), `ram` physical RAM for `%` sizes.
     pub fn config(&self, ram: u64, mem_limit: u64) -> Result<Option<BackingConfig>, Failure> {
         let size = |flag: &str, text: &Option<String>| text.as_deref().map_or(Ok(0), |t| size_or_none(flag, t, ram));
+        let cold_flags = self.cold_idle != DEFAULT_COLD_IDLE_SECS || self.cold_level != DEFAULT_COLD_LEVEL;
+        if let Some(text) = &self.cold_tier {
+            if self.backing.is_some() {
+                return Err(Failure::usage("--cold-tier and --backing both name where cold pages go: give one"));
+            }
+            if self.backing_size.is_some() || self.backing_incompressible || self.backing_plaintext || self.force {
+                return Err(Failure::usage(
+                    "--backing-size, --backing-incompressible, --backing-plaintext and --force are for --backing PATH, not --cold-tier",
+                ));
+            }
+            let block = compcache_store::backing::memdev::BLOCK_BYTES;
+            let segment = compcache_store::config::DEFAULT_SEGMENT_BYTES;
+            let bytes = size_or_none("--cold-tier", text, ram)?;
+            if bytes < 4 * segment {
+                return Err(Failure::usage(format!("--cold-tier {text}: the cold tier needs at least {} MiB", (4 * segment) >> 20)));
+            }
+            debug_assert_eq!(segment % block, 0);
+            let cfg = BackingConfig {
+                high_pct: self.writeback_high,
+                low_pct: self.writeback_low,
+                writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit)?,
+                writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate)?,
+                medium: Medium::Memory { level: self.cold_level },
+                idle_secs: self.cold_idle,
+                // Whole segments (what the tier uses of it anyway).
+                ..BackingConfig::in_memory(bytes / segment * segment)
+            };
+            return Ok(Some(cfg));
+        }
+        if cold_flags {
+            return Err(Failure::usage("--cold-idle and --cold-level need --cold-tier SIZE"));
+        }
         let Some(path) = &self.backing else {
             if self.backing_size.is_some()
                 || self.writeback_limit.is_some()
@@ -113,8 +161,18 @@ impl BackingArgs {
     /// The same flags as arguments for a server command line (`swapon` starting `compcache
     /// ublk` or `compcache nbd-attach`): nothing without `--backing`.
     pub fn to_args(&self) -> Vec<OsString> {
-        let Some(path) = &self.backing else { return Vec::new() };
-        let mut v: Vec<OsString> = vec!["--backing".into(), path.into()];
+        let mut v: Vec<OsString> = match (&self.backing, &self.cold_tier) {
+            (Some(path), _) => vec!["--backing".into(), path.into()],
+            (None, Some(size)) => vec![
+                "--cold-tier".into(),
+                size.into(),
+                "--cold-idle".into(),
+                self.cold_idle.to_string().into(),
+                "--cold-level".into(),
+                self.cold_level.to_string().into(),
+            ],
+            (None, None) => return Vec::new(),
+        };
         v.extend(["--writeback-high".into(), self.writeback_high.to_string().into()]);
         v.extend(["--writeback-low".into(), self.writeback_low.to_string().into()]);
         for (flag, value) in [
@@ -276,9 +334,29 @@ mod tests {
     }
 
     #[test]
+    fn the_cold_tier_flags_become_a_tier_in_memory() {
+        let c = args(&["--cold-tier", "1G", "--cold-idle", "120", "--cold-level", "15", "--writeback-rate", "4M/s"]);
+        let b = c.config(8 * GIB, 0).unwrap().unwrap();
+        assert_eq!((b.medium, b.idle_secs, b.size_bytes, b.writeback_rate_bytes), (Medium::Memory { level: 15 }, 120, GIB, 4 << 20));
+        assert!(!b.encrypt && !b.incompressible, "in the server's memory: not encrypted, no overflow");
+        let d = args(&["--cold-tier", "10%"]).config(8 * GIB, 0).unwrap().unwrap();
+        assert_eq!((d.medium, d.idle_secs), (Medium::Memory { level: DEFAULT_COLD_LEVEL }, DEFAULT_COLD_IDLE_SECS));
+        assert_eq!(d.size_bytes % compcache_store::config::DEFAULT_SEGMENT_BYTES, 0, "whole segments");
+        let e = args(&["--cold-tier", "1M"]).config(8 * GIB, 0).unwrap_err().to_string();
+        assert!(e.contains("at least 4 MiB"), "{e}");
+        let e = args(&["--cold-idle", "30"]).config(8 * GIB, 0).unwrap_err().to_string();
+        assert!(e.contains("need --cold-tier"), "{e}");
+        let e = args(&["--cold-tier", "1G", "--backing-plaintext"]).config(8 * GIB, 0).unwrap_err().to_string();
+        assert!(e.contains("not --cold-tier"), "{e}");
+        assert!(T::try_parse_from(["t", "--cold-tier", "1G", "--backing", "f"]).is_err(), "one place for cold pages");
+        assert!(T::try_parse_from(["t", "--cold-tier", "1G", "--cold-level", "23"]).is_err(), "zstd has no level 23");
+    }
+
+    #[test]
     fn to_args_round_trips() {
         assert!(args(&[]).to_args().is_empty());
         for v in [
+            &["--cold-tier", "2G", "--cold-idle", "60", "--cold-level", "12", "--writeback-high", "90", "--writeback-low", "75"][..],
             &["--backing", "/dev/vdb"][..],
             &[
                 "--backing",

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use clap::Parser;
-use compcache_store::config::{DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT};
+use compcache_store::config::{DEFAULT_COLD_IDLE_SECS, DEFAULT_COLD_LEVEL, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT};
 
 use crate::backing::BackingArgs;
 use crate::failure::Failure;
@@ -75,6 +75,9 @@ impl OwnKeys {
             writeback_rate: flags.writeback_rate.clone().or_else(|| own.writeback_rate.clone()),
             backing_incompressible: flags.backing_incompressible || own.backing_incompressible,
             backing_plaintext: flags.backing_plaintext || own.backing_plaintext,
+            cold_tier: flags.cold_tier.clone().or_else(|| own.cold_tier.clone()),
+            cold_idle: if flags.cold_idle != DEFAULT_COLD_IDLE_SECS { flags.cold_idle } else { own.cold_idle },
+            cold_level: if flags.cold_level != DEFAULT_COLD_LEVEL { flags.cold_level } else { own.cold_level },
             force: flags.force,
         }
     }
