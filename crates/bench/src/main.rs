@@ -45,6 +45,9 @@ struct Args {
     /// With --recompress: the recompression codec's zstd level.
     #[arg(long, default_value_t = compcache_store::config::DEFAULT_RECOMPRESS_LEVEL)]
     recompress_level: i32,
+    /// With --recompress: the cold tier's zstd level (its rows move every page there).
+    #[arg(long, default_value_t = compcache_store::config::DEFAULT_COLD_LEVEL)]
+    cold_level: i32,
 }
 
 #[derive(Serialize, Default, Clone)]
@@ -95,7 +98,7 @@ fn main() {
         std::process::exit(2);
     }
     if args.recompress {
-        recomp::main(&data, args.recompress_level, !args.no_zram, args.json.as_deref());
+        recomp::main(&data, args.recompress_level, args.cold_level, !args.no_zram, args.json.as_deref());
         return;
     }
     let data = Arc::new(data);

@@ -9,6 +9,11 @@
 //! latency of single-page reads (random order, one thread, p50/p99) are taken. Writes are timed
 //! before recompression: the write path does not change with it.
 //!
+//! Cold-tier rows (`--cold-level`, default the tier's own 19): the same two stores, then every
+//! page moved to a cold tier (`BackingConfig::in_memory`: RAM compressed 64 KiB at a time) by
+//! idle writeback, GC'd and compacted: `mem_used_total` then counts the pool and the tier; the
+//! CPU time of that writeback per GiB; and single-page reads of cold pages.
+//!
 //! zram rows: lzo-rle (its default), lz4, zstd, and zstd with a dictionary through
 //! `algorithm_params` (Linux 6.12+; trained by zstd's trainer on a sample of the same pages,
 //! which favours zram slightly), memory from `mm_stat` after the same pages are written.
@@ -16,7 +21,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use compcache_store::{Config, DictSource, RecompressConfig, Store, PAGE_SIZE};
+use compcache_store::{BackingConfig, Config, DictSource, Medium, RecompressConfig, Store, WritebackBudget, PAGE_SIZE};
 use serde::Serialize;
 
 use crate::zram;
@@ -28,6 +33,8 @@ struct RecompRow {
     write_pages_per_s: f64,
     /// compcache with recompression: CPU seconds it took per GiB of data stored.
     recompress_cpu_s_per_gib: Option<f64>,
+    /// compcache with a cold tier: CPU seconds moving every page there took, per GiB.
+    cold_cpu_s_per_gib: Option<f64>,
     /// Single-page reads, ns (compcache only).
     read_p50_ns: Option<u64>,
     read_p99_ns: Option<u64>,
@@ -36,21 +43,29 @@ struct RecompRow {
     recomp_dict_pages: u64,
 }
 
-pub fn main(data: &[u8], level: i32, with_zram: bool, json: Option<&Path>) {
+pub fn main(data: &[u8], level: i32, cold_level: i32, with_zram: bool, json: Option<&Path>) {
     let pages = data.len() / PAGE_SIZE;
     let gib = data.len() as f64 / (1u64 << 30) as f64;
     let rc = RecompressConfig { level, ..RecompressConfig::default() };
     let mut rows = vec![
-        compcache(data, "compcache lz4", None),
+        compcache(data, "compcache lz4", None, None),
         compcache(
             data,
             &format!("compcache lz4 + recompress zstd-{level}"),
             Some(RecompressConfig { dict: DictSource::None, ..rc.clone() }),
+            None,
         ),
-        compcache(data, &format!("compcache lz4 + recompress zstd-{level} + dict"), Some(rc)),
+        compcache(data, &format!("compcache lz4 + recompress zstd-{level} + dict"), Some(rc.clone()), None),
+        compcache(data, &format!("compcache lz4, cold tier zstd-{cold_level}"), None, Some(cold_level)),
+        compcache(
+            data,
+            &format!("compcache lz4 + recompress zstd-{level} + dict, cold tier zstd-{cold_level}"),
+            Some(rc),
+            Some(cold_level),
+        ),
     ];
     for r in &mut rows {
-        if let Some(cpu) = r.recompress_cpu_s_per_gib.as_mut() {
+        for cpu in [r.recompress_cpu_s_per_gib.as_mut(), r.cold_cpu_s_per_gib.as_mut()].into_iter().flatten() {
             *cpu /= gib;
         }
     }
@@ -73,6 +88,7 @@ pub fn main(data: &[u8], level: i32, with_zram: bool, json: Option<&Path>) {
                             mem_bytes: r.mem_bytes,
                             write_pages_per_s: r.write_pages_per_s,
                             recompress_cpu_s_per_gib: None,
+                            cold_cpu_s_per_gib: None,
                             read_p50_ns: None,
                             read_p99_ns: None,
                             recomp_pages: 0,
@@ -98,10 +114,17 @@ pub fn main(data: &[u8], level: i32, with_zram: bool, json: Option<&Path>) {
     }
 }
 
-fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>) -> RecompRow {
+fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>, cold_level: Option<i32>) -> RecompRow {
     let pages = data.len() / PAGE_SIZE;
     let idle = rc.as_ref().map_or(0, |r| r.idle_secs);
-    let store = Store::new(Config { recompress: rc, ..Config::with_disksize(data.len() as u64) }).expect("store for the page set");
+    // Room for every page raw with its record header, in whole segments, and four to spare.
+    let backing = cold_level.map(|level| {
+        let seg = compcache_store::config::DEFAULT_SEGMENT_BYTES;
+        let bytes = (pages as u64 * (PAGE_SIZE as u64 + 64)).div_ceil(seg) * seg + 4 * seg;
+        BackingConfig { medium: Medium::Memory { level }, ..BackingConfig::in_memory(bytes) }
+    });
+    let cfg = Config { recompress: rc, backing, ..Config::with_disksize(data.len() as u64) };
+    let store = Store::new(cfg).expect("store for the page set");
     let mut ctx = store.context();
     let start = Instant::now();
     for (i, p) in data.chunks_exact(PAGE_SIZE).enumerate() {
@@ -118,9 +141,28 @@ fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>) -> RecompRow
             quiet = if r.done + r.rejected == 0 { quiet + r.scanned.max(1) } else { 0 };
         }
     }
+    let mut cold_cpu_s = None;
+    if cold_level.is_some() {
+        // Every page is idle: all of them go (what `maintain` does to pages idle past
+        // `--cold-idle`), then GC and compaction give back what they left.
+        let t = thread_cpu_s();
+        let r = store.writeback_idle(0, WritebackBudget::UNLIMITED);
+        assert!(r.error.is_none() && !r.device_full, "cold writeback: {r:?}");
+        let g = store.gc(u64::MAX);
+        assert!(g.error.is_none() && g.corrupt == 0, "GC: {g:?}");
+        cold_cpu_s = Some(thread_cpu_s() - t);
+    }
     store.compact();
     let s = store.stats();
     let (p50, p99) = read_latency(&store, data);
+    if cold_level.is_some() {
+        eprintln!(
+            "  {name}: cold tier {} pages, {:.1} MiB of it in RAM, pool {:.1} MiB",
+            s.bd_count,
+            s.bd_mem_bytes as f64 / 1048576.0,
+            (s.mem_used_total - s.bd_mem_bytes) as f64 / 1048576.0
+        );
+    }
     eprintln!(
         "  {name}: mem_used_total {:.1} MiB, recompressed {} (with dictionary {}), dictionaries installed {} (refused {}), recompressions {}",
         s.mem_used_total as f64 / 1048576.0,
@@ -135,11 +177,20 @@ fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>) -> RecompRow
         mem_bytes: s.mem_used_total,
         write_pages_per_s,
         recompress_cpu_s_per_gib: store.recompresses().then_some(s.recompress_cpu_ms as f64 / 1000.0),
+        cold_cpu_s_per_gib: cold_cpu_s,
         read_p50_ns: Some(p50),
         read_p99_ns: Some(p99),
         recomp_pages: s.recomp_pages,
         recomp_dict_pages: s.recomp_dict_pages,
     }
+}
+
+/// This thread's CPU time, seconds.
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_THREAD_CPUTIME_ID exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// Single-page reads in a random order (every page checked): p50 and p99 in ns.
@@ -190,17 +241,18 @@ fn print(pages: usize, rows: &[RecompRow]) {
     let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     println!("### Recompression: {pages} pages ({} MiB)", (pages * PAGE_SIZE) >> 20);
     println!();
-    println!("| store | mem_used_total MiB | vs zram lzo-rle | vs zram zstd | write pages/s | recompress CPU s/GiB | read p50 ns | read p99 ns | recompressed (dict) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| store | mem_used_total MiB | vs zram lzo-rle | vs zram zstd | write pages/s | recompress CPU s/GiB | cold tier CPU s/GiB | read p50 ns | read p99 ns | recompressed (dict) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         println!(
-            "| {} | {:.1} | {} | {} | {:.0} | {} | {} | {} | {} ({}) |",
+            "| {} | {:.1} | {} | {} | {:.0} | {} | {} | {} | {} | {} ({}) |",
             r.name,
             r.mem_bytes as f64 / 1048576.0,
             ratio(r.mem_bytes, lzo),
             ratio(r.mem_bytes, zstd),
             r.write_pages_per_s,
             r.recompress_cpu_s_per_gib.map_or("-".to_string(), |c| format!("{c:.1}")),
+            r.cold_cpu_s_per_gib.map_or("-".to_string(), |c| format!("{c:.1}")),
             opt(r.read_p50_ns),
             opt(r.read_p99_ns),
             r.recomp_pages,
