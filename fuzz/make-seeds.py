@@ -241,6 +241,8 @@ def store():
         "backing-limit-6": bytes([0x09]) + backing,
         "backing-incompressible": bytes([0x19]) + backing,
         "backing-no-promote": bytes([0x2D]) + backing + fill,
+        "cold-tier": bytes([0x81]) + backing + age(10) + maintain(50) + r(0, 12288) + r(0, 12288),
+        "cold-tier-limit-6-recompress": bytes([0xC9]) + backing + fill + age(10) + maintain(50) + r(0, 12288),
     }
     for k, v in seeds.items():
         write("store_ops", k, v)
