@@ -361,12 +361,14 @@ def swap_through_fuse(cg_parent, cg_version, prefix, dev, stat, filled=None):
     assert st["failed_reads"] == 0 and st["failed_writes"] == 0
 
 
-@pytest.mark.parametrize("extra", [[], ["--recompress", "on", "--recompress-idle", "1", "--recompress-cpu", "50"]],
-                         ids=["plain", "recompress"])
+@pytest.mark.parametrize("extra", [[], ["--recompress", "on", "--recompress-idle", "1", "--recompress-cpu", "50"],
+                                   ["--cold-tier", "256M", "--cold-idle", "1", "--cold-level", "3"]],
+                         ids=["plain", "recompress", "cold"])
 def test_swapon_frontend_fuse(compcache_bin, extra):
     """The kernel swaps the verified workload to `swapon --frontend fuse`; with `recompress`,
     the swap server also recompresses pages idle for a second (its thread in a locked,
-    fault-free server), and every page the workload reads back is still right."""
+    fault-free server); with `cold`, pages idle for a second move to the cold tier (RAM
+    compressed 64 KiB at a time); and every page the workload reads back is still right."""
     need_fuse()
     need("mkswap")
     cg_parent, cg_version = need_memory_cgroup()
@@ -402,8 +404,16 @@ def test_swapon_frontend_fuse(compcache_bin, extra):
                 print(f"recompressed {st['recompress_done']} pages, {st['recomp_pages']} now "
                       f"({st['recomp_dict_pages']} with a dictionary), CPU {st['recompress_cpu_ms']} ms")
 
-            swap_through_fuse(cg_parent, cg_version, "compcache-fuse-test", dev, stat,
-                              filled=recompressed if extra else None)
+            def went_cold():
+                # The pages sit idle in swap now: the writeback thread moves them to the tier.
+                wait_for(lambda: stat()["bd_count"] > 1000, "the swap server to move idle pages to its cold tier", timeout=120)
+                st = stat()
+                print(f"cold tier: {st['bd_count']} pages, {st['bd_mem_bytes']} bytes of RAM; "
+                      f"mem_used_total {st['mem_used_total']}")
+                assert 0 < st["bd_mem_bytes"] <= st["mem_used_total"] and st["bd_errors"] == 0, st
+
+            filled = {"--recompress": recompressed, "--cold-tier": went_cold}.get(extra[0]) if extra else None
+            swap_through_fuse(cg_parent, cg_version, "compcache-fuse-test", dev, stat, filled=filled)
             # `compcache list` finds the device by its control socket in /run/compcache, with
             # its front end and swap priority.
             listed = json.loads(run([compcache_bin, "list", "--json"]).stdout)

@@ -227,7 +227,8 @@ impl Store {
             strong: self.recomp.is_some().then(StrongDecoder::new),
             cbuf: resident_bytes(MAX_COMPRESSED_BYTES).into_boxed_slice(),
             page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
-            rec: resident_bytes(RECORD_HEADER + PAGE_SIZE).into_boxed_slice(),
+            // Room for a compressor's worst case too: promotion compresses into it.
+            rec: resident_bytes(RECORD_HEADER + MAX_COMPRESSED_BYTES).into_boxed_slice(),
             read: match self.backing {
                 Some(_) => ReadBuf::new(MAX_RUN_BYTES as usize),
                 None => ReadBuf::empty(),

@@ -1,8 +1,13 @@
 //! The backing tier: a backing device (block device or file) under the compressed RAM, as
 //! compcache 0.5's backing swap device and zram's writeback, built so that it just works.
 //!
-//! Pages reach the device three ways, always compressed (raw only if they do not compress),
-//! packed several to a 4 KiB block and checksummed (record format in `log.rs`):
+//! The device may also be RAM: the cold tier (`memdev.rs`, `Medium::Memory`), which keeps the
+//! log compressed 64 KiB at a time. Then writeback writes pages decoded (raw records, so that
+//! neighbours compress together), requests never overflow into it, and records are sealed
+//! with a crc32c, not encrypted (they stay in this process's memory, as the pool's pages do).
+//!
+//! Pages reach a file or block device three ways, always compressed (raw only if they do not
+//! compress), packed several to a 4 KiB block and checksummed (record format in `log.rs`):
 //! - overflow: a write that would take the pool over `mem_limit` goes to the device instead
 //!   of failing (`Store::write_page`); so do incompressible pages with
 //!   `BackingConfig::incompressible`;

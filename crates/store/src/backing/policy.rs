@@ -15,7 +15,8 @@
 //!   turns the rate into one) and by what is left of the writeback limit. Watermarks, rate and
 //!   limit start as configured and can be changed while the device runs (`tuning.rs`).
 //! - How: pages are copied (still compressed) into a batch under their slot lock, one at a
-//!   time; the batch is placed and written with one `pwrite` per contiguous run (256 KiB
+//!   time (for the cold tier they are then decoded into the batch as raw pages, `RawPages`);
+//!   the batch is placed and written with one `pwrite` per contiguous run (256 KiB
 //!   batches); then each slot is switched to its new location if it still holds what was
 //!   copied (otherwise the copy is dead space for GC). Compaction then gives the emptied
 //!   zspages back.
@@ -270,8 +271,9 @@ fn write_back_batch(mv: &Mover<'_>, b: &Backing, m: &mut Maint, rep: &mut Writeb
 /// record's payload.
 ///
 /// A raw page from the cold tier (whose records are all raw) is compressed with the store's
-/// codec first, into `scratch` (at least `MAX_COMPRESSED_BYTES`), by `comp`: it comes back
-/// as the page it was before it went cold, not as a raw 4 KiB object.
+/// codec first, into `scratch` (`MAX_COMPRESSED_BYTES` or more: room for lz4's worst case),
+/// by `comp`: it comes back as the page it was before it went cold, not as a raw 4 KiB
+/// object.
 pub(crate) fn maybe_promote(
     mv: &Mover<'_>,
     b: &Backing,
