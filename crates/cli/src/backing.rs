@@ -105,13 +105,11 @@ impl BackingArgs {
                     "--backing-size, --backing-incompressible, --backing-plaintext and --force are for --backing PATH, not --cold-tier",
                 ));
             }
-            let block = compcache_store::backing::memdev::BLOCK_BYTES;
             let segment = compcache_store::config::DEFAULT_SEGMENT_BYTES;
             let bytes = size_or_none("--cold-tier", text, ram)?;
             if bytes < 4 * segment {
                 return Err(Failure::usage(format!("--cold-tier {text}: the cold tier needs at least {} MiB", (4 * segment) >> 20)));
             }
-            debug_assert_eq!(segment % block, 0);
             let cfg = BackingConfig {
                 high_pct: self.writeback_high,
                 low_pct: self.writeback_low,

@@ -590,15 +590,7 @@ fn concurrent_io_with_writeback_and_gc_never_returns_wrong_data() {
     cfg.backing.as_mut().unwrap().low_pct = 30;
     let store = Arc::new(Store::new(cfg).unwrap());
     let stress = Stress { pages, threads: 4, ops_per_thread: 6_000, seed: 11, extra: Extra::MultiRead };
-    let rounds = stress::run(&store, stress, |store, round| {
-        let r = store.maintain(std::time::Duration::from_millis(10));
-        assert!(r.writeback.error.is_none() && r.gc.error.is_none(), "{r:?}");
-        store.advance_clock(1);
-        if round % 8 == 0 {
-            let r = store.writeback_idle(3, WritebackBudget { max_bytes: 64 << 10 });
-            assert!(r.error.is_none());
-        }
-    });
+    let rounds = stress::run(&store, stress, |store, round| stress::maintenance_round(store, round, 3, 64 << 10));
     assert!(rounds > 0);
     let s = store.stats();
     assert!(s.bd_writes > 0 && s.bd_reads > 0, "the device was used: {s:?}");

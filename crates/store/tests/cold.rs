@@ -13,7 +13,7 @@ mod common;
 use common::model::{backing_op, recompress_op, Model, Op};
 use common::stress::{self, Extra, Stress};
 use common::{page, Kind, PAGE};
-use compcache_store::{BackingConfig, Config, Medium, RecompressConfig, Store, StoreError, WritebackBudget};
+use compcache_store::{BackingConfig, Config, Medium, RecompressConfig, Store, StoreError};
 use proptest::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -185,15 +185,7 @@ fn concurrent_io_with_cold_writeback_gc_and_promotion_never_returns_wrong_data()
     cfg.backing.as_mut().unwrap().idle_secs = 2;
     let store = Arc::new(Store::new(cfg).unwrap());
     let stress = Stress { pages, threads: 4, ops_per_thread: 4_000, seed: 23, extra: Extra::MultiRead };
-    let rounds = stress::run(&store, stress, |store, round| {
-        let r = store.maintain(Duration::from_millis(10));
-        assert!(r.writeback.error.is_none() && r.gc.error.is_none(), "{r:?}");
-        store.advance_clock(1);
-        if round % 8 == 0 {
-            let r = store.writeback_idle(1, WritebackBudget { max_bytes: 256 << 10 });
-            assert!(r.error.is_none());
-        }
-    });
+    let rounds = stress::run(&store, stress, |store, round| stress::maintenance_round(store, round, 1, 256 << 10));
     assert!(rounds > 0);
     let s = store.stats();
     assert!(s.bd_writes > 0 && s.bd_reads > 0, "the tier was used: {s:?}");

@@ -218,12 +218,13 @@ fn write_back_coldest(mv: &Mover<'_>, b: &Backing, m: &mut Maint, want: u64, min
             }
         });
         let Some(old) = taken else { continue };
+        // The pool bytes the page holds (what it frees once written back).
+        let stored = match old {
+            Entry::Compressed { len, .. } => len as usize,
+            _ => PAGE_SIZE,
+        };
         if let Some(r) = raw {
-            let len = match old {
-                Entry::Compressed { len, .. } => len as usize,
-                _ => PAGE_SIZE,
-            };
-            if let Err(reason) = r.decode(old, len, dict.as_deref()) {
+            if let Err(reason) = r.decode(old, stored, dict.as_deref()) {
                 // Left where it is: its reader gets the error, the cold tier no wrong page.
                 let _ = b.error(index, format!("page not written back: it does not decode ({reason})"));
                 continue;
@@ -231,10 +232,7 @@ fn write_back_coldest(mv: &Mover<'_>, b: &Backing, m: &mut Maint, want: u64, min
             batch.push(index, old, PAGE_SIZE, false).copy_from_slice(&r.page);
         }
         // Counted as the pool bytes it frees (the cold tier's records are raw pages).
-        gathered += match old {
-            Entry::Compressed { len, .. } => len as u64,
-            _ => PAGE_SIZE as u64,
-        };
+        gathered += stored as u64;
         // Written as soon as it is full, so the next page's copy (under its slot lock) never
         // grows it.
         if m.batch.is_full() && !write_back_batch(mv, b, m, &mut rep) {

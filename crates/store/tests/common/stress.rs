@@ -4,7 +4,7 @@
 //! (`super::plausible`: some version of that page, never torn, never another page's).
 
 use super::{kind_of, page, plausible, xorshift, PAGE};
-use compcache_store::Store;
+use compcache_store::{Store, WritebackBudget};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -83,4 +83,18 @@ pub fn run(store: &Arc<Store>, s: Stress, mut background: impl FnMut(&Store, u64
     }
     stop.store(true, Ordering::Relaxed);
     bg.join().expect("the background thread failed")
+}
+
+/// One round of a backing tier's maintenance thread in a stress run: a `maintain` step (which
+/// must report no error), the clock a second on, and every eighth round an idle writeback of
+/// pages `idle_secs` old, up to `idle_bytes`.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn maintenance_round(store: &Store, round: u64, idle_secs: u64, idle_bytes: u64) {
+    let r = store.maintain(std::time::Duration::from_millis(10));
+    assert!(r.writeback.error.is_none() && r.gc.error.is_none(), "{r:?}");
+    store.advance_clock(1);
+    if round % 8 == 0 {
+        let r = store.writeback_idle(idle_secs, WritebackBudget { max_bytes: idle_bytes });
+        assert!(r.error.is_none());
+    }
 }
