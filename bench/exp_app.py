@@ -95,7 +95,7 @@ def run_point(ctx, cg, n: int, instance_mib: int, cycles: int, timeout_s: float,
 
 def settled(st: dict, after_s: float) -> dict:
     """The device's figures after the settling pause, with the seed's ratio."""
-    out = {"after_s": after_s, **{k: st.get(k) for k in ("orig_data_size", "mem_used_total", "recompress_done")}}
+    out = {"after_s": after_s, **{k: st.get(k) for k in ("orig_data_size", "mem_used_total", "recompress_done", "bd_count")}}
     ratio = stored_ratio(st)
     out["compression_ratio"] = None if ratio is None else round(ratio, 3)
     return out

@@ -194,11 +194,12 @@ def app_tables(app: dict) -> str:
                 table(["size", "N", "orig MiB", "compr MiB", "mem_used MiB", "ratio"], rows), ""]
     rows = [[lab, pt["n"], f"{st['after_s']:g}", _mib(st.get("orig_data_size")), _mib(st.get("mem_used_total")),
              st.get("recompress_done") if st.get("recompress_done") is not None else "-",
+             st.get("bd_count") if st.get("bd_count") else "-",
              "-" if not st.get("compression_ratio") else f"{st['compression_ratio']:.2f}:1"]
             for lab in labels for pt in sizes[lab].get("points", []) if (st := pt.get("settled"))]
     if rows:
         out += ["After the cycles, the instances idle (settle_s), then the device again:", "",
-                table(["size", "N", "idle s", "orig MiB", "mem_used MiB", "recompressed pages", "ratio"], rows), ""]
+                table(["size", "N", "idle s", "orig MiB", "mem_used MiB", "recompressed pages", "cold pages", "ratio"], rows), ""]
     return "\n".join(out)
 
 

@@ -18,6 +18,8 @@ end, so one stuck step does not leave the rest behind.
   compcache     compcache serve, via nbdfuse + loop device
   compcache-fuse  compcache fuse: its own FUSE file + loop device ("compcache (FUSE)")
   compcache-fuse-recompress  the same with --recompress on (idle after 10 s; docs/store.md)
+  compcache-fuse-cold  the same with a cold tier as large as the device (--cold-tier; pages
+                idle 30 s go there; docs/backing.md "The cold tier")
   compcache-fuse-uring  the same with --io-uring: FUSE over io_uring (Linux 6.14+); the
                 module's enable_uring is Y only while the server starts, then as found
 """
@@ -621,6 +623,22 @@ class CompcacheFuseRecompressSwap(CompcacheFuseSwap):
                          extra_args=("--recompress", "on", "--recompress-idle", "10"))
 
 
+class CompcacheFuseColdSwap(CompcacheFuseSwap):
+    """`compcache fuse --recompress on --cold-tier SIZE`: recompression of pages idle for 10 s
+    and, for pages idle 30 s, the cold tier (RAM compressed 64 KiB at a time with zstd 19 and
+    a dictionary, docs/backing.md "The cold tier"), with room for the whole device."""
+
+    name = "compcache-fuse-cold"
+    label = "compcache (FUSE, cold tier)"
+
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None):
+        # The tier counts whole MiB (its segments); at least 4 MiB.
+        tier_mib = max(4, size_bytes >> 20)
+        super().__init__(system, ledger, workdir, size_bytes, binary,
+                         extra_args=("--recompress", "on", "--recompress-idle", "10",
+                                     "--cold-tier", f"{tier_mib}M", "--cold-idle", "30"))
+
+
 class CompcacheFuseUringSwap(CompcacheFuseSwap):
     """`compcache fuse --io-uring`: requests through FUSE over io_uring. The fuse module's
     `enable_uring` is set to Y while the server mounts (a connection keeps io_uring once it
@@ -655,7 +673,7 @@ class CompcacheFuseUringSwap(CompcacheFuseSwap):
         self.info["transport"] = "io_uring"
 
 ALL_CONFIGS = ("noswap", "disk", "disk-hdd", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache",
-               "compcache-fuse", "compcache-fuse-recompress", "compcache-fuse-uring")
+               "compcache-fuse", "compcache-fuse-recompress", "compcache-fuse-cold", "compcache-fuse-uring")
 
 
 def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_bytes: int,
@@ -678,6 +696,8 @@ def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_by
         return CompcacheFuseSwap(system, ledger, workdir, size_bytes, compcache_bin)
     if name == "compcache-fuse-recompress":
         return CompcacheFuseRecompressSwap(system, ledger, workdir, size_bytes, compcache_bin)
+    if name == "compcache-fuse-cold":
+        return CompcacheFuseColdSwap(system, ledger, workdir, size_bytes, compcache_bin)
     if name == "compcache-fuse-uring":
         return CompcacheFuseUringSwap(system, ledger, workdir, size_bytes, compcache_bin)
     raise ValueError(f"unknown configuration {name!r} (known: {', '.join(ALL_CONFIGS)})")

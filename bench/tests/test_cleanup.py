@@ -128,6 +128,15 @@ def test_compcache_configs_measure_lz4_alone_unless_they_ask_for_recompression()
             assert argv[at:at + 2] == want and argv.count("--recompress") == 1, argv
 
 
+def test_the_cold_tier_config_gives_the_tier_the_device_size_in_whole_mib():
+    fs, ledger = FakeSystem(), Ledger()
+    with _config("compcache-fuse-cold", fs, ledger):
+        argv = next(c for c in fs.commands if c[0] == "/bin/compcache" and c[1] == "fuse" and "--help" not in c)
+        size = int(argv[argv.index("--size") + 1])
+        assert argv[argv.index("--cold-tier") + 1] == f"{max(4, size >> 20)}M", argv
+        assert argv[argv.index("--recompress") + 1] == "on" and "--cold-idle" in argv, argv
+
+
 def test_disk_hdd_is_a_swap_file_behind_the_seeds_disk():
     fs, ledger = FakeSystem(), Ledger()
     with _config("disk-hdd", fs, ledger) as cfg:

@@ -150,9 +150,10 @@ def test_plots_are_written(tmp_path):
 
 
 def test_app_settled_figures_are_read_and_reported():
-    st = exp_app.settled({"orig_data_size": 200 << 20, "mem_used_total": 50 << 20, "recompress_done": 9000}, 60)
+    st = exp_app.settled({"orig_data_size": 200 << 20, "mem_used_total": 50 << 20, "recompress_done": 9000,
+                          "bd_count": 7000}, 60)
     assert st == {"after_s": 60, "orig_data_size": 200 << 20, "mem_used_total": 50 << 20, "recompress_done": 9000,
-                  "compression_ratio": 4.0}
+                  "bd_count": 7000, "compression_ratio": 4.0}
     assert exp_app.settled({"orig_data_size": 1 << 20, "mem_used_total": 1 << 18}, 60)["compression_ratio"] is None
     app = {"params": {"cycles": 3, "instance_mib": 16, "limit_bytes": 128 << 20, "counts": [20]},
            "backend": "compcache-fuse-recompress",
@@ -161,6 +162,8 @@ def test_app_settled_figures_are_read_and_reported():
                                                         "ratio_sample": {"orig_data_size": 200 << 20},
                                                         "settled": st}]}}}
     md = report.app_tables(app)
-    assert "| C4 | 20 | 60 | 200.0 | 50.0 | 9000 | 4.00:1 |" in md
+    assert "| C4 | 20 | 60 | 200.0 | 50.0 | 9000 | 7000 | 4.00:1 |" in md
+    st["bd_count"] = 0  # no cold tier, or nothing in it
+    assert "| C4 | 20 | 60 | 200.0 | 50.0 | 9000 | - | 4.00:1 |" in report.app_tables(app)
     del app["sizes"]["C4"]["points"][0]["settled"]
     assert "idle" not in report.app_tables(app)
