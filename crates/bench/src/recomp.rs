@@ -6,13 +6,14 @@
 //! dictionary. Each is filled, its pages
 //! aged past the idle age, and recompressed until a whole pass of the device changes nothing
 //! ("settled"); then `mem_used_total`, the CPU time recompression took per GiB of data, and the
-//! latency of single-page reads (random order, one thread, p50/p99) are taken. Writes are timed
+//! latency of single-page reads (random order, one thread, p50/p99) and the time per page to
+//! read every page once in index order are taken. Writes are timed
 //! before recompression: the write path does not change with it.
 //!
 //! Cold-tier rows (`--cold-level`, default the tier's own 19): the same two stores, then every
 //! page moved to a cold tier (`BackingConfig::in_memory`: RAM compressed 64 KiB at a time) by
 //! idle writeback, GC'd and compacted: `mem_used_total` then counts the pool and the tier; the
-//! CPU time of that writeback per GiB; and single-page reads of cold pages.
+//! CPU time of that writeback per GiB; and reads of cold pages (random and in order).
 //!
 //! zram rows: lzo-rle (its default), lz4, zstd, and zstd with a dictionary through
 //! `algorithm_params` (Linux 6.12+; trained by zstd's trainer on a sample of the same pages,
@@ -38,6 +39,9 @@ struct RecompRow {
     /// Single-page reads, ns (compcache only).
     read_p50_ns: Option<u64>,
     read_p99_ns: Option<u64>,
+    /// Every page read once in index order (what readahead and multi-page requests do), ns
+    /// per page (compcache only).
+    read_in_order_ns: Option<u64>,
     /// Pages recompressed (with a dictionary) when settled.
     recomp_pages: u64,
     recomp_dict_pages: u64,
@@ -91,6 +95,7 @@ pub fn main(data: &[u8], level: i32, cold_level: i32, with_zram: bool, json: Opt
                             cold_cpu_s_per_gib: None,
                             read_p50_ns: None,
                             read_p99_ns: None,
+                            read_in_order_ns: None,
                             recomp_pages: 0,
                             recomp_dict_pages: 0,
                         }),
@@ -155,6 +160,7 @@ fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>, cold_level: 
     store.compact();
     let s = store.stats();
     let (p50, p99) = read_latency(&store, data);
+    let in_order = read_in_order(&store, data);
     if cold_level.is_some() {
         eprintln!(
             "  {name}: cold tier {} pages, {:.1} MiB of it in RAM, pool {:.1} MiB",
@@ -180,6 +186,7 @@ fn compcache(data: &[u8], name: &str, rc: Option<RecompressConfig>, cold_level: 
         cold_cpu_s_per_gib: cold_cpu_s,
         read_p50_ns: Some(p50),
         read_p99_ns: Some(p99),
+        read_in_order_ns: Some(in_order),
         recomp_pages: s.recomp_pages,
         recomp_dict_pages: s.recomp_dict_pages,
     }
@@ -217,6 +224,25 @@ fn read_latency(store: &Store, data: &[u8]) -> (u64, u64) {
     (ns[ns.len() / 2], ns[ns.len() * 99 / 100])
 }
 
+/// Every page read once in index order (every page checked): ns per page. Neighbouring pages
+/// share a cold-tier block, which a reading thread decodes once for them.
+fn read_in_order(store: &Store, data: &[u8]) -> u64 {
+    let pages = data.len() / PAGE_SIZE;
+    // Past the backing tier's promotion window (a page read again within 4 s goes back to the
+    // pool): these reads are of cold pages, as the random ones were, not promotions.
+    store.advance_clock(60);
+    let mut ctx = store.context();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut total = Duration::ZERO;
+    for i in 0..pages {
+        let t = Instant::now();
+        store.read_page(&mut ctx, i as u64, &mut buf).expect("read");
+        total += t.elapsed();
+        assert!(buf == data[i * PAGE_SIZE..][..PAGE_SIZE], "page {i} read back wrong");
+    }
+    (total.as_nanos() / pages.max(1) as u128) as u64
+}
+
 /// A zstd dictionary (16 KiB) trained on every 16th page, for zram's `algorithm_params`, in a
 /// private temporary file; `None` if training fails.
 fn train_dict(data: &[u8]) -> Option<std::path::PathBuf> {
@@ -241,11 +267,11 @@ fn print(pages: usize, rows: &[RecompRow]) {
     let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
     println!("### Recompression: {pages} pages ({} MiB)", (pages * PAGE_SIZE) >> 20);
     println!();
-    println!("| store | mem_used_total MiB | vs zram lzo-rle | vs zram zstd | write pages/s | recompress CPU s/GiB | cold tier CPU s/GiB | read p50 ns | read p99 ns | recompressed (dict) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| store | mem_used_total MiB | vs zram lzo-rle | vs zram zstd | write pages/s | recompress CPU s/GiB | cold tier CPU s/GiB | read p50 ns | read p99 ns | read in order ns/page | recompressed (dict) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         println!(
-            "| {} | {:.1} | {} | {} | {:.0} | {} | {} | {} | {} | {} ({}) |",
+            "| {} | {:.1} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} ({}) |",
             r.name,
             r.mem_bytes as f64 / 1048576.0,
             ratio(r.mem_bytes, lzo),
@@ -255,6 +281,7 @@ fn print(pages: usize, rows: &[RecompRow]) {
             r.cold_cpu_s_per_gib.map_or("-".to_string(), |c| format!("{c:.1}")),
             opt(r.read_p50_ns),
             opt(r.read_p99_ns),
+            opt(r.read_in_order_ns),
             r.recomp_pages,
             r.recomp_dict_pages,
         );

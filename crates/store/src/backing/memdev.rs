@@ -42,12 +42,14 @@
 //! and freed at its end, so an idle tier does not hold it); the samples as they fill
 //! (reserved at full size, resident as written). Not counted: each reading thread's
 //! context (one zstd decompression context and a 64 KiB buffer, ~160 KiB, made on its first
-//! read and shared by every `MemDevice`), and a blob a reader still holds after it was replaced.
+//! read and shared by every `MemDevice`), and a blob a reader still holds after it was replaced
+//! (each reading thread keeps the last blob it decoded, see `Scratch`).
 //!
 //! # Costs
 //! A read decompresses each block it touches (a record: one, or two when it straddles a
 //! boundary), whatever the level: 50-100 microseconds per 64 KiB block as measured here, and
-//! no allocation after the thread's first read. A write compresses each block it touches, a
+//! no allocation after the thread's first read; a thread's next read of the same, unchanged
+//! block copies from what it decoded. A write compresses each block it touches, a
 //! partial one whole: about 0.4 ms per block at level 3, 12 ms at level 19, so records should
 //! come in batches (a block written record by record is compressed once per record). The
 //! dictionary's training (once) holds the writer mutex for a few hundred milliseconds.
@@ -140,10 +142,18 @@ fn make_cctx(level: i32, dict: Option<&[u8]>) -> io::Result<CCtx<'static>> {
 }
 
 /// A reading thread's decompression state (one per thread, for every device: it holds no
-/// dictionary, which each call passes).
+/// dictionary, which each call passes), and the block it decoded last.
 struct Scratch {
     dctx: DCtx<'static>,
+    /// The decoded bytes of `last`, when there is one.
     block: Box<[u8]>,
+    /// The blob `block` holds decoded: a read of another record of the same blob copies from
+    /// `block` instead of decoding again (records are written back in runs, so neighbouring
+    /// pages, which swap readahead and a multi-page request ask for together, share blocks).
+    /// Blobs are immutable and this reference keeps its allocation alive, so a blob at the same
+    /// address (`Arc::ptr_eq`) is this very blob, of this device, unchanged: a rewritten block
+    /// is a new blob and decodes again.
+    last: Option<Blob>,
 }
 
 thread_local! {
@@ -152,7 +162,7 @@ thread_local! {
 
 /// Runs `f` with this thread's scratch, made on first use (the read path's only allocation).
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-    let new = || Scratch { dctx: DCtx::create(), block: vec![0u8; BLOCK].into_boxed_slice() };
+    let new = || Scratch { dctx: DCtx::create(), block: vec![0u8; BLOCK].into_boxed_slice(), last: None };
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut s) => f(s.get_or_insert_with(new)),
         Err(_) => f(&mut new()), // re-entered (nothing here does): a private one
@@ -264,6 +274,8 @@ impl MemDevice {
 
     /// Decodes block `b`'s `blob` into `dst` (`BLOCK` bytes), exactly or not at all.
     fn decode(&self, b: usize, blob: &[u8], dst: &mut [u8], dctx: &mut DCtx<'static>) -> io::Result<()> {
+        #[cfg(test)]
+        tests::DECODES.set(tests::DECODES.get() + 1);
         let r = match blob.split_first() {
             Some((&RAW, raw)) if raw.len() == BLOCK => {
                 dst.copy_from_slice(raw);
@@ -392,7 +404,12 @@ impl BackingDevice for MemDevice {
                 Some(blob) if blob.first() == Some(&RAW) && blob.len() == 1 + BLOCK => dst.copy_from_slice(&blob[1 + from..][..dst.len()]),
                 Some(blob) if dst.len() == BLOCK => with_scratch(|s| self.decode(b, &blob, dst, &mut s.dctx))?,
                 Some(blob) => with_scratch(|s| {
-                    self.decode(b, &blob, &mut s.block, &mut s.dctx)?;
+                    if !s.last.as_ref().is_some_and(|last| Arc::ptr_eq(last, &blob)) {
+                        // `block` is overwritten: it holds no blob until it decodes this one.
+                        s.last = None;
+                        self.decode(b, &blob, &mut s.block, &mut s.dctx)?;
+                        s.last = Some(blob);
+                    }
                     dst.copy_from_slice(&s.block[from..from + dst.len()]);
                     io::Result::Ok(())
                 })?,
@@ -443,6 +460,12 @@ impl BackingDevice for MemDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Blocks this thread decoded (`decode` counts them).
+        pub(super) static DECODES: Cell<u64> = const { Cell::new(0) };
+    }
 
     fn rng(seed: &mut u64) -> u64 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -525,6 +548,35 @@ mod tests {
         assert!(d.has_dict(), "kept");
         records(&d, 0, 40, 9);
         assert_eq!(blob_len(&d, 0).0, ZSTD_DICT);
+    }
+
+    #[test]
+    fn a_thread_decodes_a_block_once_for_its_records_and_again_once_it_changed() {
+        let d = MemDevice::with_sample_bytes(1 << 20, 3, 0).unwrap();
+        let data = records(&d, 0, 15, 40); // 61,680 bytes: block 0 only
+        let decodes = || DECODES.get();
+        let before = decodes();
+        for k in 0..15 {
+            assert_eq!(read(&d, k * 4112, 4112), data[k as usize * 4112..][..4112], "record {k}");
+        }
+        assert_eq!(decodes() - before, 1, "15 records of one unchanged block: one decode");
+        // A record rewritten: the block is a new blob, decoded again, and nothing stale is read.
+        let new = text(4112, 99);
+        d.write_at(&new, 4112).unwrap();
+        let before = decodes();
+        assert_eq!(read(&d, 4112, 4112), new);
+        assert_eq!(read(&d, 0, 4112), data[..4112]);
+        assert_eq!(decodes() - before, 1);
+        // Another device's block 0, read by the same thread, is its own.
+        let e = MemDevice::with_sample_bytes(1 << 20, 3, 0).unwrap();
+        let other = records(&e, 0, 2, 7);
+        for _ in 0..3 {
+            assert_eq!(read(&e, 0, 4112), other[..4112]);
+            assert_eq!(read(&d, 0, 4112), data[..4112]);
+        }
+        // Discarded, the block reads as zeroes, not as what the thread decoded before.
+        d.discard(0, BLOCK_BYTES).unwrap();
+        assert!(read(&d, 0, 4112).iter().all(|&x| x == 0));
     }
 
     #[test]
