@@ -222,6 +222,9 @@ impl Store {
     /// A new per-worker context. Its buffers are resident when it is made (written once), so
     /// that their first use in a request does not fault.
     pub fn context(&self) -> Context {
+        if let Some(b) = &self.backing {
+            b.dev.prepare_reader();
+        }
         Context {
             comp: self.backend.new_context(),
             strong: self.recomp.is_some().then(StrongDecoder::new),

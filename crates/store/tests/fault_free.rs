@@ -377,3 +377,54 @@ fn the_allocation_that_drains_the_reserve_wakes_its_keeper() {
         assert!(back == page_of(j, 1, 4000), "page {j}");
     }
 }
+
+/// The cold tier (the backing tier on a device in RAM, `backing/memdev.rs`): a read of a cold
+/// page decodes its 64 KiB block with a zstd context and a buffer of the reading thread's own.
+/// Made (and run once) when the thread makes its store context, they cost the I/O path no
+/// page fault, even on a new thread's first cold read, single pages and runs alike.
+#[test]
+fn a_new_thread_reads_cold_pages_without_a_page_fault() {
+    const PAGES: u64 = 2048;
+    let cfg = Config { backing: Some(BackingConfig::in_memory(16 << 20)), ..Config::with_disksize(PAGES * PAGE as u64) };
+    let store = Arc::new(Store::new(cfg).unwrap());
+    let data: Arc<Vec<Vec<u8>>> = Arc::new((0..PAGES).map(|i| page_of(i, 1, ((i * 2654435761) % 4097) as usize)).collect());
+    let mut ctx = store.context();
+    for i in 0..PAGES {
+        store.write_page(&mut ctx, i, &data[i as usize]).unwrap();
+    }
+    let wb = store.writeback_idle(0, WritebackBudget::UNLIMITED);
+    assert!(wb.error.is_none() && wb.pages == PAGES, "every page goes cold: {wb:?}");
+    store.set_fault_free(true);
+
+    let (s, d) = (Arc::clone(&store), Arc::clone(&data));
+    let (faults, good) = std::thread::spawn(move || {
+        make_resident_what_mlockall_would();
+        let mut ctx = s.context();
+        let mut page = vec![1u8; PAGE];
+        let mut run = vec![1u8; 16 * PAGE];
+        let mut good = 0u64;
+        let before = thread_faults();
+        // Past the promotion window before each pass: these are reads of cold pages.
+        s.advance_clock(60);
+        for i in (0..PAGES).step_by(3) {
+            s.read_page(&mut ctx, i, &mut page).unwrap();
+            assert!(page == d[i as usize], "page {i} read back wrong");
+            good += 1;
+        }
+        s.advance_clock(60);
+        for i in (0..PAGES).step_by(16) {
+            s.read(&mut ctx, i * PAGE as u64, &mut run).unwrap();
+            for (k, p) in run.chunks_exact(PAGE).enumerate() {
+                assert!(p == d[i as usize + k], "page {} read back wrong", i as usize + k);
+                good += 1;
+            }
+        }
+        (thread_faults() - before, good)
+    })
+    .join()
+    .unwrap();
+    let st = store.stats();
+    eprintln!("cold fault-free: {good} pages read, {} device reads, {} promoted; faults {faults}", st.bd_reads, st.bd_promoted_pages);
+    assert!(good == PAGES.div_ceil(3) + PAGES && st.bd_promoted_pages == 0, "{good} pages read, {st:?}");
+    assert_eq!(faults, 0, "page faults reading cold pages on a thread that made its context");
+}

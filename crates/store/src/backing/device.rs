@@ -112,6 +112,11 @@ pub trait BackingDevice: Send + Sync {
     fn mem_bytes(&self) -> u64 {
         0
     }
+    /// Makes the calling thread ready to read without allocating or faulting in memory of its
+    /// own (the cold tier's per-thread decompression state): called by `Store::context`, so an
+    /// I/O thread pays at its start, not on its first read under memory pressure. Nothing to
+    /// do for a file or block device.
+    fn prepare_reader(&self) {}
 }
 
 /// Bytes before the data area: the superblock (see the module docs). A multiple of the

@@ -37,20 +37,21 @@
 //! # Memory ([`MemDevice::mem_bytes`], a running count)
 //! The block table; each blob's allocation (its length rounded up to 16, plus
 //! [`ALLOC_OVERHEAD`], an estimate of malloc's and the `Arc` counters' share); the dictionary
-//! (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers; its zstd
-//! context while a write runs (~0.7 MiB at level 3, ~2.3 MiB at 19: made by each `write_at`
-//! and freed at its end, so an idle tier does not hold it); the samples as they fill
-//! (reserved at full size, resident as written). Not counted: each reading thread's
-//! context (one zstd decompression context and a 64 KiB buffer, ~160 KiB, made on its first
-//! read and shared by every `MemDevice`), and a blob a reader still holds after it was replaced
-//! (each reading thread keeps the last blob it decoded, see `Scratch`).
+//! (its bytes, and zstd's own `sizeof` of the decoder's copy); the warm-up frame (a few KiB);
+//! the writer's buffers; its zstd context while a write runs (~0.7 MiB at level 3, ~2.3 MiB
+//! at 19: made by each `write_at` and freed at its end, so an idle tier does not hold it); the
+//! samples as they fill (reserved at full size, resident as written). Not counted: each
+//! reading thread's context (one zstd decompression context and a 64 KiB buffer, ~160 KiB,
+//! made when the thread makes a store context (`prepare_reader`) or on its first read, and
+//! shared by every `MemDevice`), and a blob a reader still holds after it was replaced (each
+//! reading thread keeps the last blob it decoded, see `Scratch`).
 //!
 //! # Costs
 //! A read decompresses each block it touches (a record: one, or two when it straddles a
 //! boundary), whatever the level: 50-100 microseconds per 64 KiB block as measured here, and
-//! no allocation after the thread's first read; a thread's next read of the same, unchanged
-//! block copies from what it decoded. A write compresses each block it touches, a
-//! partial one whole: about 0.4 ms per block at level 3, 12 ms at level 19, so records should
+//! no allocation on a thread that made a store context first (or after its first read); a
+//! thread's next read of the same, unchanged block copies from what it decoded. A write
+//! compresses each block it touches, a partial one whole: about 0.4 ms per block at level 3, 12 ms at level 19, so records should
 //! come in batches (a block written record by record is compressed once per record). The
 //! dictionary's training (once) holds the writer mutex for a few hundred milliseconds.
 
@@ -90,6 +91,8 @@ pub struct MemDevice {
     /// The decoder's dictionary, set once by the writer before any blob uses it.
     ddict: OnceLock<DDict<'static>>,
     writer: Mutex<Writer>,
+    /// A zstd frame of one block of text and noise, which `prepare_reader` decodes.
+    warm: Box<[u8]>,
     mem: AtomicU64,
     blocks: AtomicU64,
     compressed: AtomicU64,
@@ -183,6 +186,35 @@ fn spans(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize, Range<u
     })
 }
 
+/// One block of words and noise (literals, matches and both kinds of entropy tables),
+/// compressed at level 3: what `prepare_reader` decodes to write a thread's decompression
+/// state. A few KiB.
+fn warm_frame() -> io::Result<Box<[u8]>> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut block = Vec::with_capacity(BLOCK + 64);
+    while block.len() < BLOCK {
+        let r = next();
+        if r % 4 == 0 {
+            block.extend_from_slice(&r.to_le_bytes());
+        } else {
+            block.extend_from_slice(format!("key{} = value {}; ", r % 97, (r >> 8) % 10_000).as_bytes());
+        }
+    }
+    block.truncate(BLOCK);
+    let mut out = vec![0u8; BLOCK];
+    let n = make_cctx(3, None)?
+        .compress2(&mut out[..], &block)
+        .map_err(|c| io::Error::other(format!("zstd could not compress the warm-up block: {}", get_error_name(c))))?;
+    out.truncate(n);
+    Ok(out.into_boxed_slice())
+}
+
 fn blob_mem(len: usize) -> u64 {
     (len as u64).next_multiple_of(16) + ALLOC_OVERHEAD
 }
@@ -211,6 +243,7 @@ impl MemDevice {
         let blocks = usize::try_from(size_bytes / BLOCK_BYTES).map_err(|_| invalid(format!("{size_bytes} bytes is too large")))?;
         // Made once now so that a level zstd refuses fails here, not at the first write.
         make_cctx(level, None)?;
+        let warm = warm_frame()?;
         let w = Writer {
             cctx: None,
             dict: None,
@@ -225,8 +258,9 @@ impl MemDevice {
         let dev = MemDevice {
             size_bytes,
             level,
-            mem: AtomicU64::new(std::mem::size_of_val(&*table) as u64),
+            mem: AtomicU64::new((std::mem::size_of_val(&*table) + warm.len()) as u64),
             table,
+            warm,
             ddict: OnceLock::new(),
             writer: Mutex::new(w),
             blocks: AtomicU64::new(0),
@@ -450,6 +484,20 @@ impl BackingDevice for MemDevice {
 
     fn describe(&self) -> String {
         format!("memory (zstd-{}, 64 KiB blocks)", self.level)
+    }
+
+    /// Makes this thread's scratch and runs one decode through it (a block of text and noise,
+    /// compressed when the device was made), so that its decompression context's tables and
+    /// buffers are written now: a swap server's I/O thread then reads cold pages without
+    /// allocating or faulting in memory (its `mlockall` keeps what is here resident). The
+    /// scratch keeps no blob from it.
+    fn prepare_reader(&self) {
+        with_scratch(|s| {
+            let r = s.dctx.decompress(&mut s.block[..], &self.warm);
+            debug_assert_eq!(r, Ok(BLOCK), "the warm-up frame decodes");
+            s.last = None;
+            std::hint::black_box(&mut s.block);
+        })
     }
 
     fn mem_bytes(&self) -> u64 {
