@@ -490,8 +490,12 @@ impl BackingDevice for MemDevice {
     /// compressed when the device was made), so that its decompression context's tables and
     /// buffers are written now: a swap server's I/O thread then reads cold pages without
     /// allocating or faulting in memory (its `mlockall` keeps what is here resident). The
-    /// scratch keeps no blob from it.
+    /// scratch keeps no blob from it. Nothing to do on a thread that has its scratch already.
     fn prepare_reader(&self) {
+        // Once per thread: a thread that has its scratch made it here or read with it.
+        if SCRATCH.with(|s| s.try_borrow().map_or(true, |s| s.is_some())) {
+            return;
+        }
         with_scratch(|s| {
             let r = s.dctx.decompress(&mut s.block[..], &self.warm);
             debug_assert_eq!(r, Ok(BLOCK), "the warm-up frame decodes");
