@@ -37,14 +37,15 @@
 //! # Memory ([`MemDevice::mem_bytes`], a running count)
 //! The block table; each blob's allocation (its length rounded up to 16, plus
 //! [`ALLOC_OVERHEAD`], an estimate of malloc's and the `Arc` counters' share); the dictionary
-//! (its bytes, and zstd's own `sizeof` of the decoder's copy); the warm-up frame (a few KiB);
-//! the writer's buffers; its zstd context while a write runs (~0.7 MiB at level 3, ~2.3 MiB
-//! at 19: made by each `write_at` and freed at its end, so an idle tier does not hold it); the
-//! samples as they fill (reserved at full size, resident as written). Not counted: each
+//! (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers; its zstd
+//! context while a write runs (~0.7 MiB at level 3, ~2.3 MiB at 19: made by each `write_at`
+//! and freed at its end, so an idle tier does not hold it); the samples as they fill
+//! (reserved at full size, resident as written). Not counted: each
 //! reading thread's context (one zstd decompression context and a 64 KiB buffer, ~160 KiB,
 //! made when the thread makes a store context (`prepare_reader`) or on its first read, and
-//! shared by every `MemDevice`), and a blob a reader still holds after it was replaced (each
-//! reading thread keeps the last blob it decoded, see `Scratch`).
+//! shared by every `MemDevice`), the warm-up frame it decodes (a few KiB, one per process),
+//! and a blob a reader still holds after it was replaced (each reading thread keeps the last
+//! blob it decoded, see `Scratch`).
 //!
 //! # Costs
 //! A read decompresses each block it touches (a record: one, or two when it straddles a
@@ -92,7 +93,7 @@ pub struct MemDevice {
     ddict: OnceLock<DDict<'static>>,
     writer: Mutex<Writer>,
     /// A zstd frame of one block of text and noise, which `prepare_reader` decodes.
-    warm: Box<[u8]>,
+    warm: Arc<[u8]>,
     mem: AtomicU64,
     blocks: AtomicU64,
     compressed: AtomicU64,
@@ -188,8 +189,17 @@ fn spans(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize, Range<u
 
 /// One block of words and noise (literals, matches and both kinds of entropy tables),
 /// compressed at level 3: what `prepare_reader` decodes to write a thread's decompression
-/// state. A few KiB.
-fn warm_frame() -> io::Result<Box<[u8]>> {
+/// state. A few KiB, made once per process (the same bytes for every device).
+fn warm_frame() -> io::Result<Arc<[u8]>> {
+    static FRAME: OnceLock<Arc<[u8]>> = OnceLock::new();
+    if let Some(f) = FRAME.get() {
+        return Ok(Arc::clone(f));
+    }
+    let f = make_warm_frame()?;
+    Ok(Arc::clone(FRAME.get_or_init(|| f)))
+}
+
+fn make_warm_frame() -> io::Result<Arc<[u8]>> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         x ^= x << 13;
@@ -211,8 +221,7 @@ fn warm_frame() -> io::Result<Box<[u8]>> {
     let n = make_cctx(3, None)?
         .compress2(&mut out[..], &block)
         .map_err(|c| io::Error::other(format!("zstd could not compress the warm-up block: {}", get_error_name(c))))?;
-    out.truncate(n);
-    Ok(out.into_boxed_slice())
+    Ok(Arc::from(&out[..n]))
 }
 
 fn blob_mem(len: usize) -> u64 {
@@ -258,7 +267,7 @@ impl MemDevice {
         let dev = MemDevice {
             size_bytes,
             level,
-            mem: AtomicU64::new((std::mem::size_of_val(&*table) + warm.len()) as u64),
+            mem: AtomicU64::new(std::mem::size_of_val(&*table) as u64),
             table,
             warm,
             ddict: OnceLock::new(),

@@ -9,6 +9,8 @@
 //! damaged frame, fails the check and is an I/O error, never wrong data. It costs 4 bytes per
 //! recompressed page (about 0.4% of a typical one) and a 32-bit xxhash per read.
 
+use std::sync::OnceLock;
+
 use zstd::zstd_safe::{self, CCtx, CParameter, DCtx, DDict, DParameter};
 
 use crate::PAGE_SIZE;
@@ -33,14 +35,8 @@ impl StrongDecoder {
     /// the I/O path does not fault.
     fn warm(&mut self) {
         let mut out = vec![0u8; PAGE_SIZE];
-        let mut c = vec![0u8; crate::compress::MAX_COMPRESSED_BYTES];
-        for level in [1, 19] {
-            let mut enc = StrongEncoder::new(level);
-            for p in &super::warm_pages() {
-                if let Some(len) = enc.compress(p, &mut c, false) {
-                    let _ = self.decompress(&c[..len], &mut out, None);
-                }
-            }
+        for frame in warm_frames() {
+            let _ = self.decompress(frame, &mut out, None);
         }
     }
 
@@ -58,6 +54,26 @@ impl StrongDecoder {
             Err(code) => Err(format!("zstd (recompressed): {}", zstd_safe::get_error_name(code))),
         }
     }
+}
+
+/// `super::warm_pages` encoded at levels 1 and 19, what [`StrongDecoder::warm`] decodes. Made
+/// once per process: they are the same bytes every time, and encoding them at level 19 for
+/// every new decoder took about 2.4 ms (every `Context`, and each recompression step makes one).
+fn warm_frames() -> &'static [Vec<u8>] {
+    static FRAMES: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    FRAMES.get_or_init(|| {
+        let mut c = vec![0u8; crate::compress::MAX_COMPRESSED_BYTES];
+        let mut frames = Vec::new();
+        for level in [1, 19] {
+            let mut enc = StrongEncoder::new(level);
+            for p in &super::warm_pages() {
+                if let Some(len) = enc.compress(p, &mut c, false) {
+                    frames.push(c[..len].to_vec());
+                }
+            }
+        }
+        frames
+    })
 }
 
 /// The recompression thread's encoder: one context without a dictionary, one with the current
