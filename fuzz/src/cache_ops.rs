@@ -354,6 +354,12 @@ pub fn run(data: &[u8]) {
     BUFFERS.with_borrow_mut(|b| run_with(data, b));
 }
 
+/// Runs a store with recompression and zstd over an image file on an empty sequence, once,
+/// before the fuzzer forks (see `store_ops::warm`).
+pub fn warm() {
+    run(&[0x43]);
+}
+
 fn run_with(data: &[u8], b: &mut Buffers) {
     let mut input = Bytes::new(data);
     let c = input.u8();

@@ -132,6 +132,16 @@ pub fn run(data: &[u8]) {
     BUFFERS.with_borrow_mut(|b| run_with(data, b));
 }
 
+/// Runs a store with each optional part (a backing file, zstd, recompression, the cold tier)
+/// on an empty sequence, once, before the fuzzer forks: what those set up once per process
+/// (the decoders' warm-up frames, a thread's cold-tier decompression state) is then set up in
+/// the fork server, not by the first input of every child (`crate::init`, instability).
+pub fn warm() {
+    for c in [0x43, 0xc1] {
+        run(&[c]);
+    }
+}
+
 fn run_with(data: &[u8], b: &mut Buffers) {
     let Buffers { model, buf, page, all } = b;
     model.fill(0);
