@@ -220,7 +220,9 @@ impl Store {
     }
 
     /// A new per-worker context. Its buffers are resident when it is made (written once), so
-    /// that their first use in a request does not fault.
+    /// that their first use in a request does not fault. Made on the thread that will use it:
+    /// it also prepares that thread's own state for reading the backing device (the cold
+    /// tier's decompression context, `BackingDevice::prepare_reader`).
     pub fn context(&self) -> Context {
         if let Some(b) = &self.backing {
             b.dev.prepare_reader();
