@@ -203,8 +203,6 @@ fn thread_cpu_s() -> f64 {
 /// Single-page reads in a random order (every page checked): p50 and p99 in ns.
 fn read_latency(store: &Store, data: &[u8]) -> (u64, u64) {
     let pages = data.len() / PAGE_SIZE;
-    let mut ctx = store.context();
-    let mut buf = vec![0u8; PAGE_SIZE];
     let mut order: Vec<usize> = (0..pages).collect();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for i in (1..pages).rev() {
@@ -213,13 +211,7 @@ fn read_latency(store: &Store, data: &[u8]) -> (u64, u64) {
         x ^= x << 17;
         order.swap(i, (x % (i as u64 + 1)) as usize);
     }
-    let mut ns: Vec<u64> = Vec::with_capacity(pages);
-    for i in order {
-        let t = Instant::now();
-        store.read_page(&mut ctx, i as u64, &mut buf).expect("read");
-        ns.push(t.elapsed().as_nanos() as u64);
-        assert!(buf == data[i * PAGE_SIZE..][..PAGE_SIZE], "page {i} read back wrong");
-    }
+    let mut ns = timed_reads(store, data, order);
     ns.sort_unstable();
     (ns[ns.len() / 2], ns[ns.len() * 99 / 100])
 }
@@ -227,20 +219,25 @@ fn read_latency(store: &Store, data: &[u8]) -> (u64, u64) {
 /// Every page read once in index order (every page checked): ns per page. Neighbouring pages
 /// share a cold-tier block, which a reading thread decodes once for them.
 fn read_in_order(store: &Store, data: &[u8]) -> u64 {
-    let pages = data.len() / PAGE_SIZE;
     // Past the backing tier's promotion window (a page read again within 4 s goes back to the
     // pool): these reads are of cold pages, as the random ones were, not promotions.
     store.advance_clock(60);
+    let ns = timed_reads(store, data, 0..data.len() / PAGE_SIZE);
+    ns.iter().sum::<u64>() / ns.len().max(1) as u64
+}
+
+/// Reads the pages `order` names one at a time, checking each against `data`: each read's ns.
+fn timed_reads(store: &Store, data: &[u8], order: impl IntoIterator<Item = usize>) -> Vec<u64> {
     let mut ctx = store.context();
     let mut buf = vec![0u8; PAGE_SIZE];
-    let mut total = Duration::ZERO;
-    for i in 0..pages {
+    let mut ns = Vec::with_capacity(data.len() / PAGE_SIZE);
+    for i in order {
         let t = Instant::now();
         store.read_page(&mut ctx, i as u64, &mut buf).expect("read");
-        total += t.elapsed();
+        ns.push(t.elapsed().as_nanos() as u64);
         assert!(buf == data[i * PAGE_SIZE..][..PAGE_SIZE], "page {i} read back wrong");
     }
-    (total.as_nanos() / pages.max(1) as u128) as u64
+    ns
 }
 
 /// A zstd dictionary (16 KiB) trained on every 16th page, for zram's `algorithm_params`, in a

@@ -40,21 +40,21 @@
 //! (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers; its zstd
 //! context while a write runs (~0.7 MiB at level 3, ~2.3 MiB at 19: made by each `write_at`
 //! and freed at its end, so an idle tier does not hold it); the samples as they fill
-//! (reserved at full size, resident as written). Not counted: each
-//! reading thread's context (one zstd decompression context and a 64 KiB buffer, ~160 KiB,
-//! made when the thread makes a store context (`prepare_reader`) or on its first read, and
-//! shared by every `MemDevice`), the warm-up frame it decodes (a few KiB, one per process),
-//! and a blob a reader still holds after it was replaced (each reading thread keeps the last
-//! blob it decoded, see `Scratch`).
+//! (reserved at full size, resident as written). Not counted: each reading thread's context
+//! (one zstd decompression context and a 64 KiB buffer, ~160 KiB, made when the thread makes
+//! a store context (`prepare_reader`) or on its first read, and shared by every `MemDevice`),
+//! the warm-up frame it decodes (a few KiB, one per process), and a blob a reader still holds
+//! after it was replaced (each reading thread keeps the last blob it decoded, see `Scratch`).
 //!
 //! # Costs
 //! A read decompresses each block it touches (a record: one, or two when it straddles a
 //! boundary), whatever the level: 50-100 microseconds per 64 KiB block as measured here, and
 //! no allocation on a thread that made a store context first (or after its first read); a
 //! thread's next read of the same, unchanged block copies from what it decoded. A write
-//! compresses each block it touches, a partial one whole: about 0.4 ms per block at level 3, 12 ms at level 19, so records should
-//! come in batches (a block written record by record is compressed once per record). The
-//! dictionary's training (once) holds the writer mutex for a few hundred milliseconds.
+//! compresses each block it touches, a partial one whole: about 0.4 ms per block at level 3,
+//! 12 ms at level 19, so records should come in batches (a block written record by record is
+//! compressed once per record). The dictionary's training (once) holds the writer mutex for a
+//! few hundred milliseconds.
 
 use std::cell::RefCell;
 use std::fmt::Display;
@@ -92,8 +92,6 @@ pub struct MemDevice {
     /// The decoder's dictionary, set once by the writer before any blob uses it.
     ddict: OnceLock<DDict<'static>>,
     writer: Mutex<Writer>,
-    /// A zstd frame of one block of text and noise, which `prepare_reader` decodes.
-    warm: Arc<[u8]>,
     mem: AtomicU64,
     blocks: AtomicU64,
     compressed: AtomicU64,
@@ -190,16 +188,15 @@ fn spans(offset: u64, len: usize) -> impl Iterator<Item = (usize, usize, Range<u
 /// One block of words and noise (literals, matches and both kinds of entropy tables),
 /// compressed at level 3: what `prepare_reader` decodes to write a thread's decompression
 /// state. A few KiB, made once per process (the same bytes for every device).
-fn warm_frame() -> io::Result<Arc<[u8]>> {
-    static FRAME: OnceLock<Arc<[u8]>> = OnceLock::new();
-    if let Some(f) = FRAME.get() {
-        return Ok(Arc::clone(f));
+fn warm_frame() -> io::Result<&'static [u8]> {
+    static FRAME: OnceLock<Box<[u8]>> = OnceLock::new();
+    if FRAME.get().is_none() {
+        let _ = FRAME.set(make_warm_frame()?); // another thread's equal frame may win
     }
-    let f = make_warm_frame()?;
-    Ok(Arc::clone(FRAME.get_or_init(|| f)))
+    Ok(FRAME.get().expect("set above"))
 }
 
-fn make_warm_frame() -> io::Result<Arc<[u8]>> {
+fn make_warm_frame() -> io::Result<Box<[u8]>> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         x ^= x << 13;
@@ -221,7 +218,8 @@ fn make_warm_frame() -> io::Result<Arc<[u8]>> {
     let n = make_cctx(3, None)?
         .compress2(&mut out[..], &block)
         .map_err(|c| io::Error::other(format!("zstd could not compress the warm-up block: {}", get_error_name(c))))?;
-    Ok(Arc::from(&out[..n]))
+    out.truncate(n);
+    Ok(out.into_boxed_slice())
 }
 
 fn blob_mem(len: usize) -> u64 {
@@ -252,7 +250,8 @@ impl MemDevice {
         let blocks = usize::try_from(size_bytes / BLOCK_BYTES).map_err(|_| invalid(format!("{size_bytes} bytes is too large")))?;
         // Made once now so that a level zstd refuses fails here, not at the first write.
         make_cctx(level, None)?;
-        let warm = warm_frame()?;
+        // Made now so that a failure is the device's, not a reader's (`prepare_reader`).
+        warm_frame()?;
         let w = Writer {
             cctx: None,
             dict: None,
@@ -269,7 +268,6 @@ impl MemDevice {
             level,
             mem: AtomicU64::new(std::mem::size_of_val(&*table) as u64),
             table,
-            warm,
             ddict: OnceLock::new(),
             writer: Mutex::new(w),
             blocks: AtomicU64::new(0),
@@ -505,8 +503,9 @@ impl BackingDevice for MemDevice {
         if SCRATCH.with(|s| s.try_borrow().map_or(true, |s| s.is_some())) {
             return;
         }
+        let Ok(frame) = warm_frame() else { return }; // made by `new`: cannot fail here
         with_scratch(|s| {
-            let r = s.dctx.decompress(&mut s.block[..], &self.warm);
+            let r = s.dctx.decompress(&mut s.block[..], frame);
             debug_assert_eq!(r, Ok(BLOCK), "the warm-up frame decodes");
             s.last = None;
             std::hint::black_box(&mut s.block);
