@@ -217,7 +217,7 @@ impl Harness<'_> {
                     let to = ((offset + from as u64) / P * P + P - offset).min(len) as usize;
                     let (got, w) = (&out[from..to], &want[from..to]);
                     assert!(
-                        got == w || got.iter().all(|&x| x == UNTOUCHED),
+                        got == w || crate::all_bytes(got, UNTOUCHED),
                         "a failed read at {offset} length {len} returned wrong bytes at {from}..{to}"
                     );
                     from = to;
@@ -325,7 +325,7 @@ impl Harness<'_> {
             let end = pos + x.len_bytes;
             assert!(end <= offset + len, "an extent at {pos} reaches past the range's end");
             if x.allocation == Allocation::Hole {
-                assert!(self.b.model[pos as usize..end as usize].iter().all(|&b| b == 0), "a hole at {pos}..{end} that is not zeroes");
+                assert!(crate::all_bytes(&self.b.model[pos as usize..end as usize], 0), "a hole at {pos}..{end} that is not zeroes");
             }
             pos = end;
         }
@@ -462,7 +462,7 @@ fn run_with(data: &[u8], b: &mut Buffers) {
     h.flush();
     h.discard(0, SIZE);
     h.read_origin();
-    assert!(h.b.origin.iter().all(|&x| x == 0), "the origin is not zeroes after discarding the whole device");
+    assert!(crate::all_bytes(&h.b.origin, 0), "the origin is not zeroes after discarding the whole device");
     let s = h.store.stats();
     assert_eq!((s.mem_used_total, s.compr_data_size, s.orig_data_size), (0, 0, 0), "memory left after discarding everything");
 }

@@ -53,6 +53,7 @@ pub fn init(run: fn(&[u8])) {
     }
     // A Config computes the store's huge threshold (once per process, `OnceLock`).
     let _ = compcache_store::Config::with_disksize(PAGE as u64);
+    let _ = text_pool();
     run(&[]);
 }
 
@@ -118,35 +119,162 @@ pub fn fill(buf: &mut [u8], kind: u8, seed: u64) {
     };
     match kind % 5 {
         0 => buf.fill(0),
-        1 => {
-            let w = next().to_ne_bytes();
-            for (i, b) in buf.iter_mut().enumerate() {
-                *b = w[i % 8];
-            }
-        }
-        2 => {
-            const WORDS: [&[u8]; 5] = [b"page ", b"swap ", b"compressed ", b"memory ", b"slot "];
-            let mut i = 0;
-            while i < buf.len() {
-                let w = WORDS[(next() % 5) as usize];
-                let n = w.len().min(buf.len() - i);
-                buf[i..i + n].copy_from_slice(&w[..n]);
-                i += n;
-            }
-        }
-        3 => {
-            for c in buf.chunks_mut(8) {
-                let w = next().to_ne_bytes();
-                c.copy_from_slice(&w[..c.len()]);
-            }
-        }
+        1 => repeat_word(buf, next().to_ne_bytes()),
+        2 => text(buf, &mut next),
+        3 => random_words(buf, &mut next),
         _ => {
             let half = buf.len() / 2;
-            for c in buf[..half].chunks_mut(8) {
-                let w = next().to_ne_bytes();
-                c.copy_from_slice(&w[..c.len()]);
-            }
+            random_words(&mut buf[..half], &mut next);
             buf[half..].fill(0x11);
+        }
+    }
+}
+
+/// Bytes of [`text_pool`] from `1 << 16` places.
+const TEXT_POOL: usize = 1 << 16;
+
+/// Text-like bytes made once per process: words of a small vocabulary in a random order
+/// (compressible about as well as text is). [`init`] makes it before the fork server, so that
+/// no input pays for it or sees its making as a new path.
+fn text_pool() -> &'static [u8] {
+    static POOL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        const WORDS: [&[u8]; 5] = [b"page ", b"swap ", b"compressed ", b"memory ", b"slot "];
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut pool = Vec::with_capacity(TEXT_POOL + 16);
+        while pool.len() < TEXT_POOL {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pool.extend_from_slice(WORDS[(x % 5) as usize]);
+        }
+        pool.truncate(TEXT_POOL);
+        pool
+    })
+}
+
+/// Text-like bytes: [`text_pool`] from a place `next` chooses (wrapping around at its end),
+/// with one of `next`'s words every 256 bytes, so that no two writes give the same page.
+/// Copied rather than made word by word: the fuzz build instruments every iteration of a Rust
+/// loop, and a loop over words made this kind a tenth of `store_ops`' time.
+fn text(buf: &mut [u8], next: &mut impl FnMut() -> u64) {
+    let pool = text_pool();
+    let mut from = (next() % TEXT_POOL as u64) as usize;
+    let mut i = 0;
+    while i < buf.len() {
+        let n = (TEXT_POOL - from).min(buf.len() - i);
+        buf[i..i + n].copy_from_slice(&pool[from..from + n]);
+        (i, from) = (i + n, 0);
+    }
+    for at in (0..buf.len()).step_by(256) {
+        let n = 8.min(buf.len() - at);
+        buf[at..at + n].copy_from_slice(&next().to_ne_bytes()[..n]);
+    }
+}
+
+/// Fills `buf` with the words of `next`, one after the other (the last one cut to what is
+/// left). Eight words a step, written without an inner loop: the fuzz build instruments every
+/// iteration of a Rust loop, and a word a step made this a fifth of `store_ops`' time.
+fn random_words(buf: &mut [u8], next: &mut impl FnMut() -> u64) {
+    let mut blocks = buf.chunks_exact_mut(64);
+    for b in &mut blocks {
+        let w = [next(), next(), next(), next(), next(), next(), next(), next()];
+        let mut block = [0u8; 64];
+        block[..8].copy_from_slice(&w[0].to_ne_bytes());
+        block[8..16].copy_from_slice(&w[1].to_ne_bytes());
+        block[16..24].copy_from_slice(&w[2].to_ne_bytes());
+        block[24..32].copy_from_slice(&w[3].to_ne_bytes());
+        block[32..40].copy_from_slice(&w[4].to_ne_bytes());
+        block[40..48].copy_from_slice(&w[5].to_ne_bytes());
+        block[48..56].copy_from_slice(&w[6].to_ne_bytes());
+        block[56..].copy_from_slice(&w[7].to_ne_bytes());
+        b.copy_from_slice(&block);
+    }
+    for c in blocks.into_remainder().chunks_mut(8) {
+        c.copy_from_slice(&next().to_ne_bytes()[..c.len()]);
+    }
+}
+
+/// Fills `buf` with `w` repeated from its start (`buf[i] = w[i % 8]`), by doubling copies
+/// (memcpy) rather than a loop over bytes: the fuzz build instruments every iteration of a
+/// Rust loop, and the byte loop this replaced cost more than the store's work on such a page.
+fn repeat_word(buf: &mut [u8], w: [u8; 8]) {
+    let n = buf.len().min(8);
+    buf[..n].copy_from_slice(&w[..n]);
+    let mut done = n;
+    while done < buf.len() {
+        let more = done.min(buf.len() - done);
+        buf.copy_within(..more, done);
+        done += more;
+    }
+}
+
+/// Whether every byte of `s` is `b`. Compares a page at a time with slice equality (memcmp,
+/// not instrumented) rather than looping over bytes: in the fuzz build every iteration of a
+/// Rust loop calls the coverage hook, and the byte loops this replaced (a whole device
+/// checked for zeroes at the end of each input) were a fifth of `cache_ops`' time.
+pub fn all_bytes(s: &[u8], b: u8) -> bool {
+    let block = [b; PAGE];
+    s.chunks(PAGE).all(|c| c == &block[..c.len()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeat_word_repeats_from_the_start_for_every_length() {
+        let w = *b"01234567";
+        for len in [0, 1, 7, 8, 9, 15, 16, 17, 100, PAGE, 3 * PAGE + 5] {
+            let mut buf = vec![0xEE; len];
+            repeat_word(&mut buf, w);
+            assert!(buf.iter().enumerate().all(|(i, &x)| x == w[i % 8]), "length {len}");
+        }
+    }
+
+    #[test]
+    fn random_words_are_the_generator_s_words_in_order() {
+        for len in [0, 5, 8, 63, 64, 65, 100, 2048, PAGE, 3 * PAGE + 3] {
+            let mut count = 0u64;
+            let mut next = || {
+                count += 1;
+                count.wrapping_mul(0x0101_0101_0101_0101) ^ 0xF0
+            };
+            let mut buf = vec![0xEE; len];
+            random_words(&mut buf, &mut next);
+            let want: Vec<u8> = (1..).flat_map(|i: u64| (i.wrapping_mul(0x0101_0101_0101_0101) ^ 0xF0).to_ne_bytes()).take(len).collect();
+            assert_eq!(buf, want, "length {len}");
+        }
+    }
+
+    #[test]
+    fn text_pages_compress_and_differ_from_write_to_write() {
+        let (mut a, mut b) = (vec![0u8; PAGE], vec![0u8; PAGE]);
+        fill(&mut a, 2, 1);
+        fill(&mut b, 2, 2);
+        // Every 256-byte part of a page differs between two writes.
+        assert!(a.chunks(256).zip(b.chunks(256)).all(|(x, y)| x != y));
+        // Text: the vocabulary's letters and spaces apart from the stamped words.
+        let letters = a.iter().filter(|c| c.is_ascii_lowercase() || **c == b' ').count();
+        assert!(letters > PAGE * 9 / 10, "{letters} of {PAGE} bytes are text");
+        // Longer than the pool: it wraps around.
+        let mut long = vec![0u8; TEXT_POOL + 3 * PAGE];
+        fill(&mut long, 2, 3);
+        assert!(long.iter().filter(|c| c.is_ascii_lowercase() || **c == b' ').count() > long.len() * 9 / 10);
+    }
+
+    #[test]
+    fn all_bytes_finds_one_differing_byte_anywhere() {
+        for len in [0, 1, PAGE - 1, PAGE, PAGE + 1, 5 * PAGE] {
+            let mut s = vec![7u8; len];
+            assert!(all_bytes(&s, 7));
+            for at in [0, len / 2, len.saturating_sub(1)] {
+                if at < len {
+                    s[at] = 8;
+                    assert!(!all_bytes(&s, 7), "length {len}, byte {at}");
+                    s[at] = 7;
+                }
+            }
         }
     }
 }
