@@ -130,7 +130,7 @@ pub fn fill(buf: &mut [u8], kind: u8, seed: u64) {
     }
 }
 
-/// Bytes of [`text_pool`] from `1 << 16` places.
+/// The length of [`text_pool`], and so the number of places a text fill can start at.
 const TEXT_POOL: usize = 1 << 16;
 
 /// Text-like bytes made once per process: words of a small vocabulary in a random order
@@ -174,7 +174,8 @@ fn text(buf: &mut [u8], next: &mut impl FnMut() -> u64) {
 
 /// Fills `buf` with the words of `next`, one after the other (the last one cut to what is
 /// left). Eight words a step, written without an inner loop: the fuzz build instruments every
-/// iteration of a Rust loop, and a word a step made this a fifth of `store_ops`' time.
+/// iteration of a Rust loop, and with a word a step the generator (with the text kind's word
+/// loop) was a fifth of `store_ops`' time.
 fn random_words(buf: &mut [u8], next: &mut impl FnMut() -> u64) {
     let mut blocks = buf.chunks_exact_mut(64);
     for b in &mut blocks {
