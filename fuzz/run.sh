@@ -12,7 +12,7 @@
 #                                       (afl-fuzz -G: a queue that grew inputs of tens of KB
 #                                       slows ublk_request and store_ops to a few per second)
 #   fuzz/run.sh --stats [TARGET...]     the figures of fuzz/out/TARGET (fuzzer_stats)
-#   fuzz/run.sh --minimize [TARGET...]  afl-cmin of corpus + seeds + fuzz/out/TARGET's queue
+#   fuzz/run.sh --minimize [TARGET...]  afl-cmin of corpus + seeds + fuzz/out/TARGET's queues
 #                                       into fuzz/corpus/TARGET (commit the result)
 #   fuzz/run.sh --build                 only build the instrumented targets
 #
@@ -180,11 +180,13 @@ case $mode in
       all=$(mktemp -d /tmp/compcache-fuzz-cmin.XXXXXX)
       cp seeds/"$t"/* "$all"/
       [ -d "corpus/$t" ] && cp corpus/"$t"/* "$all"/ 2>/dev/null || true
-      if [ -d "out/$t/default/queue" ]; then
-        for f in out/"$t"/default/queue/id:*; do
+      # Every instance's queue: the main one and any secondaries (afl-fuzz -S) of the campaign.
+      for q in out/"$t"/*/queue; do
+        [ -d "$q" ] || continue
+        for f in "$q"/id:*; do
           cp "$f" "$all/q-$(sha1sum <"$f" | cut -c1-16)"
         done
-      fi
+      done
       min=$(mktemp -d /tmp/compcache-fuzz-min.XXXXXX)
       rmdir "$min"
       # The shell afl-cmin: the Python one that `cargo afl cmin` runs finds no coverage in
