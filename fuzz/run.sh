@@ -71,6 +71,30 @@ build() {
 
 binary() { echo "$FUZZ_DIR/target/$TRIPLE/release/$1"; }
 
+# afl-fuzz's fork server starts the target in a session of its own (setsid), so in an autogroup
+# of its own, which the kernel weighs as a whole against other sessions' autogroups: `nice` on
+# run.sh then orders the target only inside that group, and a campaign under `nice -n 19` would
+# take its core from other work at full weight. This gives the target's autogroup run.sh's nice
+# value, every 5 s (a restarted fork server is a new session), until killed.
+follow_nice() {
+  local n p
+  n=$(nice)
+  [ "$n" -gt 0 ] || return 0
+  while sleep 5; do
+    for p in $(pgrep -u "$(id -u)" -x -f "$1"); do
+      echo "$n" >"/proc/$p/autogroup" 2>/dev/null || true
+    done
+  done
+}
+follower=""
+stop_follower() { # (and the sleep it is in)
+  [ -n "$follower" ] || return 0
+  pkill -P "$follower" 2>/dev/null || true
+  kill "$follower" 2>/dev/null || true
+  follower=""
+}
+trap stop_follower EXIT
+
 input_dir() {
   if [ -d "corpus/$1" ] && [ -n "$(ls -A "corpus/$1")" ]; then echo "corpus/$1"; else echo "seeds/$1"; fi
 }
@@ -164,10 +188,13 @@ case $mode in
       # Resume an earlier run of this target where it stopped.
       [ -d "$out/default/queue" ] && input=-
       echo "run.sh: $t until $execs executions (done: $done_so_far), state in fuzz/$out"
+      follow_nice "$(binary "$t")" &
+      follower=$!
       # shellcheck disable=SC2046
       AFL_AUTORESUME=1 cargo afl fuzz -i "$input" -o "$out" -t "$TIMEOUT_MS" -m none -E "$execs" $(dict_args "$t") \
         ${FUZZ_MAX_SECONDS:+-V "$FUZZ_MAX_SECONDS"} ${FUZZ_MAX_LEN:+-G "$FUZZ_MAX_LEN"} \
         -- "$(binary "$t")" >>"$out/afl.log" 2>&1 || { tail -30 "$out/afl.log" >&2; exit 1; }
+      stop_follower
       print_stats "$t" "$out/default"
       check_findings "$t" "$out/default" || true
     done
