@@ -110,13 +110,7 @@ impl<'a> Bytes<'a> {
 /// word, text-like (compressible), random (incompressible), half random. `seed` makes the
 /// content differ from write to write, so a stale page cannot pass for the right one.
 pub fn fill(buf: &mut [u8], kind: u8, seed: u64) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = xorshift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     match kind % 5 {
         0 => buf.fill(0),
         1 => repeat_word(buf, next().to_ne_bytes()),
@@ -130,6 +124,16 @@ pub fn fill(buf: &mut [u8], kind: u8, seed: u64) {
     }
 }
 
+/// A xorshift64 generator from the non-zero state `x`: the words of [`fill`] and [`text_pool`].
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 /// The length of [`text_pool`], and so the number of places a text fill can start at.
 const TEXT_POOL: usize = 1 << 16;
 
@@ -140,13 +144,10 @@ fn text_pool() -> &'static [u8] {
     static POOL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         const WORDS: [&[u8]; 5] = [b"page ", b"swap ", b"compressed ", b"memory ", b"slot "];
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         let mut pool = Vec::with_capacity(TEXT_POOL + 16);
         while pool.len() < TEXT_POOL {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            pool.extend_from_slice(WORDS[(x % 5) as usize]);
+            pool.extend_from_slice(WORDS[(next() % 5) as usize]);
         }
         pool.truncate(TEXT_POOL);
         pool
