@@ -28,6 +28,8 @@
 //! allocation and free of an object take only its class lock, so writers of different classes
 //! never meet. The arena lock is taken under a class lock, once per zspage created or destroyed.
 //! Reads take no pool lock at all: the object is pinned by the caller's slot lock.
+//! [`ZsPool::compactable_pages`] takes none either: each class publishes its share in an atomic
+//! under its lock whenever its counts change.
 
 mod arena;
 mod class;
@@ -105,6 +107,11 @@ pub struct ZsPool {
     classes: Box<[Class]>,
     /// `class_for` index -> the (merged) class that serves it.
     serving: Vec<u16>,
+    /// Per class: the pages compaction could give back in it (`compactable_share`). Written
+    /// under the class lock by every change of the class's counts (`note_counts`), and only
+    /// when the share changes, so allocations of different classes rarely write the same
+    /// cache line; read without any lock by [`ZsPool::compactable_pages`].
+    compactable: Box<[AtomicU64]>,
     pages_compacted: AtomicU64,
 }
 
@@ -117,6 +124,7 @@ impl ZsPool {
             arena: Arena::new(capacity_pages, limit_pages)?,
             classes,
             serving: merged_classes(),
+            compactable: (0..NUM_CLASSES).map(|_| AtomicU64::new(0)).collect(),
             pages_compacted: AtomicU64::new(0),
         })
     }
@@ -223,17 +231,30 @@ impl ZsPool {
     }
 
     /// Pages that compaction could give back now: per class, zspages' worth of free objects
-    /// beyond one zspage. A cheap estimate (class locks taken one at a time).
+    /// beyond one zspage. An estimate taken without locks: each class's share as of its last
+    /// change (the cache's eviction asks on every round, so it must not take ~300 class locks).
     pub fn compactable_pages(&self) -> u64 {
-        self.classes[..HUGE_CLASS]
-            .iter()
-            .map(|c| {
-                let st = c.state.lock();
-                let capacity = st.zspages * c.shape.objs_per_zspage as u64;
-                let free_objs = capacity - st.objs_inuse;
-                (free_objs / c.shape.objs_per_zspage as u64).saturating_sub(1) * c.shape.pages_per_zspage as u64
-            })
-            .sum()
+        self.compactable.iter().map(|c| c.load(Relaxed)).sum()
+    }
+
+    /// A class's share of [`ZsPool::compactable_pages`] with these counts.
+    fn compactable_share(shape: ClassShape, st: &ClassState) -> u64 {
+        let free_objs = st.zspages * shape.objs_per_zspage as u64 - st.objs_inuse;
+        (free_objs / shape.objs_per_zspage as u64).saturating_sub(1) * shape.pages_per_zspage as u64
+    }
+
+    /// Publishes class `ci`'s share after its counts changed; under the class lock, called by
+    /// each of the four places that change `zspages` or `objs_inuse`. The huge class has no
+    /// share: compaction leaves raw pages alone.
+    fn note_counts(&self, ci: usize, st: &ClassState) {
+        if ci == HUGE_CLASS {
+            return;
+        }
+        let share = Self::compactable_share(self.classes[ci].shape, st);
+        let slot = &self.compactable[ci];
+        if slot.load(Relaxed) != share {
+            slot.store(share, Relaxed);
+        }
     }
 
     // --- zspage bookkeeping (all under the class lock) -------------------------------------
@@ -265,6 +286,7 @@ impl ZsPool {
         }
         self.list(st, first);
         st.zspages += 1;
+        self.note_counts(ci, st);
         Ok(first)
     }
 
@@ -284,6 +306,7 @@ impl ZsPool {
         let inuse = d.inuse.load(Relaxed) + 1;
         d.inuse.store(inuse, Relaxed);
         st.objs_inuse += 1;
+        self.note_counts(ci, st);
         if inuse as usize == shape.objs_per_zspage {
             self.unlist(st, first);
         }
@@ -303,6 +326,7 @@ impl ZsPool {
         assert!(inuse > 0, "double free in class {ci}");
         d.inuse.store(inuse - 1, Relaxed);
         st.objs_inuse -= 1;
+        self.note_counts(ci, st);
         if d.list_prev.load(Relaxed) == OFF_LIST {
             self.list(st, first);
         }
@@ -357,6 +381,7 @@ impl ZsPool {
             pfn = self.arena.desc(pfn).next.load(Relaxed);
         }
         st.zspages -= 1;
+        self.note_counts(ci, st);
         self.arena.free(&pfns[..n]);
     }
 
@@ -557,11 +582,50 @@ mod tests {
         assert!(freed > 0 && pool.total_pages() == before - freed);
         assert!(pool.total_pages() <= full / 4 + 5 * 8 * 2, "dense again: {} pages", pool.total_pages());
         assert_eq!(pool.pages_compacted(), freed);
+        assert_eq!(pool.compactable_pages(), counted_compactable(&pool), "after compaction");
         for (h, data) in slots.values() {
             let mut out = vec![0u8; data.len()];
             // SAFETY: single-threaded; handles are current after relocation.
             unsafe { pool.read(*h, &mut out) };
             assert_eq!(&out, data);
         }
+    }
+
+    /// `compactable_pages` computed afresh from every class's counts, under its lock.
+    fn counted_compactable(pool: &ZsPool) -> u64 {
+        (0..HUGE_CLASS).map(|ci| ZsPool::compactable_share(pool.classes[ci].shape, &pool.classes[ci].state.lock())).sum()
+    }
+
+    #[test]
+    fn the_compactable_estimate_follows_every_alloc_and_free() {
+        let pool = ZsPool::new(1 << 16, 0).unwrap();
+        let mut live: Vec<Handle> = Vec::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut seen_nonzero = false;
+        for i in 0..20_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Allocations of many classes (huge pages too), frees at random: sparse zspages.
+            if live.is_empty() || x % 5 < 3 {
+                let len = [24, 100, 300, 301, 700, 1500, 3000, 4096][(x >> 8) as usize % 8];
+                live.push(pool.alloc(&payload(i, len), i).unwrap());
+            } else {
+                let h = live.swap_remove((x >> 16) as usize % live.len());
+                // SAFETY: each handle leaves `live` when it is freed, so it is freed once.
+                unsafe { pool.free(h) };
+            }
+            if i % 97 == 0 {
+                let c = pool.compactable_pages();
+                assert_eq!(c, counted_compactable(&pool), "after operation {i}");
+                seen_nonzero |= c > 0;
+            }
+        }
+        assert!(seen_nonzero, "the churn left something to compact");
+        for h in live {
+            // SAFETY: as above.
+            unsafe { pool.free(h) };
+        }
+        assert_eq!((pool.compactable_pages(), pool.total_pages()), (0, 0));
     }
 }
