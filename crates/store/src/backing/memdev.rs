@@ -408,8 +408,7 @@ impl MemDevice {
         w.trained = true;
         let samples = std::mem::take(&mut w.samples);
         let sizes = vec![SAMPLE; samples.len() / SAMPLE];
-        let r = zstd::dict::from_continuous(&samples[..sizes.len() * SAMPLE], &sizes, DICT_MAX_BYTES)
-            .map_err(|e| format!("zstd's trainer: {e}"))
+        let r = crate::recompress::dict::fastcover(&samples[..sizes.len() * SAMPLE], &sizes, DICT_MAX_BYTES)
             .and_then(|dict| {
                 let ddict = DDict::try_create(&dict).ok_or("zstd could not load the trained dictionary")?;
                 let cctx = w.cctx.as_mut().expect("training happens inside write_at");

@@ -49,10 +49,75 @@ pub fn train(pages: &[u8], max_bytes: usize, level: i32) -> Result<Trained, Stri
     }
     let (training, held) = split(pages);
     let sizes = vec![PAGE_SIZE; training.len() / PAGE_SIZE];
-    let bytes = zstd::dict::from_continuous(&training, &sizes, max_bytes).map_err(|e| format!("zstd's trainer: {e}"))?;
+    let bytes = fastcover(&training, &sizes, max_bytes)?;
     let mut enc = StrongEncoder::new(level);
     enc.set_dict(Some(&bytes))?;
     Ok(Trained { gain_permille: gain_on(&mut enc, &held), bytes })
+}
+
+/// The frequency table's size (log2) zstd's trainer uses for `len` bytes of samples: the
+/// smallest table with at least twice as many counters as the samples have positions, and never
+/// more than `ZDICT_trainFromBuffer`'s fixed 2^20.
+fn table_log(len: usize) -> u32 {
+    let log = usize::BITS - len.max(2).saturating_sub(1).leading_zeros();
+    (log + 1).clamp(MIN_TABLE_LOG, DEFAULT_TABLE_LOG)
+}
+
+/// `ZDICT_trainFromBuffer`'s frequency-table size (its `f`) and the smallest this file uses.
+const DEFAULT_TABLE_LOG: u32 = 20;
+const MIN_TABLE_LOG: u32 = 12;
+
+/// zstd's trainer as `ZDICT_trainFromBuffer` runs it (fastCover, d = 8, k searched in four
+/// steps, tuned for zstd's default level), but with its frequency table sized to the samples
+/// ([`table_log`]). `ZDICT_trainFromBuffer` always counts in 2^20 slots, made for samples of
+/// megabytes: about 6 MiB cleared and copied for each of the parameters it tries, whatever the
+/// samples' size. More than 256 KiB of samples (recompression's default 576 pages among them)
+/// get the same table, hence the very dictionary `ZDICT_trainFromBuffer` gives; fewer get a
+/// table still twice the samples' positions, at a fraction of the cost (a recompression store
+/// with few samples, `compcache dict train` on a small dump). The cold tier's trainer
+/// (`backing/memdev.rs`) is this one too.
+pub(crate) fn fastcover(samples: &[u8], sizes: &[usize], max_bytes: usize) -> Result<Vec<u8>, String> {
+    assert_eq!(sizes.iter().sum::<usize>(), samples.len(), "sample sizes add up to the samples");
+    let mut params = zstd_sys::ZDICT_fastCover_params_t {
+        k: 0,
+        d: 8,
+        f: table_log(samples.len()),
+        steps: 4,
+        nbThreads: 0,
+        splitPoint: 0.0,
+        accel: 0,
+        shrinkDict: 0,
+        shrinkDictMaxRegression: 0,
+        zParams: zstd_sys::ZDICT_params_t {
+            compressionLevel: zstd_sys::ZSTD_CLEVEL_DEFAULT as i32,
+            notificationLevel: 0,
+            dictID: 0,
+        },
+    };
+    let mut dict = vec![0u8; max_bytes];
+    let samples_n = u32::try_from(sizes.len()).map_err(|_| format!("{} samples are too many for zstd's trainer", sizes.len()))?;
+    // SAFETY: `dict` is writable for `dict.len()` bytes, `samples` readable for the sum of
+    // `sizes` (asserted above), `sizes` holds `samples_n` entries, and `params` is a valid,
+    // exclusively borrowed parameter block; the trainer keeps none of these pointers after it
+    // returns (it runs on this thread: nbThreads 0).
+    let n = unsafe {
+        zstd_sys::ZDICT_optimizeTrainFromBuffer_fastCover(
+            dict.as_mut_ptr().cast(),
+            dict.len(),
+            samples.as_ptr().cast(),
+            sizes.as_ptr(),
+            samples_n,
+            &mut params,
+        )
+    };
+    // SAFETY: ZDICT_isError only inspects the value it is given.
+    if unsafe { zstd_sys::ZDICT_isError(n) } != 0 {
+        // SAFETY: ZDICT_getErrorName returns a static NUL-terminated string for any code.
+        let name = unsafe { std::ffi::CStr::from_ptr(zstd_sys::ZDICT_getErrorName(n)) };
+        return Err(format!("zstd's trainer: {}", name.to_string_lossy()));
+    }
+    dict.truncate(n);
+    Ok(dict)
 }
 
 /// `pages` split into the pages [`train`] trains on and those it holds out (every ninth).
@@ -209,5 +274,58 @@ mod tests {
         }
         assert!(dicts.install(Dict::new(bytes).unwrap()).is_none());
         assert_eq!(dicts.summary().live, Codec::DICT_VERSIONS as u64);
+    }
+
+    /// `n` pages of text-like records with numbers that vary, as a heap of small objects.
+    fn pages(n: usize, seed: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n * PAGE_SIZE);
+        let mut x = seed | 1;
+        while out.len() < n * PAGE_SIZE {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let word = ["alpha", "beta", "gamma", "delta", "epsilon"][(x % 5) as usize];
+            out.extend_from_slice(format!("{{\"id\":{},\"name\":\"{word}-{}\",\"ok\":{}}},", x % 100_000, x >> 50, x & 1 == 0).as_bytes());
+        }
+        out.truncate(n * PAGE_SIZE);
+        out
+    }
+
+    #[test]
+    fn the_table_grows_with_the_samples_up_to_zstds_default() {
+        assert_eq!(table_log(0), MIN_TABLE_LOG);
+        assert_eq!(table_log(8 * PAGE_SIZE), 16, "the 8 pages of the smallest training: 2^15 positions");
+        assert_eq!(table_log(256 << 10), 19);
+        assert_eq!(table_log((256 << 10) + 1), DEFAULT_TABLE_LOG);
+        assert_eq!(table_log(512 * PAGE_SIZE), DEFAULT_TABLE_LOG, "recompression's default samples");
+        assert_eq!(table_log(1 << 30), DEFAULT_TABLE_LOG);
+    }
+
+    #[test]
+    fn large_samples_give_zstds_own_dictionary() {
+        // 72 pages (288 KiB): the same table as ZDICT_trainFromBuffer's, so the same bytes.
+        let samples = pages(72, 7);
+        let sizes = vec![PAGE_SIZE; 72];
+        let ours = fastcover(&samples, &sizes, 16 << 10).expect("training");
+        let zstds = zstd::dict::from_continuous(&samples, &sizes, 16 << 10).expect("zstd's training");
+        assert!(!ours.is_empty());
+        assert_eq!(ours, zstds);
+    }
+
+    #[test]
+    fn small_samples_train_a_dictionary_that_helps() {
+        for n in [9, 18, 45] {
+            let t = train(&pages(n, n as u64), 16 << 10, 3).expect("training on few pages");
+            assert!(!t.bytes.is_empty() && t.bytes.len() <= 16 << 10);
+            assert!(t.gain_permille > 0, "{n} pages: the dictionary saves nothing on their held-out pages");
+            Dict::new(t.bytes).expect("zstd loads what its trainer made");
+        }
+    }
+
+    #[test]
+    fn samples_the_trainer_refuses_are_an_error() {
+        // Below ZDICT_DICTSIZE_MIN (256 bytes): zstd refuses the destination.
+        let e = train(&pages(9, 1), 100, 3).expect_err("a 100-byte dictionary");
+        assert!(e.starts_with("zstd's trainer: "), "{e}");
     }
 }

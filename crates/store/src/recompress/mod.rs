@@ -26,8 +26,9 @@
 //! Dictionaries (`dict.rs`): with [`DictSource::Train`], one idle compressed page in every
 //! `pages stored / dict_samples` is kept as a sample (nothing is recompressed before the first
 //! dictionary, for at most one pass over the device); once there are `dict_samples`, zstd's
-//! trainer (`ZDICT_trainFromBuffer`, via the `zstd` crate) builds a dictionary, which is installed as a new version only if it saves
-//! at least `min_dict_gain_permille` on held-out samples. Every `DRIFT_EVERY`th page
+//! trainer (fastCover as `ZDICT_trainFromBuffer` runs it, `dict::fastcover`) builds a
+//! dictionary, which is installed as a new version only if it saves at least
+//! `min_dict_gain_permille` on held-out samples. Every `DRIFT_EVERY`th page
 //! recompressed with the dictionary is also encoded without it; when the gain measured that
 //! way over `DRIFT_WINDOW` pages falls under half of the gain at training time, a new
 //! dictionary is trained from fresh samples, and replaces the current one only if it saves
