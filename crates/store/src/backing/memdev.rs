@@ -408,17 +408,16 @@ impl MemDevice {
         w.trained = true;
         let samples = std::mem::take(&mut w.samples);
         let sizes = vec![SAMPLE; samples.len() / SAMPLE];
-        let r = crate::recompress::dict::fastcover(&samples[..sizes.len() * SAMPLE], &sizes, DICT_MAX_BYTES)
-            .and_then(|dict| {
-                let ddict = DDict::try_create(&dict).ok_or("zstd could not load the trained dictionary")?;
-                let cctx = w.cctx.as_mut().expect("training happens inside write_at");
-                if let Err(c) = cctx.load_dictionary(&dict) {
-                    let _ = cctx.load_dictionary(&[]); // no half-loaded dictionary
-                    return Err(format!("zstd could not load the trained dictionary: {}", get_error_name(c)));
-                }
-                w.dict = Some(dict);
-                Ok(ddict)
-            });
+        let r = crate::recompress::dict::fastcover(&samples[..sizes.len() * SAMPLE], &sizes, DICT_MAX_BYTES).and_then(|dict| {
+            let ddict = DDict::try_create(&dict).ok_or("zstd could not load the trained dictionary")?;
+            let cctx = w.cctx.as_mut().expect("training happens inside write_at");
+            if let Err(c) = cctx.load_dictionary(&dict) {
+                let _ = cctx.load_dictionary(&[]); // no half-loaded dictionary
+                return Err(format!("zstd could not load the trained dictionary: {}", get_error_name(c)));
+            }
+            w.dict = Some(dict);
+            Ok(ddict)
+        });
         match r {
             Ok(ddict) => {
                 self.mem.fetch_add(ddict.sizeof() as u64, Relaxed);

@@ -88,11 +88,7 @@ pub(crate) fn fastcover(samples: &[u8], sizes: &[usize], max_bytes: usize) -> Re
         accel: 0,
         shrinkDict: 0,
         shrinkDictMaxRegression: 0,
-        zParams: zstd_sys::ZDICT_params_t {
-            compressionLevel: zstd_sys::ZSTD_CLEVEL_DEFAULT as i32,
-            notificationLevel: 0,
-            dictID: 0,
-        },
+        zParams: zstd_sys::ZDICT_params_t { compressionLevel: zstd_sys::ZSTD_CLEVEL_DEFAULT as i32, notificationLevel: 0, dictID: 0 },
     };
     let mut dict = vec![0u8; max_bytes];
     let samples_n = u32::try_from(sizes.len()).map_err(|_| format!("{} samples are too many for zstd's trainer", sizes.len()))?;
