@@ -67,6 +67,7 @@ use parking_lot::Mutex;
 use zstd::zstd_safe::{get_error_name, CCtx, CParameter, DCtx, DDict};
 
 use super::device::BackingDevice;
+use crate::recompress::dict::fastcover;
 
 /// Bytes per compressed block.
 pub const BLOCK_BYTES: u64 = 64 << 10;
@@ -408,7 +409,7 @@ impl MemDevice {
         w.trained = true;
         let samples = std::mem::take(&mut w.samples);
         let sizes = vec![SAMPLE; samples.len() / SAMPLE];
-        let r = crate::recompress::dict::fastcover(&samples[..sizes.len() * SAMPLE], &sizes, DICT_MAX_BYTES).and_then(|dict| {
+        let r = fastcover(&samples[..sizes.len() * SAMPLE], &sizes, DICT_MAX_BYTES).and_then(|dict| {
             let ddict = DDict::try_create(&dict).ok_or("zstd could not load the trained dictionary")?;
             let cctx = w.cctx.as_mut().expect("training happens inside write_at");
             if let Err(c) = cctx.load_dictionary(&dict) {

@@ -59,8 +59,7 @@ pub fn train(pages: &[u8], max_bytes: usize, level: i32) -> Result<Trained, Stri
 /// smallest table with at least twice as many counters as the samples have positions, and never
 /// more than `ZDICT_trainFromBuffer`'s fixed 2^20.
 fn table_log(len: usize) -> u32 {
-    let log = usize::BITS - len.max(2).saturating_sub(1).leading_zeros();
-    (log + 1).clamp(MIN_TABLE_LOG, DEFAULT_TABLE_LOG)
+    (len.max(1).next_power_of_two().trailing_zeros() + 1).clamp(MIN_TABLE_LOG, DEFAULT_TABLE_LOG)
 }
 
 /// `ZDICT_trainFromBuffer`'s frequency-table size (its `f`) and the smallest this file uses.
