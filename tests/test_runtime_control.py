@@ -118,5 +118,5 @@ def test_list_shows_every_device_it_is_given(start_server, tmp_path):
 
     # `stat --json` carries the device and the layout's version beside the statistics.
     st = a.stat()
-    assert st["schema_version"] == 1 and st["protocol"] == 2, st
+    assert st["schema_version"] == 1 and st["protocol"] == 3, st
     assert st["device"]["frontend"] == "nbd-server" and st["device"]["nbd_socket"] == a.socket, st["device"]

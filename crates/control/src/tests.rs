@@ -1,13 +1,14 @@
-//! Tests of the control server's limits and of a client's trust: the control client cap
-//! (crate docs, `MAX_CLIENTS`), and that a control socket of another user is not believed.
+//! Tests of the control server's limits and of a client's trust: the client cap and the
+//! deadlines (crate docs, "Limits"), and that a control socket of another user is not believed.
 
-use crate::{self as control, ControlError, ControlState, DeviceInfo, MAX_CLIENTS};
+use crate::{self as control, ControlState, DeviceInfo, Limits, MAX_CLIENTS};
 use compcache_store::{Config, Store};
 use serde_json::json;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 const SIZE: u64 = 16 << 20;
 
@@ -18,12 +19,12 @@ fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-fn control_server(dir: &std::path::Path) -> PathBuf {
+fn control_server(dir: &std::path::Path, limits: Limits) -> PathBuf {
     let path = dir.join("c.ctl");
     let listener = control::bind(&path).unwrap();
     let store = Arc::new(Store::new(Config::with_disksize(SIZE)).unwrap());
     let state = Arc::new(ControlState { store, device: DeviceInfo { export_name: "t".into(), ..DeviceInfo::default() } });
-    std::thread::spawn(move || control::serve(state, listener));
+    std::thread::spawn(move || control::serve_with(state, listener, limits));
     path
 }
 
@@ -35,31 +36,113 @@ fn ask(s: &mut BufReader<UnixStream>) -> serde_json::Value {
     serde_json::from_str(&line).unwrap()
 }
 
-#[test]
-fn control_clients_are_capped() {
-    let dir = temp_dir("ctl-cap");
-    let path = control_server(&dir);
-    let mut held: Vec<BufReader<UnixStream>> = (0..MAX_CLIENTS).map(|_| BufReader::new(UnixStream::connect(&path).unwrap())).collect();
-    for c in &mut held {
-        assert_eq!(ask(c)["ok"], true, "each of the first {MAX_CLIENTS} is served");
+/// Reads until the server closes the connection (EOF, or reset); panics if it is still open
+/// after a generous 20 seconds (the deadlines under test are well under a second).
+fn closed_by_server(s: &mut UnixStream) {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+            Err(e) => panic!("the server did not close the connection: {e}"),
+        }
     }
-    let mut extra = BufReader::new(UnixStream::connect(&path).unwrap());
-    let mut line = String::new();
-    extra.read_line(&mut line).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(v["ok"], false);
-    assert!(v["error"].as_str().unwrap().contains("too many control clients"), "{v}");
-    // A slot that is given back is taken by the next client.
-    drop(held.pop());
-    let served = loop {
-        match control::request(&path, &json!({"cmd": "info"})) {
-            Ok(v) => break v,
-            Err(ControlError::Refused(m)) if m.contains("too many") => std::thread::yield_now(),
+}
+
+#[test]
+fn idle_clients_make_room_for_a_new_one() {
+    let dir = temp_dir("ctl-cap");
+    let path = control_server(&dir, Limits::default());
+    // Every slot taken: some clients asked once and stayed, some sent nothing, some half a
+    // request. None of them may keep `compcache stat` out.
+    let mut held: Vec<BufReader<UnixStream>> = Vec::new();
+    for i in 0..MAX_CLIENTS {
+        let mut c = BufReader::new(UnixStream::connect(&path).unwrap());
+        match i % 3 {
+            0 => assert_eq!(ask(&mut c)["ok"], true, "each of the first {MAX_CLIENTS} is served"),
+            1 => {}
+            _ => c.get_mut().write_all(b"{\"cmd\":").unwrap(),
+        }
+        held.push(c);
+    }
+    // The first held client asked and has been idle the longest.
+    for round in 0..3 {
+        let served = control::request(&path, &json!({"cmd": "info"})).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(served["device"]["export_name"], "t");
+    }
+    closed_by_server(held[0].get_mut());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_client_that_sends_half_a_request_or_nothing_is_closed_at_its_deadline() {
+    let dir = temp_dir("ctl-deadline");
+    let limits = Limits { request_deadline: Duration::from_millis(300), ..Limits::default() };
+    let path = control_server(&dir, limits);
+    let mut silent = UnixStream::connect(&path).unwrap();
+    let mut half = UnixStream::connect(&path).unwrap();
+    half.write_all(b"{\"cmd\":\"st").unwrap();
+    // One byte at a time, each well within the deadline: the whole line is what is timed.
+    let mut trickle = UnixStream::connect(&path).unwrap();
+    let trickler = std::thread::spawn(move || {
+        for b in b"{\"cmd\":\"stat\"}" {
+            if trickle.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        closed_by_server(&mut trickle);
+        trickle
+    });
+    closed_by_server(&mut silent);
+    closed_by_server(&mut half);
+    let mut trickle = trickler.join().unwrap();
+    assert!(trickle.write_all(b"\n").is_err() || read_nothing(&mut trickle), "the trickling client got an answer");
+    // A client that asks in time is answered, and may ask again within the deadline of its answer.
+    let mut ok = BufReader::new(UnixStream::connect(&path).unwrap());
+    assert_eq!(ask(&mut ok)["ok"], true);
+    assert_eq!(ask(&mut ok)["ok"], true);
+    closed_by_server(ok.get_mut());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Whether reading `s` gives nothing more (the server closed it without an answer).
+fn read_nothing(s: &mut UnixStream) -> bool {
+    let mut buf = [0u8; 16];
+    matches!(s.read(&mut buf), Ok(0) | Err(_))
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_closed_and_delays_no_one() {
+    let dir = temp_dir("ctl-noread");
+    let limits = Limits { reply_deadline: Duration::from_millis(300), ..Limits::default() };
+    let path = control_server(&dir, limits);
+    // Requests pipelined without reading a single answer, until the socket is full both ways.
+    let mut hog = UnixStream::connect(&path).unwrap();
+    hog.set_nonblocking(true).unwrap();
+    let request = b"{\"cmd\":\"stat\"}\n";
+    let mut sent = 0usize;
+    loop {
+        match hog.write(request) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) => panic!("{e}"),
         }
-    };
-    assert_eq!(served["device"]["export_name"], "t");
-    drop(held);
+    }
+    assert!(sent > 64 * request.len(), "only {sent} bytes sent");
+    // Meanwhile another client is answered.
+    assert_eq!(control::request(&path, &json!({"cmd": "stat"})).unwrap()["ok"], true);
+    // The hog's answers stopped at its deadline: the server closed it, and the answers that
+    // made it into the socket are far fewer than the requests.
+    hog.set_nonblocking(false).unwrap();
+    std::thread::sleep(Duration::from_secs(1)); // past the reply deadline, with the socket full
+    let mut got = Vec::new();
+    hog.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    hog.read_to_end(&mut got).expect("the server closes the connection");
+    let answers = got.iter().filter(|&&b| b == b'\n').count();
+    assert!(answers < sent / request.len(), "{answers} answers to {} requests", sent / request.len());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -78,7 +161,7 @@ fn a_control_socket_of_another_user_is_not_believed() {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let dir = temp_dir("ctl-owner");
-    let path = control_server(&dir);
+    let path = control_server(&dir, Limits::default());
     assert_eq!(control::request(&path, &json!({"cmd": "info"})).unwrap()["ok"], true, "our own socket is believed");
     let (other, as_uid) = if can_chown() { (65534, 0) } else { (me, me + 1) };
     if can_chown() {
@@ -107,5 +190,32 @@ fn a_control_socket_of_another_user_is_not_believed() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     assert!(matches!(control::check_trusted(&path, me), Err(control::Distrust::Owner(w)) if w.contains("not sticky")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn stat_and_info_say_what_the_device_uses() {
+    use compcache_store::{BackingConfig, DictSource, RecompressConfig};
+    let ask = |cfg: Config| {
+        let state = ControlState { store: Arc::new(Store::new(cfg).unwrap()), device: DeviceInfo::default() };
+        let stat = control::answer(&state, r#"{"cmd":"stat"}"#);
+        assert_eq!(stat["uses"], control::answer(&state, r#"{"cmd":"info"}"#)["uses"]);
+        assert_eq!(stat["protocol"], 3);
+        serde_json::from_value::<control::Uses>(stat["uses"].clone()).unwrap()
+    };
+    assert_eq!(ask(Config::with_disksize(SIZE)), control::Uses::default(), "a plain device uses none of them");
+    let dir = temp_dir("uses");
+    let backing = Config {
+        mem_limit_bytes: 4 << 20,
+        backing: Some(BackingConfig { size_bytes: 8 << 20, ..BackingConfig::new(dir.join("b.img")) }),
+        ..Config::with_disksize(SIZE)
+    };
+    assert_eq!(ask(backing), control::Uses { backing: true, ..Default::default() }, "from the configuration: nothing is written back yet");
+    let plain_recompress = RecompressConfig { dict: DictSource::None, ..RecompressConfig::default() };
+    let u = ask(Config { recompress: Some(plain_recompress), ..Config::with_disksize(SIZE) });
+    assert_eq!(u, control::Uses { recompress: true, ..Default::default() });
+    let trained = RecompressConfig { dict: DictSource::Train, ..RecompressConfig::default() };
+    let u = ask(Config { recompress: Some(trained), ..Config::with_disksize(SIZE) });
+    assert_eq!(u, control::Uses { recompress: true, dictionary: true, ..Default::default() });
     std::fs::remove_dir_all(&dir).unwrap();
 }
