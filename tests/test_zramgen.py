@@ -5,8 +5,10 @@ tested beside the parser, crates/cli/src/cmd/zramconf/):
   line and a drop-in, and compcache's own compcache.conf choosing the FUSE front end: one swap
   device per section, each with its section's size and priority (`-1`: the kernel's), both
   taken down by `compcache swapoff` of the two devices;
-- `run/systemd/container` in the fake root: swapon sets nothing up and exits 0, as
-  zram-generator does in containers;
+- `run/systemd/container` in the fake root: swapon sets nothing up from the configuration, as
+  zram-generator does in containers, and says so in its exit status (3) and in `--json`
+  (`"stood_down"`), so that a script can tell (a `--size` on the command line is an explicit
+  request and is set up: test_cli_devices.py);
 - `systemd.zram=0` in the fake root's proc/cmdline: likewise.
 
 Devices are taken down in `finally`, also on failure, by name (never every recorded device:
@@ -91,8 +93,15 @@ def test_no_devices_in_a_container(compcache_bin, tmp_path):
     write(root, "etc/systemd/zram-generator.conf", "[zram0]\nzram-size = 64\n")
     write(root, "run/systemd/container", "docker\n")
     before = set(compcache_devices())
-    p = run([compcache_bin, "swapon", "--config-root", root, "--frontend", "fuse"], timeout=60)
+    p = run([compcache_bin, "swapon", "--config-root", root, "--frontend", "fuse"], check=False, timeout=60)
     assert "running in a container (docker)" in p.stdout and "--ignore-container" in p.stdout, p.stdout
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    assert p.stderr == "", "standing down is no error: " + p.stderr
+    p = run([compcache_bin, "swapon", "--config-root", root, "--frontend", "fuse", "--json"], check=False, timeout=60)
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    out = json.loads(p.stdout)
+    assert out["devices"] == [] and out["stood_down"]["rule"] == "container", out
+    assert out["stood_down"]["container"] == "docker" and "--size" in out["stood_down"]["message"], out
     assert set(compcache_devices()) == before
 
 
@@ -102,6 +111,10 @@ def test_no_devices_with_systemd_zram_0(compcache_bin, tmp_path):
     write(root, "etc/systemd/zram-generator.conf", "[zram0]\nzram-size = 64\n")
     write(root, "proc/cmdline", "quiet systemd.zram=1 systemd.zram=0\n")
     before = set(compcache_devices())
-    p = run([compcache_bin, "swapon", "--config-root", root, "--frontend", "fuse"], timeout=60)
-    assert "systemd.zram=0" in p.stdout, p.stdout
+    p = run([compcache_bin, "swapon", "--config-root", root, "--frontend", "fuse", "--json"], check=False, timeout=60)
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    out = json.loads(p.stdout)
+    assert out == {"devices": [], "stood_down": {"rule": "systemd.zram=0", "container": None,
+                                                 "message": out["stood_down"]["message"]}}, out
+    assert "systemd.zram=0" in out["stood_down"]["message"], out
     assert set(compcache_devices()) == before

@@ -3,6 +3,11 @@
 
 use std::fmt;
 
+/// The exit code of `compcache swapon` when it set nothing up because zram-generator's rules
+/// say so (in a container, `systemd.zram=0`): not 0, so that a script can tell "nothing was
+/// set up" from "swap is on", and neither 1 nor 2, which are errors.
+pub const STOOD_DOWN: i32 = 3;
+
 #[derive(Debug)]
 pub struct Failure {
     message: String,
@@ -18,6 +23,18 @@ impl Failure {
     /// A failure caused by how the command was invoked (exit code 2, as clap's own errors).
     pub fn usage(message: impl Into<String>) -> Failure {
         Failure { message: message.into(), code: 2 }
+    }
+
+    /// Not a failure but an outcome a script must be able to tell from success by the exit
+    /// code alone (`swapon` standing down by zram-generator's rules: [`STOOD_DOWN`]); the
+    /// command has printed what it has to say, so there is no message.
+    pub fn status(code: i32) -> Failure {
+        Failure { message: String::new(), code }
+    }
+
+    /// Whether there is a message to print (not for [`Failure::status`]).
+    pub fn has_message(&self) -> bool {
+        !self.message.is_empty()
     }
 
     pub fn exit_code(&self) -> i32 {

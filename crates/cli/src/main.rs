@@ -15,6 +15,7 @@ mod process;
 mod recompress_args;
 mod store_args;
 mod table;
+mod target;
 #[cfg(test)]
 mod test_flags;
 mod units;
@@ -69,7 +70,9 @@ fn main() {
         Command::Generate(a) => cmd::generate::run(a, <Cli as clap::CommandFactory>::command()),
     };
     if let Err(f) = result {
-        log::error(&f.to_string());
+        if f.has_message() {
+            log::error(&f.to_string());
+        }
         std::process::exit(f.exit_code());
     }
 }

@@ -1,16 +1,17 @@
 //! `compcache list`: every compcache device on the machine in one zramctl-style table.
 //!
-//! Devices are found by their control sockets: every `*.ctl` socket in the default socket
-//! directory (`/run/compcache` as root, where `compcache serve`'s default socket and every swap
-//! server's `<device>.ctl` are), and each `--control PATH` given. Each is asked for its
-//! statistics (`stat`), trusted only as `compcache stat` trusts one (owner checks); a socket
-//! nobody answers on is a stale file and is skipped. The swap priority comes from /proc/swaps.
+//! Devices are found by their control sockets (`crate::target`, which `stat` and the other
+//! commands share): every `*.ctl` socket in the default socket directory (`/run/compcache` as
+//! root, where `compcache serve`'s default socket and every swap server's `<device>.ctl` are),
+//! and each `--control PATH` given. Each is asked for its statistics (`stat`), trusted only as
+//! `compcache stat` trusts one (owner checks); a socket nobody answers on is a stale file and
+//! is skipped. The swap priority comes from /proc/swaps.
 
 use crate::failure::Failure;
 use crate::paths;
 use crate::table::{self, Align};
+use crate::target;
 use crate::units::human;
-use compcache_control::{self as control, ControlError};
 use compcache_store::Stats;
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -101,10 +102,16 @@ impl Device {
 pub fn run(args: Args) -> Result<(), Failure> {
     let columns = columns(&args.output)?;
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-    let devices: Vec<Device> = sockets(&paths::default_dir(), &args.control)
-        .iter()
-        .filter_map(|ctl| ask(ctl))
-        .map(|answer| {
+    let devices: Vec<Device> = target::answering(&target::control_sockets(&paths::default_dir(), &args.control), &json!({"cmd": "stat"}))
+        .into_iter()
+        .filter(|(ctl, a)| {
+            let has = a.get("stats").is_some_and(Value::is_object);
+            if !has {
+                crate::log::warning(&format!("{}: the answer has no statistics (a different program?); skipped", ctl.display()));
+            }
+            has
+        })
+        .map(|(_, answer)| {
             let priority = name_of(&answer).and_then(|n| swap_priority(&swaps, Path::new(&n)));
             Device::new(answer, priority)
         })
@@ -149,48 +156,6 @@ fn columns(wanted: &[String]) -> Result<Vec<&'static Column>, Failure> {
             })
         })
         .collect()
-}
-
-/// The control sockets to ask: `*.ctl` sockets in `dir` (sorted), then `extra`, each once.
-fn sockets(dir: &Path, extra: &[PathBuf]) -> Vec<PathBuf> {
-    use std::os::unix::fs::FileTypeExt;
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ctl"))
-        .collect();
-    found.sort();
-    for p in extra {
-        if !found.contains(p) {
-            found.push(p.clone());
-        }
-    }
-    found
-}
-
-/// The `stat` answer of the server on `ctl`; `None` for a stale socket (nobody answers), and
-/// for one that is not believed or answers wrongly (said on stderr).
-fn ask(ctl: &Path) -> Option<Value> {
-    match control::request(ctl, &json!({"cmd": "stat"})) {
-        Ok(a) if a.get("stats").is_some_and(Value::is_object) => Some(a),
-        Ok(_) => {
-            crate::log::warning(&format!("{}: the answer has no statistics (a different program?); skipped", ctl.display()));
-            None
-        }
-        // A stale socket file (its server is gone) or one removed meanwhile.
-        Err(ControlError::Unreachable { source, .. })
-            if matches!(source.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound) =>
-        {
-            None
-        }
-        Err(e) => {
-            crate::log::warning(&format!("{e}; skipped"));
-            None
-        }
-    }
 }
 
 /// The NAME of a device: its block device (swap servers put it in `export_name`), else its NBD
@@ -344,20 +309,5 @@ mod tests {
         assert_eq!(swap_priority(swaps, Path::new("/dev/ublkb0")), Some(100));
         assert_eq!(swap_priority(swaps, Path::new("/swap file")), Some(-2));
         assert_eq!(swap_priority(swaps, Path::new("/dev/ublkb1")), None);
-    }
-
-    #[test]
-    fn sockets_are_found_in_the_directory_and_given_ones_added_once() {
-        let dir = std::env::temp_dir().join(format!("compcache-list-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
-        let a = std::os::unix::net::UnixListener::bind(dir.join("b.ctl")).unwrap();
-        let b = std::os::unix::net::UnixListener::bind(dir.join("a.ctl")).unwrap();
-        let c = std::os::unix::net::UnixListener::bind(dir.join("compcache.sock")).unwrap(); // NBD, not control
-        std::fs::write(dir.join("file.ctl"), "").unwrap(); // not a socket
-        let extra = [dir.join("a.ctl"), PathBuf::from("/elsewhere/x.ctl")];
-        assert_eq!(sockets(&dir, &extra), [dir.join("a.ctl"), dir.join("b.ctl"), PathBuf::from("/elsewhere/x.ctl")]);
-        drop((a, b, c));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

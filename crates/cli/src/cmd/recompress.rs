@@ -3,17 +3,15 @@
 //! change its idle age, threshold and CPU budget, or run it now for a while.
 
 use crate::failure::Failure;
-use crate::paths;
+use crate::target::Target;
 use compcache_control as control;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 
 /// Show or change the recompression of a running device (on unless it was started with --recompress off).
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Control socket of the server [default: the default NBD socket path + .ctl].
-    #[arg(long, value_name = "PATH")]
-    control: Option<PathBuf>,
+    #[command(flatten)]
+    target: Target,
     /// Pages not accessed for this many seconds are recompressed.
     #[arg(long, value_name = "SECS")]
     idle: Option<u64>,
@@ -42,7 +40,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
-    let path = args.control.clone().unwrap_or_else(paths::default_control);
+    let path = args.target.control_socket()?;
     let mut set = serde_json::Map::new();
     for (k, v) in [("idle_secs", args.idle), ("min_saving_bytes", args.threshold), ("cpu_percent", args.cpu)] {
         if let Some(v) = v {

@@ -4,20 +4,18 @@
 
 use crate::backing::size_or_none;
 use crate::failure::Failure;
-use crate::paths;
 use crate::store_args::parse_size_or_expr;
+use crate::target::Target;
 use crate::units::human;
 use compcache_control as control;
 use compcache_store::physical_ram_bytes;
 use serde_json::{json, Map, Value};
-use std::path::PathBuf;
 
 /// Change a running device's memory limit and writeback settings (or show them).
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Control socket of the server [default: the default NBD socket path + .ctl].
-    #[arg(long, value_name = "PATH")]
-    control: Option<PathBuf>,
+    #[command(flatten)]
+    target: Target,
     /// New memory limit (a size, a share of RAM such as 25%, or none). Lowering it under
     /// what is used evicts nothing: writes overflow to the backing device (or fail) until use
     /// drops; writeback aims at the new limit from its next step.
@@ -46,7 +44,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
-    let path = args.control.clone().unwrap_or_else(paths::default_control);
+    let path = args.target.control_socket()?;
     let request = request(&args, physical_ram_bytes())?;
     let answer = control::request(&path, &request)?;
     if args.json {

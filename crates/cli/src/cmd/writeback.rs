@@ -4,18 +4,16 @@
 
 use crate::backing::size_or_none;
 use crate::failure::Failure;
-use crate::paths;
+use crate::target::Target;
 use crate::units::human;
 use compcache_control as control;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 
 /// Write back a running device's idle pages to its backing device now.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Control socket of the server [default: the default NBD socket path + .ctl].
-    #[arg(long, value_name = "PATH")]
-    control: Option<PathBuf>,
+    #[command(flatten)]
+    target: Target,
     /// Pages not read or written for this long: seconds, or with a unit (90s, 30m, 2h, 1d);
     /// 0: every page in RAM.
     #[arg(long, value_name = "AGE", value_parser = parse_age)]
@@ -47,7 +45,7 @@ fn parse_age(text: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
-    let path = args.control.clone().unwrap_or_else(paths::default_control);
+    let path = args.target.control_socket()?;
     let mut req = json!({"cmd": "writeback", "idle_secs": args.idle});
     if let Some(t) = &args.max {
         match size_or_none("--max", t, compcache_store::physical_ram_bytes())? {

@@ -4,8 +4,9 @@
 //! zram-generator asks `systemd-detect-virt --quiet --container` and treats a failure to run it
 //! as "not a container". compcache does the same on the real root, and, where the program is
 //! missing, reads `/run/systemd/container`, which systemd's container managers (and
-//! systemd-detect-virt itself) use. Under another root (`swapon --config-root DIR`, the tests)
-//! only `DIR/run/systemd/container` is read: that is how a test says "container".
+//! systemd-detect-virt itself) use, and looks for Docker's `/.dockerenv`. Under another root
+//! (`swapon --config-root DIR`, the tests) only `DIR/run/systemd/container` and
+//! `DIR/.dockerenv` are read: that is how a test says "container".
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -22,7 +23,7 @@ pub(super) fn detect(root: &Path) -> Option<String> {
             Err(_) => {} // no systemd-detect-virt: the file below
         }
     }
-    from_file(&root.join("run/systemd/container"))
+    from_file(&root.join("run/systemd/container")).or_else(|| root.join(".dockerenv").exists().then(|| "docker".to_string()))
 }
 
 /// What `/run/systemd/container` says: the manager's name, if the file exists.
@@ -35,8 +36,9 @@ fn from_file(path: &Path) -> Option<String> {
 /// The message when swapon stands down in container `kind`.
 pub(super) fn standing_down(kind: &str) -> String {
     format!(
-        "compcache: running in a container ({kind}): no swap devices set up, as zram-generator sets none up in \
-         containers; pass --ignore-container to set them up anyway"
+        "compcache: running in a container ({kind}): no swap devices set up from the configuration, as \
+         zram-generator sets none up in containers; pass --ignore-container to set them up anyway, or ask for \
+         one device with --size SIZE"
     )
 }
 
@@ -53,6 +55,9 @@ mod tests {
         assert_eq!(detect(&r.0).as_deref(), Some("docker"));
         r.write("run/systemd/container", "");
         assert_eq!(detect(&r.0).as_deref(), Some("container"));
+        let d = FakeRoot::new("dockerenv");
+        d.write(".dockerenv", "");
+        assert_eq!(detect(&d.0).as_deref(), Some("docker"));
         assert!(standing_down("docker").contains("--ignore-container"));
     }
 }

@@ -2,9 +2,11 @@
 //! systemd's zram-generator.
 //!
 //! swapon: first the cases where zram-generator sets nothing up, when the system's
-//! configuration is read (no `--config`, no `--no-config`): in a container (`container.rs`;
+//! configuration decides what is set up (no `--config`, no `--no-config`, no `--size`: a size
+//! on the command line is an explicit request, carried out): in a container (`container.rs`;
 //! `--ignore-container` overrides) and with `systemd.zram=0` on the kernel command line
-//! (`systemd.zram=1` adds a default `[zram0]`). Then the devices (`settings.rs`: every
+//! (`systemd.zram=1` adds a default `[zram0]`). Standing down is exit code 3 (`STOOD_DOWN`) and,
+//! with `--json`, `"stood_down"` saying which rule. Then the devices (`settings.rs`: every
 //! `[zramN]` section of the configuration, or `--section`'s, each the flags over compcache.conf
 //! (`own_keys.rs`) over zram-generator's keys, all checked before any is set up), and for each:
 //! the front end (`crate::frontend`: the one asked for, else ublk, else the NBD driver, else
@@ -31,7 +33,7 @@ use compcache_store::physical_ram_bytes;
 
 use super::swapdev::{create_swap_alias, is_active_swap, mkswap, remove_swap_alias, swapoff, swapon, HIBERNATION_SAFE_PREFIX};
 use crate::cmd::zramconf;
-use crate::failure::Failure;
+use crate::failure::{Failure, STOOD_DOWN};
 use crate::frontend::{Frontend, Wanted};
 use crate::log;
 use crate::store_args::StoreArgs;
@@ -84,8 +86,9 @@ pub struct SwaponArgs {
     #[arg(long, value_name = "NAME")]
     pub(super) section: Option<String>,
 
-    /// Set devices up even in a container (zram-generator does nothing there; swapon, reading
-    /// the system's configuration, neither).
+    /// Set the configured devices up even in a container (zram-generator does nothing there;
+    /// swapon, reading the system's configuration, neither, and exits 3; a --size on the
+    /// command line is an explicit request and is set up without this flag).
     #[arg(long)]
     pub(super) ignore_container: bool,
 
@@ -112,9 +115,10 @@ pub struct SwaponArgs {
     #[arg(long)]
     pub(super) foreground: bool,
 
-    /// Print what was set up as JSON (`{"devices": [...]}`: per section its device, size,
-    /// algorithm, priority, front end, server pid, swap name and control socket, or why it has
-    /// no device) instead of the lines for people.
+    /// Print what was set up as JSON (`{"devices": [...], "stood_down": null}`: per section its
+    /// device, size, algorithm, priority, front end, server pid, swap name and control socket,
+    /// or why it has no device; `stood_down` says which of zram-generator's rules set nothing
+    /// up) instead of the lines for people.
     #[arg(long)]
     pub(super) json: bool,
 }
@@ -156,19 +160,21 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     if let Some(why) = zswap_refusal(std::fs::read_to_string(ZSWAP_ENABLED).ok().as_deref(), args.allow_zswap) {
         return Err(Failure::new(why));
     }
-    // zram-generator's own cases for doing nothing, when the system's configuration is read.
+    // zram-generator's own cases for doing nothing, when the system's configuration decides
+    // what is set up; a command line that names the device's size is an explicit request, and
+    // is carried out (explicit_request).
     let system = args.config.is_none() && !args.no_config;
+    let rules = system && !explicit_request(&args);
     let root = settings::root(&args).to_path_buf();
-    if system && !args.ignore_container {
+    if rules && !args.ignore_container {
         if let Some(kind) = container::detect(&root) {
-            println!("{}", container::standing_down(&kind));
-            return Ok(());
+            return stand_down(&args, "container", Some(&kind), &container::standing_down(&kind));
         }
     }
     let kernel = if system { kernel_switch(&root) } else { None };
-    if kernel == Some(false) {
-        println!("compcache: systemd.zram=0 on the kernel command line: no swap devices set up (as zram-generator)");
-        return Ok(());
+    if rules && kernel == Some(false) {
+        let msg = "compcache: systemd.zram=0 on the kernel command line: no swap devices set up (as zram-generator)";
+        return stand_down(&args, "systemd.zram=0", None, msg);
     }
     let ram = physical_ram_bytes();
     let loaded = settings::load(&args, ram, kernel == Some(true))?;
@@ -201,13 +207,36 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         }
     }
     if args.json && !args.foreground {
-        println!("{:#}", serde_json::json!({"devices": report}));
+        println!("{:#}", serde_json::json!({"devices": report, "stood_down": null}));
     }
     if failed.is_empty() {
         Ok(())
     } else {
         Err(Failure::new(format!("could not set up {} (the other devices are up; compcache swapoff takes them down)", failed.join(", "))))
     }
+}
+
+/// Whether the command line itself asks for a device, rather than leaving what is set up to the
+/// configuration: it names the device's size (`--size`). zram-generator's rules for setting
+/// nothing up (in a container, `systemd.zram=0`) are about the configuration found at boot, so
+/// they are not applied to such a request: it is carried out, and fails with the front end's
+/// error where the container lacks the privileges. `--frontend` and `--section` alone only say
+/// how, or which of the configured devices, to set up: the rules still apply to them.
+fn explicit_request(args: &SwaponArgs) -> bool {
+    args.store.size.is_some()
+}
+
+/// Sets nothing up by zram-generator's rule `rule` (`kind`: the container's), saying so on
+/// stdout, or with `--json` as `{"devices": [], "stood_down": {...}}`; the exit code is
+/// [`STOOD_DOWN`], so that a script can tell.
+fn stand_down(args: &SwaponArgs, rule: &str, kind: Option<&str>, message: &str) -> Result<(), Failure> {
+    if args.json {
+        let why = serde_json::json!({"rule": rule, "container": kind, "message": message.trim_start_matches("compcache: ")});
+        println!("{:#}", serde_json::json!({"devices": [], "stood_down": why}));
+    } else {
+        println!("{message}");
+    }
+    Err(Failure::status(STOOD_DOWN))
 }
 
 /// `systemd.zram=` on the kernel command line (under `root`), as zram-generator reads it; an
@@ -330,8 +359,8 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
                     continue;
                 }
                 println!("compcache: swapoff {}: done ({})", dev.display(), state.frontend);
-                match stats {
-                    Some(stats) => print_stats(&dev, &stats),
+                match stats.as_deref().and_then(|s| stats_line(&dev, s)) {
+                    Some(line) => println!("{line}"),
                     None => println!("compcache: no final statistics for {} (see {})", dev.display(), state.log.display()),
                 }
             }
@@ -351,14 +380,20 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
     }
 }
 
-/// The final statistics, one summary line (zramctl's columns) and the JSON.
-fn print_stats(dev: &Path, json: &str) {
+/// The final statistics as one summary line (zramctl's columns), for people: the whole
+/// statistics are in `--json` (`final_stats`) and in the file. `None` when the file holds no
+/// statistics (it is not a JSON object, or an empty one).
+fn stats_line(dev: &Path, json: &str) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(m)) if !m.is_empty() => {}
+        _ => return None,
+    }
     // The one summary (`Stats::summary`): its ratio is orig_data_size / mem_used_total, as
     // `compcache stat` shows it; fields missing from an older server's file read as 0.
     let stats: compcache_store::Stats = serde_json::from_str(json).unwrap_or_default();
     let sum = stats.summary();
     let ratio = sum.ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.2}"));
-    println!(
+    Some(format!(
         "compcache: {} statistics: DATA {} COMPR {} TOTAL {} (mem_used_max {}), ratio {ratio}, same_pages {}, huge_pages {}",
         dev.display(),
         human(sum.data_bytes),
@@ -367,8 +402,7 @@ fn print_stats(dev: &Path, json: &str) {
         human(sum.mem_used_max),
         sum.same_pages,
         sum.huge_pages,
-    );
-    println!("{}", json.trim_end());
+    ))
 }
 
 /// `compcache swapon` parsed from `v` (its arguments, without the command name), for the tests
@@ -401,5 +435,25 @@ mod tests {
         assert_eq!(kernel_switch(&r.0), Some(true));
         assert_eq!(parse_args(&["--priority", "-1"]).priority, Some(-1), "zram-generator's -1 is a priority");
         assert!(crate::test_flags::parse_flags::<SwaponArgs>(&["--no-config", "--config-root", "/x"]).is_err());
+    }
+
+    #[test]
+    fn swapoff_prints_a_summary_line_for_people_and_no_json() {
+        let json = r#"{"orig_data_size": 8388608, "compr_data_size": 2097152, "mem_used_total": 4194304, "mem_used_max": 4194304, "same_pages": 3, "huge_pages": 1}"#;
+        let line = stats_line(Path::new("/dev/ublkb0"), json).unwrap();
+        assert!(line.starts_with("compcache: /dev/ublkb0 statistics: DATA 8M COMPR 2M TOTAL 4M"), "{line}");
+        assert!(!line.contains('{') && !line.contains('\n'), "one line, no JSON: {line}");
+        // An empty or broken file is no statistics (it used to print `{ }`).
+        assert_eq!(stats_line(Path::new("/dev/ublkb0"), "{ }"), None);
+        assert_eq!(stats_line(Path::new("/dev/ublkb0"), "not json"), None);
+    }
+
+    #[test]
+    fn a_size_on_the_command_line_is_an_explicit_request() {
+        assert!(explicit_request(&parse_args(&["--size", "1G"])));
+        assert!(explicit_request(&parse_args(&["--frontend", "fuse", "--size", "64M"])));
+        assert!(!explicit_request(&parse_args(&["--frontend", "fuse"])), "a front end says how, not whether");
+        assert!(!explicit_request(&parse_args(&["--section", "zram1"])));
+        assert!(!explicit_request(&parse_args(&[])));
     }
 }
