@@ -212,12 +212,17 @@ def check_store_model(srv, size):
     assert not mounted(srv.mount_dir) and not os.path.exists(srv.mount_dir)
 
 
-def test_fio_verifies_on_the_loop_device(fuse_server, tmp_path):
+# "spin": the serving threads poll /dev/fuse after each reply (`--spin-us`, off by default).
+WAITS = pytest.mark.parametrize("wait", [[], ["--spin-us", "50"]], ids=["sleep", "spin"])
+
+
+@WAITS
+def test_fio_verifies_on_the_loop_device(fuse_server, tmp_path, wait):
     need_fuse()
     need("fio")
     # No reserve: with one the store runs fault-free, and fio's incompressible writes at full
     # speed outrun the keeper and get ENOSPC (docs/swap.md), which fio counts as errors.
-    srv = fuse_server(256 * MiB, "--reserve", "0")
+    srv = fuse_server(256 * MiB, "--reserve", "0", *wait)
     assert srv.loop, srv.ready
     name = os.path.basename(srv.loop)
     with open(f"/sys/block/{name}/queue/logical_block_size") as f:
@@ -249,6 +254,9 @@ bs=1m
 """ + FIO_ZEROES_JOB)
     for j in jobs.values():
         assert j["error"] == 0, j
+    if wait:
+        # The "is up" line (written just after READY) says the threads poll.
+        assert "(spin 50 us)" in srv.log() and "no polling" not in srv.log(), srv.log()
     stats = srv.stat()
     assert stats["failed_reads"] == 0 and stats["failed_writes"] == 0, stats
     assert stats["num_writes"] > 0
@@ -272,13 +280,14 @@ def thread_faults(pid, prefix):
     return total, names
 
 
-def test_serving_threads_do_not_fault(fuse_server):
+@WAITS
+def test_serving_threads_do_not_fault(fuse_server, wait):
     """The classic transport's threads serve from buffers made before the mount and a
     fault-free store (the default reserve): writes, overwrites, reads and discards through the
     file cost them no page fault, from the first request on (docs/swap.md, "What the I/O
     path allocates")."""
     need_fuse()
-    srv = fuse_server(64 * MiB, "--no-loop", "--threads", "2")
+    srv = fuse_server(64 * MiB, "--no-loop", "--threads", "2", *wait)
     before, names = thread_faults(srv.proc.pid, "fuse-")
     assert sorted(names) == ["fuse-0", "fuse-1"], names
     rng = random.Random(7)

@@ -14,7 +14,19 @@
 //!   decompressed straight into it;
 //! - the reply is one `writev`: the `fuse_out_header` on the stack, the body from the buffer.
 //!
-//! Per request: no allocation, no page fault, two system calls.
+//! Per request: no allocation, no page fault, two system calls (and, while requests keep
+//! arriving, the polls of the one spinning thread, below).
+//!
+//! Waiting: a thread sleeps in `read` until the kernel wakes it with a request. With
+//! [`Options::spin`](crate::Options::spin) (off by default) a thread that has just answered a
+//! request first polls `/dev/fuse` (`poll` with a zero timeout, in a loop, under
+//! `SCHED_IDLE`) for up to that long, one thread of the connection at a time; each request
+//! answered starts the window again, so an idle device has every thread asleep after one
+//! window. The aim is the wake-up of a sleeping thread, which on a virtual machine whose idle
+//! vCPUs halt is an interrupt to a halted vCPU. Measured on this project's 2-vCPU machine
+//! under load it made reads slower, at normal priority and at idle priority alike
+//! (docs/swap.md, "Where a page fault's time goes"), so it stays an option to measure on
+//! other machines.
 //!
 //! Threads: [`Options::threads`](crate::Options::threads), each with its own descriptor cloned
 //! with `FUSE_DEV_IOC_CLONE` (its own processing queue in the kernel, so a reply is matched
@@ -31,8 +43,10 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use compcache_log::Rejects;
 use compcache_store::{Context, PAGE_SIZE};
@@ -46,6 +60,8 @@ const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 /// The serving threads.
 pub struct Threads {
     threads: Vec<JoinHandle<io::Result<()>>>,
+    /// The spin window in force ([`Wait::window`]).
+    pub spin: Duration,
 }
 
 impl Threads {
@@ -72,13 +88,108 @@ pub fn buffer_bytes(max_request: usize) -> usize {
     (PAGE_SIZE + max_request).max(abi::FUSE_MIN_READ_BUFFER)
 }
 
+/// How the connection's threads wait for requests: the spin window, and which thread spins.
+pub struct Wait {
+    /// How long after answering a request a thread polls for the next one before it sleeps in
+    /// `read` (zero: always sleep).
+    window: Duration,
+    /// Taken by the one thread that polls; the others sleep in `read`.
+    spinning: AtomicBool,
+}
+
+impl Wait {
+    /// Threads that poll for `window` after each request, if this process may bring a thread
+    /// back from `SCHED_IDLE` ([`may_leave_idle`]); else threads that never poll.
+    pub fn new(window: Duration) -> Wait {
+        let window = if window.is_zero() || may_leave_idle() { window } else { Duration::ZERO };
+        Wait { window, spinning: AtomicBool::new(false) }
+    }
+
+    /// The window in force (zero: the threads never poll).
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Polls `fd` until a request is there or the window since `answered` (when this thread
+    /// answered its last request) has passed; returns at once when the window is zero or over,
+    /// or another thread polls already. Returns whether it polled.
+    ///
+    /// The poll runs under `SCHED_IDLE`, so that any task woken on its CPU preempts it: on two
+    /// CPUs the tasks a read goes through (the loop driver's worker, `ksoftirqd` completing
+    /// the loop request, the faulting task) are woken onto this CPU too, and behind a poll at
+    /// normal priority they waited out the window (traced: 37 and 53 us; `sched_yield` in the
+    /// loop did not help). Under load, reads were slower still with `SCHED_IDLE` (docs/swap.md).
+    /// The thread is back at its normal policy before it reads a request, so serving is
+    /// never at idle priority.
+    fn spin(&self, fd: &OwnedFd, answered: Instant) -> bool {
+        if self.window.is_zero() || answered.elapsed() >= self.window {
+            return false;
+        }
+        if self.spinning.swap(true, Ordering::Acquire) {
+            return false;
+        }
+        let polled = set_policy(libc::SCHED_IDLE).is_ok();
+        if polled {
+            let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd on the stack, for the length 1 given; a zero timeout never
+            // blocks. Ready, an error (the read that follows reports it) or the window over.
+            while unsafe { libc::poll(&mut p, 1, 0) } == 0 && answered.elapsed() < self.window {
+                std::hint::spin_loop();
+            }
+            // `Wait::new` polls only where the thread may go back (`may_leave_idle`). Should it
+            // fail all the same, this thread serves at idle priority: it says so (a path never
+            // taken in service, so its message may allocate), and keeps the token so that no
+            // thread polls again.
+            if let Err(e) = set_policy(libc::SCHED_OTHER) {
+                eprintln!("compcache-fuse: a serving thread could not leave SCHED_IDLE after polling ({e}); it serves at idle priority, and no thread polls any more");
+                return true;
+            }
+        }
+        self.spinning.store(false, Ordering::Release);
+        polled
+    }
+}
+
+/// `CAP_SYS_NICE`, include/uapi/linux/capability.h.
+const CAP_SYS_NICE: u32 = 23;
+
+/// Whether a thread of this process may go from `SCHED_IDLE` back to `SCHED_OTHER` at its nice
+/// value: with `CAP_SYS_NICE`, or an `RLIMIT_NICE` that allows that nice value (the kernel's
+/// rule, `can_nice`). Without either, a thread that polled would stay at idle priority.
+pub fn may_leave_idle() -> bool {
+    let cap_sys_nice = std::fs::read_to_string("/proc/self/status").ok().is_some_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|caps| caps >> CAP_SYS_NICE & 1 == 1)
+    });
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit to a live local; getpriority has no preconditions
+    // (errno is not checked: -1 is a possible nice value, and a failure reads as nice -1,
+    // the stricter answer).
+    let (ok, nice) = unsafe { (libc::getrlimit(libc::RLIMIT_NICE, &mut lim) == 0, libc::getpriority(libc::PRIO_PROCESS, 0)) };
+    cap_sys_nice || (ok && lim.rlim_cur >= (20 - i64::from(nice)) as libc::rlim_t)
+}
+
+/// `sched_setscheduler` of the calling thread to `policy` (`SCHED_IDLE` or `SCHED_OTHER`,
+/// priority 0).
+fn set_policy(policy: libc::c_int) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a live local read by the call.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Starts `threads` threads serving the connection of `session` (a `/dev/fuse` descriptor whose
-/// INIT was answered). Returns once every thread has its buffer and is about to read its first
-/// request: whatever a thread's start costs (its stack, its first allocation) is paid before
-/// the device is used.
-pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize) -> io::Result<Threads> {
+/// INIT was answered), waiting for requests as `spin` says ([`Wait`]). Returns once every
+/// thread has its buffer and is about to read its first request: whatever a thread's start
+/// costs (its stack, its first allocation) is paid before the device is used.
+pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize, spin: Duration) -> io::Result<Threads> {
     let bytes = buffer_bytes(dev.max_request);
     let n = threads.max(1);
+    let wait = Arc::new(Wait::new(spin));
     // A bounded channel's buffer is made here, so a thread's `send` allocates nothing.
     let (ready, up) = std::sync::mpsc::sync_channel::<()>(n);
     let mut handles = Vec::with_capacity(n);
@@ -93,12 +204,13 @@ pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize) -> io::R
         unsafe { libc::mlock(buf.as_ptr().cast(), buf.len()) };
         let ctx = dev.store.context();
         let dev = Arc::clone(&dev);
+        let wait = Arc::clone(&wait);
         let ready = ready.clone();
         let t = std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || {
             let rejects = Rejects::new("compcache-fuse");
             let _ = ready.send(());
             drop(ready);
-            serve(&fd, &dev, buf, ctx, &rejects)
+            serve(&fd, &dev, buf, ctx, &rejects, &wait)
         })?;
         handles.push(t);
     }
@@ -106,7 +218,7 @@ pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize) -> io::R
     for _ in 0..n {
         up.recv().map_err(|_| io::Error::other("a FUSE thread ended before serving"))?;
     }
-    Ok(Threads { threads: handles })
+    Ok(Threads { threads: handles, spin: wait.window() })
 }
 
 /// A descriptor of the same connection: `FUSE_DEV_IOC_CLONE` on a fresh `/dev/fuse`, else (a
@@ -162,8 +274,13 @@ fn answer(dev: &Device, ctx: &mut Context, rejects: &Rejects, buf: &mut [u8], n:
 }
 
 /// One thread: read a request, answer it, write the reply; until the connection ends.
-fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context, rejects: &Rejects) -> io::Result<()> {
+fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context, rejects: &Rejects, wait: &Wait) -> io::Result<()> {
+    // When this thread last answered a request (the spin window's start).
+    let mut answered: Option<Instant> = None;
     loop {
+        if let Some(t) = answered {
+            wait.spin(fd, t);
+        }
         // SAFETY: reads at most buf.len() bytes into the thread's own buffer.
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
@@ -184,6 +301,7 @@ fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context, rejec
         if !reply(fd, unique, error, body, rejects)? {
             return Ok(());
         }
+        answered = (!wait.window.is_zero()).then(Instant::now);
     }
 }
 
@@ -252,6 +370,60 @@ mod tests {
         fn answer(&mut self, n: usize) -> Option<(u64, usize, Result<usize, i32>)> {
             answer(&self.dev, &mut self.ctx, &self.rejects, &mut self.buf, n)
         }
+    }
+
+    /// A descriptor to poll and the other end of its socket, to make it readable.
+    fn socket() -> (OwnedFd, std::os::unix::net::UnixStream) {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        (a.into(), b)
+    }
+
+    fn policy() -> libc::c_int {
+        // SAFETY: pid 0 is the calling thread.
+        unsafe { libc::sched_getscheduler(0) }
+    }
+
+    #[test]
+    fn a_thread_polls_inside_its_window_one_at_a_time_and_serves_at_normal_policy() {
+        if !may_leave_idle() {
+            eprintln!("skipped: neither CAP_SYS_NICE nor RLIMIT_NICE lets a thread leave SCHED_IDLE");
+            return;
+        }
+        let (fd, mut other) = socket();
+        let hour = Duration::from_secs(3600);
+        let wait = Wait::new(hour);
+        assert_eq!(wait.window(), hour);
+        // A request is there: the poll ends at once although the window is an hour long, and
+        // the thread is back at its normal policy to serve it.
+        std::io::Write::write_all(&mut other, b"x").unwrap();
+        assert!(wait.spin(&fd, Instant::now()));
+        assert_eq!(policy(), libc::SCHED_OTHER);
+        assert!(!wait.spinning.load(Ordering::Relaxed));
+        // Another thread polls already: this one goes to sleep in read instead.
+        wait.spinning.store(true, Ordering::Relaxed);
+        assert!(!wait.spin(&fd, Instant::now()));
+        wait.spinning.store(false, Ordering::Relaxed);
+        // The window since the last request is over (the device went idle): no poll.
+        let long_ago = Instant::now().checked_sub(2 * hour).unwrap_or_else(Instant::now);
+        if Instant::now().duration_since(long_ago) >= hour {
+            assert!(!wait.spin(&fd, long_ago));
+        }
+        // Polling off (the default).
+        assert!(!Wait::new(Duration::ZERO).spin(&fd, Instant::now()));
+    }
+
+    #[test]
+    fn the_window_ends_a_poll_that_finds_nothing() {
+        if !may_leave_idle() {
+            eprintln!("skipped: neither CAP_SYS_NICE nor RLIMIT_NICE lets a thread leave SCHED_IDLE");
+            return;
+        }
+        let (fd, _other) = socket();
+        let wait = Wait::new(Duration::from_millis(2));
+        assert!(wait.spin(&fd, Instant::now()));
+        assert_eq!(policy(), libc::SCHED_OTHER);
+        // The token is free for the next thread.
+        assert!(!wait.spinning.load(Ordering::Relaxed));
     }
 
     #[test]

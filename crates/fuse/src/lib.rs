@@ -66,6 +66,12 @@ pub struct Options {
     /// (`/sys/module/fuse/parameters/enable_uring` is Y); else, or if registering the rings
     /// fails, the classic `/dev/fuse` protocol ([`Mounted::transport`] says which).
     pub io_uring: bool,
+    /// How long a classic thread that has answered a request polls `/dev/fuse` for the next
+    /// one, at idle priority, before it sleeps in `read` (one thread of the connection at a
+    /// time; zero: never). Off by default: on the 2-vCPU machine this was measured on, under
+    /// load, polling made reads slower (docs/swap.md, "Where a page fault's time goes").
+    /// See [`classic`], "Waiting".
+    pub spin: std::time::Duration,
     /// Ring entries per kernel queue (one queue per possible CPU), each with a payload buffer
     /// of `max_request_bytes`.
     pub uring_depth: usize,
@@ -78,10 +84,14 @@ impl Default for Options {
             max_request_bytes: 128 << 10,
             max_background: 128,
             io_uring: false,
+            spin: DEFAULT_SPIN,
             uring_depth: 32,
         }
     }
 }
+
+/// The default spin window ([`Options::spin`]): none.
+pub const DEFAULT_SPIN: std::time::Duration = std::time::Duration::ZERO;
 
 /// Whether the kernel can host the FUSE front end; the text says what is missing.
 pub fn kernel_support() -> Result<(), String> {
@@ -160,7 +170,7 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
     // Session::new mounts and answers INIT; nothing else is read until our threads start.
     let session = fuser::Session::new(filesystem, mountpoint, &config)?;
     let dev = Arc::new(answer::Device::new(store, opts.max_request_bytes));
-    let classic = match classic::start(session.as_fd(), Arc::clone(&dev), opts.threads) {
+    let classic = match classic::start(session.as_fd(), Arc::clone(&dev), opts.threads, opts.spin) {
         Ok(t) => t,
         Err(e) => {
             // Nothing serves the mount: take it down (the file is not in use yet).
@@ -182,6 +192,9 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
         }
     } else if opts.io_uring && transport == "/dev/fuse" {
         transport = "/dev/fuse (the kernel did not offer FUSE_OVER_IO_URING at INIT)".into();
+    }
+    if classic.spin.is_zero() && !opts.spin.is_zero() {
+        transport += ", no polling for requests (no CAP_SYS_NICE to return a thread from SCHED_IDLE)";
     }
     Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), session, classic, rings, transport })
 }

@@ -41,6 +41,12 @@ pub struct FuseArgs {
     /// per CPU].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// After answering a request, a serving thread polls for the next one for this many
+    /// microseconds, at idle priority, before it sleeps (one thread at a time; 0: never poll).
+    /// Meant to save the wake-up of a sleeping thread while requests keep arriving; on a
+    /// loaded 2-CPU machine it made reads slower (docs/swap.md), so it is off by default.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = compcache_fuse::DEFAULT_SPIN.as_micros() as u64)]
+    pub spin_us: u64,
     /// Attach no loop device: serve the file only ("READY <file>"); for tests and benchmarks.
     #[arg(long)]
     pub no_loop: bool,
@@ -178,6 +184,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         opts.threads = t.max(1);
     }
     opts.io_uring = args.io_uring;
+    opts.spin = Duration::from_micros(args.spin_us);
     let mounted = match compcache_fuse::mount(Arc::clone(&store), &dir, &opts) {
         Ok(m) => m,
         Err(e) => {
@@ -201,9 +208,10 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     let dev = lo.as_ref().map_or(mounted.file.clone(), |l| l.dev.clone());
     log::info(&format!("fuse transport: {}", mounted.transport));
     let detail = format!(
-        "file {}, {} thread(s), requests through {}{}",
+        "file {}, {} thread(s) (spin {} us), requests through {}{}",
         mounted.file.display(),
         opts.threads,
+        args.spin_us,
         mounted.transport,
         lo.as_ref().map_or(String::new(), |l| if l.direct_io { ", loop with direct I/O".into() } else { ", loop buffered".into() }),
     );
