@@ -101,7 +101,9 @@ fn uses_of(answer: &Value) -> Uses {
 /// device's configuration has it; the others always. By name prefix, as the counters are
 /// named (`compcache_store::Stats`).
 fn used(uses: &Uses, name: &str) -> bool {
-    const GROUPS: [(&str, fn(&Uses) -> bool); 9] = [
+    /// A counter name prefix, and whether a device uses what counters of that name count.
+    type Group = (&'static str, fn(&Uses) -> bool);
+    const GROUPS: [Group; 9] = [
         ("cache_", |u| u.cache),
         ("origin_", |u| u.cache),
         ("readahead_", |u| u.cache),
