@@ -9,7 +9,10 @@ the FUSE front end (the one this host has; root).
 - SIGTERM while the system shuts down (`systemctl is-system-running` says `stopping`; a
   `systemctl` of the test's, first in PATH, says it): swap and server stay, exit 0; the test
   takes them down with `compcache swapoff`;
-- the server killed: swapon exits 1 and says the device is gone.
+- the server killed: swapon exits 1 and says the device is gone;
+- zram-generator's rules set nothing up (`systemd.zram=0` in a fake root's proc/cmdline):
+  READY=1 with the reason as STATUS, then exit 3 (the unit's SuccessExitStatus), so that
+  systemd ends the unit inactive instead of failing a Type=notify start.
 """
 import os
 import signal
@@ -18,7 +21,7 @@ import subprocess
 
 import pytest
 
-from conftest import need, run
+from conftest import need, need_root, run
 from test_fuse import compcache_devices, host_swap_lock, need_fuse
 
 TIMEOUT = 120
@@ -149,3 +152,27 @@ def test_a_dead_server_is_an_error(fg, tmp_path):
     assert dev not in compcache_devices() and "zram-compcache" not in swaps()
     assert not os.path.exists(f"/sys/block/{os.path.basename(dev)}/loop/backing_file"), "loop device left attached"
     assert f"/run/compcache/fuse-{pid} " not in open("/proc/self/mountinfo").read(), "FUSE mount left"
+
+
+def test_standing_down_is_a_clean_stop_for_systemd(compcache_bin, tmp_path):
+    need_root("swapon checks for root first")
+    root = tmp_path / "root"
+    (root / "etc/systemd").mkdir(parents=True)
+    (root / "etc/systemd/zram-generator.conf").write_text("[zram0]\nzram-size = 64\n")
+    (root / "proc").mkdir()
+    (root / "proc/cmdline").write_text("quiet systemd.zram=0\n")
+    notify = Notify(tmp_path / "notify.sock")
+    try:
+        env = dict(os.environ, NOTIFY_SOCKET=notify.path)
+        p = subprocess.run([compcache_bin, "swapon", "--foreground", "--section", "zram0", "--config-root", str(root),
+                            "--frontend", "fuse"], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert p.returncode == 3, (p.returncode, p.stdout, p.stderr)
+        msg = notify.next()
+        assert msg.get("READY") == "1", msg
+        assert "systemd.zram=0" in msg.get("STATUS", ""), msg
+        unit = open(os.path.join(os.path.dirname(__file__), "..", "packaging", "systemd",
+                                 "compcache-swap@.service")).read()
+        assert "\nSuccessExitStatus=3\n" in unit
+    finally:
+        notify.close()

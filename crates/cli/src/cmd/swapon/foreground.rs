@@ -35,7 +35,7 @@ fn system_stopping() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "stopping")
 }
 
-fn notify(states: &[sd_notify::NotifyState]) {
+pub(super) fn notify(states: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(states) {
         log::warning(&format!("cannot notify systemd (NOTIFY_SOCKET): {e}"));
     }

@@ -230,6 +230,12 @@ fn explicit_request(args: &SwaponArgs) -> bool {
 /// stdout, or with `--json` as `{"devices": [], "stood_down": {...}}`; the exit code is
 /// [`STOOD_DOWN`], so that a script can tell.
 fn stand_down(args: &SwaponArgs, rule: &str, kind: Option<&str>, message: &str) -> Result<(), Failure> {
+    if args.foreground {
+        // As compcache-swap@.service's main process (Type=notify): a service that exits before
+        // READY=1 is a failed start for systemd; READY then exit 3 (the unit's
+        // SuccessExitStatus) ends it inactive, with the reason as its status line.
+        foreground::notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(message)]);
+    }
     if args.json {
         let why = serde_json::json!({"rule": rule, "container": kind, "message": message.trim_start_matches("compcache: ")});
         println!("{:#}", serde_json::json!({"devices": [], "stood_down": why}));
