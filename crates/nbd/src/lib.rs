@@ -182,8 +182,10 @@ pub struct ServerOptions {
     /// that stops (or trickles) in the middle of a request or does not read its replies is
     /// closed with a log line, and what it held of the in-flight budgets is given back. Time
     /// the server spends waiting for budget room does not count. 30 s lets a 32 MiB payload
-    /// through at 1.1 MiB/s.
-    pub request_deadline: Duration,
+    /// through at 1.1 MiB/s. `None`: no deadline, for a server whose only clients are the
+    /// kernel's own connections (`compcache nbd-attach`): there is no one else to protect,
+    /// and a dropped connection would fail swap I/O.
+    pub request_deadline: Option<Duration>,
     /// Log a line when a client connects and disconnects cleanly (errors are always logged).
     pub verbose: bool,
     /// Data bytes each worker's request buffer holds from the start, made resident, and keeps
@@ -211,7 +213,7 @@ impl Default for ServerOptions {
             max_connections_per_client: 16,
             reserved_local_connections: 16,
             handshake_deadline: Duration::from_secs(60),
-            request_deadline: Duration::from_secs(30),
+            request_deadline: Some(Duration::from_secs(30)),
             verbose: false,
             request_buffer_bytes: 0,
             tls: None,

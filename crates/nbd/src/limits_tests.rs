@@ -211,7 +211,7 @@ fn clients_that_fill_the_budget_do_not_make_a_good_client_wait() {
 
 #[test]
 fn a_client_that_trickles_a_payload_is_dropped_at_the_deadline() {
-    let srv = server(ServerOptions { request_deadline: Duration::from_millis(300), ..ServerOptions::default() });
+    let srv = server(ServerOptions { request_deadline: Some(Duration::from_millis(300)), ..ServerOptions::default() });
     let (mut s, t) = transmitting(&srv);
     // A byte of a 2000-byte WRITE every 10 ms: every byte would reset an idle timer.
     s.write_all(&header(CMD_WRITE, 1, 0, 2000)).unwrap();
@@ -240,7 +240,7 @@ fn a_client_that_trickles_a_payload_is_dropped_at_the_deadline() {
 #[test]
 fn a_client_that_stops_mid_payload_is_dropped_and_its_budget_returned() {
     let srv = server(ServerOptions {
-        request_deadline: Duration::from_millis(300),
+        request_deadline: Some(Duration::from_millis(300)),
         max_server_inflight_bytes: 1 << 20,
         ..ServerOptions::default()
     });
@@ -258,7 +258,7 @@ fn a_client_that_stops_mid_payload_is_dropped_and_its_budget_returned() {
 #[test]
 fn a_client_that_does_not_read_its_replies_is_dropped_and_its_budget_returned() {
     let srv = server(ServerOptions {
-        request_deadline: Duration::from_millis(300),
+        request_deadline: Some(Duration::from_millis(300)),
         max_server_inflight_bytes: 2 << 20,
         ..ServerOptions::default()
     });
@@ -281,7 +281,7 @@ fn a_client_that_does_not_read_its_replies_is_dropped_and_its_budget_returned() 
 
 #[test]
 fn a_client_that_stops_in_a_request_header_is_dropped() {
-    let srv = server(ServerOptions { request_deadline: Duration::from_millis(300), ..ServerOptions::default() });
+    let srv = server(ServerOptions { request_deadline: Some(Duration::from_millis(300)), ..ServerOptions::default() });
     let (mut s, t) = transmitting(&srv);
     s.write_all(&header(CMD_READ, 1, 0, 4096)[..10]).unwrap();
     wait_until("the connection stopped mid-header to be dropped", || t.is_finished());

@@ -200,7 +200,7 @@ fn read_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn: &Conn<S>, 
         Err(e) if timed_out(&e) => {
             return Err(End::Error(format!(
                 "the rest of a request header did not arrive within {:?} of its first byte; closing the connection",
-                conn.request_deadline
+                conn.request_deadline.unwrap_or_default()
             )))
         }
         Err(e) => return Err(End::Error(format!("cannot read a request: {e}; closing the connection"))),
@@ -296,7 +296,9 @@ fn payload_error<S: Stream>(conn: &Conn<S>, req: &Request, e: &io::Error) -> Str
         format!(
             "the {}-byte payload of a WRITE (offset {}) did not arrive within {:?} of its request; closing the connection \
              (that write was not applied, and what it held is given back)",
-            req.len, req.offset, conn.request_deadline
+            req.len,
+            req.offset,
+            conn.request_deadline.unwrap_or_default()
         )
     } else {
         format!("cannot read a WRITE payload: {e}; closing the connection")
@@ -316,21 +318,25 @@ fn timed_out(e: &io::Error) -> bool {
 struct Timed<'a, S: Stream> {
     stream: &'a mut BufReader<S>,
     socket: &'a S,
-    deadline: Instant,
+    /// `None`: no deadline (`ServerOptions::request_deadline`).
+    deadline: Option<Instant>,
     armed: bool,
 }
 
 impl<'a, S: Stream> Timed<'a, S> {
-    fn new(stream: &'a mut BufReader<S>, socket: &'a S, limit: Duration) -> Self {
-        Timed { stream, socket, deadline: Instant::now() + limit, armed: false }
+    fn new(stream: &'a mut BufReader<S>, socket: &'a S, limit: Option<Duration>) -> Self {
+        Timed { stream, socket, deadline: limit.map(|l| Instant::now() + l), armed: false }
     }
 
     /// Before a read that would wait for the socket: sets its receive timeout to the time left.
     fn arm(&mut self) -> io::Result<()> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
         if !self.stream.buffer().is_empty() {
             return Ok(());
         }
-        let left = self.deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "request deadline passed"));
         }
@@ -352,7 +358,9 @@ impl<'a, S: Stream> Timed<'a, S> {
 
     /// Moves the deadline on by `by` (time the server, not the client, took).
     fn extend(&mut self, by: Duration) {
-        self.deadline += by;
+        if let Some(d) = &mut self.deadline {
+            *d += by;
+        }
     }
 }
 
