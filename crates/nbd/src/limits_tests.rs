@@ -163,7 +163,9 @@ fn writes_announced_and_never_sent_hold_no_budget_and_stall_no_one() {
     // A well-behaved client's 1 MiB read and write go through meanwhile.
     let (b, t_good) = raw(&srv, Transport::Unix);
     let mut good = Client::handshake(b, NAME).unwrap();
+    // A stall shows as a timeout (here and for the payload's write), not as a hang.
     good.stream().set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    good.stream().set_write_timeout(Some(Duration::from_secs(30))).unwrap();
     let data = vec![0x3cu8; 1 << 20];
     good.write(8 << 20, &data).expect("a good client's write while others stall");
     assert_eq!(good.read(8 << 20, 1 << 20).expect("a good client's read while others stall"), data);
@@ -194,7 +196,9 @@ fn clients_that_fill_the_budget_do_not_make_a_good_client_wait() {
     // without waiting for them (before: it waited for as long as they stayed).
     let (b, t_good) = raw(&srv, Transport::Unix);
     let mut good = Client::handshake(b, NAME).unwrap();
+    // A stall shows as a timeout (here and for the payload's write), not as a hang.
     good.stream().set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    good.stream().set_write_timeout(Some(Duration::from_secs(30))).unwrap();
     let data = vec![0x6bu8; 1 << 20];
     good.write(4 << 20, &data).expect("a good client's write while the budget is full");
     assert_eq!(good.read(4 << 20, 1 << 20).expect("a good client's read while the budget is full"), data);
