@@ -195,7 +195,7 @@ def good_client(path):
         s.close()
 
 
-def run_scenario(binary, scenario, n, patience):
+def run_scenario(binary, scenario, n, patience, after=0):
     d = tempfile.mkdtemp(prefix="compcache-stall-")
     sock = os.path.join(d, "nbd.sock")
     log = open(os.path.join(d, "server.log"), "wb")
@@ -214,8 +214,10 @@ def run_scenario(binary, scenario, n, patience):
         during = proc_status(proc.pid)
         result = good_read(sock, patience)
         held = sum(1 for s in a.socks if s.fileno() >= 0)
+        time.sleep(after)
+        later = proc_status(proc.pid)
         return {"scenario": scenario, "attackers": n, "open": held,
-                "rss_before": before["rss"], "rss_during": during["rss"],
+                "rss_before": before["rss"], "rss_during": during["rss"], "rss_later": later["rss"],
                 "threads_before": before["threads"], "threads_during": during["threads"],
                 "good_read": result}
     finally:
@@ -234,16 +236,22 @@ def main():
     p.add_argument("--bin", required=True, help="the compcache binary")
     p.add_argument("--attackers", type=int, default=6)
     p.add_argument("--patience", type=int, default=60, help="seconds the good client waits")
+    p.add_argument("--after", type=int, default=0,
+                   help="also sample RSS this many seconds after the good client (35: past the 30 s request deadline)")
     p.add_argument("--scenario", action="append",
                    choices=["silent", "trickle", "fill", "noread", "idle", "handshake"])
     args = p.parse_args()
     scenarios = args.scenario or ["silent", "trickle", "fill", "noread", "idle", "handshake"]
     print(f"binary: {args.bin}, {args.attackers} attacking connections, good client: 1 MiB READ")
-    print("| scenario | attackers | server RSS before -> during | threads before -> during | good client's read |")
+    later = f" -> {args.after} s later" if args.after else ""
+    print(f"| scenario | attackers | server RSS before -> during{later} | threads before -> during | good client's read |")
     print("|---|---|---|---|---|")
     for sc in scenarios:
-        r = run_scenario(args.bin, sc, args.attackers, args.patience)
-        print(f"| {sc} | {r['attackers']} | {r['rss_before'] / MiB:.1f} -> {r['rss_during'] / MiB:.1f} MiB "
+        r = run_scenario(args.bin, sc, args.attackers, args.patience, args.after)
+        rss = f"{r['rss_before'] / MiB:.1f} -> {r['rss_during'] / MiB:.1f}"
+        if args.after:
+            rss += f" -> {r['rss_later'] / MiB:.1f}"
+        print(f"| {sc} | {r['attackers']} | {rss} MiB "
               f"| {r['threads_before']} -> {r['threads_during']} | {r['good_read']} |", flush=True)
 
 
