@@ -145,6 +145,8 @@ impl Export {
 pub struct ServerOptions {
     /// Worker threads (each with its own store context) per connection, counting the
     /// connection's own thread; at most this many requests of one connection run at once.
+    /// They start as requests queue up (an idle connection is one thread), or all at once
+    /// with [`ServerOptions::request_buffer_bytes`].
     pub workers_per_connection: usize,
     /// Payload bytes one connection may have in flight (read buffers plus write payloads
     /// received but not yet stored). A single request of up to [`MAX_PAYLOAD_BYTES`] is
