@@ -27,27 +27,34 @@
 //! so it is the crate `compcache-control`.
 //!
 //! ## Threads of a connection
-//! Each connection has its own workers (the connection's thread and
-//! [`ServerOptions::workers_per_connection`]` - 1` more), each with its own store
-//! [`compcache_store::Context`]. Workers take turns reading a request from the socket, then
+//! Each connection has its own workers (the connection's thread and up to
+//! [`ServerOptions::workers_per_connection`]` - 1` more, started when requests queue up: an
+//! idle connection is one thread), each with its own store [`compcache_store::Context`]. Workers take turns reading a request from the socket, then
 //! serve it themselves (one store call) and write its reply under the connection's writer
 //! lock, so concurrent replies never interleave and no request changes threads. At queue
 //! depth 1 one worker does everything; deeper queues run up to `workers` requests of one
 //! connection at once. Workers are per connection (not one pool for all) so that a client that
-//! stops reading its replies stalls only its own connection. Memory per connection is bounded
-//! by [`ServerOptions::max_inflight_bytes`] and the maximum payload of [`MAX_PAYLOAD_BYTES`].
+//! stops reading its replies stalls only its own connection (until the request deadline drops
+//! it). Memory per connection is bounded by [`ServerOptions::max_inflight_bytes`] and the
+//! maximum payload of [`MAX_PAYLOAD_BYTES`].
 //! The rules (which lock protects what, in which order) are at the top of [`transmission`].
 //!
 //! ## Limits (what one client, or many, can take)
 //! - payload bytes in flight: per connection [`ServerOptions::max_inflight_bytes`], and for
 //!   the whole server [`ServerOptions::max_server_inflight_bytes`] ([`budget`]: the rule and
 //!   the guarantee that every connection can always have one request of up to
-//!   [`budget::GUARANTEED_REQUEST_BYTES`] in flight);
+//!   [`budget::GUARANTEED_REQUEST_BYTES`] in flight); a WRITE's payload is taken as it
+//!   arrives, not when its header announces it;
 //! - connections: [`ServerOptions::max_connections`] in all, of which the last
 //!   [`ServerOptions::reserved_local_connections`] only local clients (Unix socket, socket
-//!   pair) may take: TCP clients cannot lock the local ones out;
+//!   pair) may take: TCP clients cannot lock the local ones out; and at most
+//!   [`ServerOptions::max_connections_per_client`] per client (process or IP address), so
+//!   that no one client can take every slot;
 //! - the handshake: it must be over within [`ServerOptions::handshake_deadline`] of the
 //!   connection's start, however slowly the client trickles bytes;
+//! - a request: once its first byte is in, the rest (payload included) must follow within
+//!   [`ServerOptions::request_deadline`], and each reply must be taken within it, so a
+//!   client that stalls mid-request or stops reading is dropped and gives its budget back;
 //! - accept errors (out of descriptors) never end a listener ([`listener`]).
 //!
 //! ## Capabilities
@@ -138,10 +145,15 @@ impl Export {
 pub struct ServerOptions {
     /// Worker threads (each with its own store context) per connection, counting the
     /// connection's own thread; at most this many requests of one connection run at once.
+    /// They start as requests queue up (an idle connection is one thread), or all at once
+    /// with [`ServerOptions::request_buffer_bytes`].
     pub workers_per_connection: usize,
     /// Payload bytes one connection may have in flight (read buffers plus write payloads
     /// received but not yet stored). A single request of up to [`MAX_PAYLOAD_BYTES`] is
-    /// always admitted when nothing else is in flight.
+    /// always admitted when nothing else is in flight. It is also what one connection can
+    /// take of [`ServerOptions::max_server_inflight_bytes`]: the default (32 MiB, one largest
+    /// request) lets seven connections that stop reading hold their most and leave room for
+    /// any request of the others.
     pub max_inflight_bytes: usize,
     /// Requests one connection may have in flight (each worker holds at most one, so the
     /// smaller of this and `workers_per_connection` applies).
@@ -152,15 +164,30 @@ pub struct ServerOptions {
     pub max_server_inflight_bytes: usize,
     /// Connections served at once; more are closed at once with a log line.
     pub max_connections: usize,
+    /// Connections one client may have open at once: a process on a Unix socket (its pid,
+    /// `SO_PEERCRED`), an IP address over TCP. More from it are closed at once with a log line,
+    /// so that one client cannot take every connection slot (idle or stuck in the handshake)
+    /// and lock the others out. This server's own process (`compcache nbd-attach`'s socket
+    /// pairs) is not counted.
+    pub max_connections_per_client: usize,
     /// Of [`ServerOptions::max_connections`], the slots only local clients (Unix socket,
     /// socket pair) may take: a TCP client is refused once `max_connections -
     /// reserved_local_connections` connections are open.
     pub reserved_local_connections: usize,
     /// The whole handshake must be over within this time from the connection's start (an
     /// absolute deadline, not an idle timer), so connections that never negotiate cannot
-    /// hold threads and connection slots. Transmission has no timeout: the kernel's client
-    /// may rightly stay idle for days.
+    /// hold threads and connection slots. Transmission has no idle timeout: the kernel's
+    /// client may rightly stay idle for days.
     pub handshake_deadline: Duration,
+    /// A request, once its first byte has arrived, must be in whole (header and payload)
+    /// within this time, and each reply must be taken by the client within it; a connection
+    /// that stops (or trickles) in the middle of a request or does not read its replies is
+    /// closed with a log line, and what it held of the in-flight budgets is given back. Time
+    /// the server spends waiting for budget room does not count. 30 s lets a 32 MiB payload
+    /// through at 1.1 MiB/s. `None`: no deadline, for a server whose only clients are the
+    /// kernel's own connections (`compcache nbd-attach`): there is no one else to protect,
+    /// and a dropped connection would fail swap I/O.
+    pub request_deadline: Option<Duration>,
     /// Log a line when a client connects and disconnects cleanly (errors are always logged).
     pub verbose: bool,
     /// Data bytes each worker's request buffer holds from the start, made resident, and keeps
@@ -181,12 +208,14 @@ impl Default for ServerOptions {
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         ServerOptions {
             workers_per_connection: cpus.clamp(2, 4),
-            max_inflight_bytes: 64 << 20,
+            max_inflight_bytes: MAX_PAYLOAD_BYTES as usize,
             max_inflight_requests: 128,
             max_server_inflight_bytes: 256 << 20,
             max_connections: 256,
+            max_connections_per_client: 16,
             reserved_local_connections: 16,
             handshake_deadline: Duration::from_secs(60),
+            request_deadline: Some(Duration::from_secs(30)),
             verbose: false,
             request_buffer_bytes: 0,
             tls: None,
@@ -203,12 +232,21 @@ pub struct Server {
     pub(crate) budget: Arc<budget::Budget>,
     next_client_id: AtomicU64,
     connections: AtomicU64,
+    /// Open connections per client (`ServerOptions::max_connections_per_client`).
+    per_client: parking_lot::Mutex<std::collections::HashMap<connection::ClientKey, usize>>,
 }
 
 impl Server {
     pub fn new(export: Export, options: ServerOptions) -> Server {
         let budget = Arc::new(budget::Budget::new(options.max_server_inflight_bytes));
-        Server { export, options, budget, next_client_id: AtomicU64::new(1), connections: AtomicU64::new(0) }
+        Server {
+            export,
+            options,
+            budget,
+            next_client_id: AtomicU64::new(1),
+            connections: AtomicU64::new(0),
+            per_client: Default::default(),
+        }
     }
 
     /// The TLS mode of a connection over `transport` (see the crate docs, "Who may connect");

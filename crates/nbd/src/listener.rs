@@ -23,6 +23,9 @@ pub trait Stream: Read + Write + Send + Sync + Sized + 'static {
     fn shutdown_both(&self);
     /// Sets (or clears) the receive timeout of the socket (shared by every handle on it).
     fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Sets (or clears) the send timeout of the socket (shared by every handle on it): a
+    /// write that can send nothing for this long fails with `WouldBlock`.
+    fn set_send_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     /// Bytes received and not yet read, without blocking (`FIONREAD`).
     fn queued_bytes(&self) -> io::Result<usize>;
 }
@@ -52,6 +55,9 @@ macro_rules! impl_stream {
             }
             fn set_receive_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
                 self.set_read_timeout(timeout)
+            }
+            fn set_send_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+                self.set_write_timeout(timeout)
             }
             fn queued_bytes(&self) -> io::Result<usize> {
                 fionread(self.as_fd())

@@ -439,6 +439,10 @@ impl<S: Stream + AsFd> Stream for TlsStream<S> {
         self.shared.control.set_receive_timeout(timeout)
     }
 
+    fn set_send_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        self.shared.control.set_send_timeout(timeout)
+    }
+
     /// Decrypted and undecrypted bytes held here, plus what waits in the socket.
     fn queued_bytes(&self) -> io::Result<usize> {
         Ok(self.shared.buffered_bytes.load(Ordering::Relaxed) + self.shared.control.queued_bytes()?)

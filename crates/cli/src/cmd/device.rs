@@ -87,7 +87,10 @@ pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     // The kernel's requests are capped and every worker holds a buffer for the largest from
     // the start (made before the device is up, locked by mlockall): serving swap allocates
     // nothing in userspace. (Replies still take socket buffers in the kernel: docs/swap.md.)
-    let server_opts = compcache_nbd::ServerOptions { request_buffer_bytes: NBD_MAX_REQUEST_BYTES as usize, ..Default::default() };
+    // The kernel's connections are this server's only clients: no request deadline (there is
+    // no one else to protect, and dropping one of them would fail swap I/O).
+    let server_opts =
+        compcache_nbd::ServerOptions { request_buffer_bytes: NBD_MAX_REQUEST_BYTES as usize, request_deadline: None, ..Default::default() };
     let server = Arc::new(compcache_nbd::Server::new(export, server_opts));
     let mut opts = compcache_kernel_nbd::AttachOptions {
         device: args.device.clone(),

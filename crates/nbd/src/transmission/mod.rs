@@ -14,7 +14,8 @@
 //!
 //! # Shape of a connection
 //! A connection in transmission is served by its *workers* (`workers_per_connection`; the
-//! connection's own thread is worker 0), each with its own store [`Context`] and request
+//! connection's own thread is worker 0, and the others start when requests queue up, so an
+//! idle connection costs one thread: `Crew`), each with its own store [`Context`] and request
 //! buffer. Workers take turns at the socket: the worker holding the *read turn* reads one
 //! request header, validates it with [`validate`], reads its payload (for WRITE), and gives
 //! the turn back, so that the next worker can read the next request; then it executes the
@@ -49,7 +50,10 @@
 //! 3. **The writer lock** (`Conn::writer`: the send half). No lock is taken under it; a reply
 //!    is written whole under it (rule 4). The workers waiting on locks 1 and 2 only ever wait
 //!    for workers that do not wait for them, so there is no cycle; a client that stops
-//!    reading its replies blocks its own connection's workers in `write`, and nothing else.
+//!    reading its replies blocks its own connection's workers in `write`, and nothing else,
+//!    for at most the request deadline (rule 8): a blocked reply holds this connection's
+//!    locks and its READ data's bytes, never another connection's, and a reply without data
+//!    gives its request's bytes back before it is sent.
 //!
 //! The atomics of `Conn`: `failed` (Release/Acquire) says the connection is dead (a reply
 //! could not be sent, or a worker panicked); it is set before the socket is shut down and
@@ -63,7 +67,8 @@
 //! 2. Memory is bounded: a payload is at most [`MAX_PAYLOAD_BYTES`](crate::MAX_PAYLOAD_BYTES);
 //!    a worker holds one request at a time, and a request is admitted only when the
 //!    connection's in-flight bytes and requests fit its budget (an idle connection always
-//!    admits one).
+//!    admits one). A WRITE's payload is taken from the budgets as it arrives, chunk by chunk
+//!    (`inflight.rs`), never on the word of its header.
 //! 3. A write is applied only once its whole payload has arrived: a client that disconnects
 //!    mid-request loses that request and nothing else.
 //! 4. One reply is one `write_all` under the writer lock (a READ's or BLOCK_STATUS's header
@@ -78,6 +83,13 @@
 //!    store error, and one line saying why it ended if that was not a clean `NBD_CMD_DISC`.
 //! 7. `NBD_CMD_DISC` stops the reading; requests read before it are executed and answered,
 //!    then the connection is closed.
+//! 8. No client holds what others need for longer than the request deadline
+//!    (`ServerOptions::request_deadline`): once the first byte of a request header is in,
+//!    the rest of it and its payload must follow within it (`turn.rs`, `Timed`), and each
+//!    reply must be taken within it (`write_within`); else the connection is closed with a
+//!    line saying why, and what its requests held is given back. Waiting for a request's
+//!    first byte has no limit (an idle connection), nor has the server's own wait for budget
+//!    room.
 //!
 //! # FUA and FLUSH
 //! A request is in the store before it is replied to, and every later read on any connection
@@ -113,8 +125,9 @@ use compcache_store::{Context, Store, StoreError};
 use inflight::Inflight;
 use parking_lot::Mutex;
 use request::{execute, Job};
-use std::io::BufReader;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{self, BufReader};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::Scope;
 use turn::{keep_turn, next_request, Next, ReadTurn, TurnGuard};
 
 /// The state a connection's workers share.
@@ -139,20 +152,33 @@ struct Conn<S: Stream> {
     request_buffer_bytes: usize,
     /// What the handshake negotiated: structured replies, metadata contexts.
     negotiated: Negotiated,
+    /// `ServerOptions::request_deadline` (rule 8).
+    request_deadline: Option<std::time::Duration>,
 }
 
 impl<S: Stream> Conn<S> {
-    /// Sends one reply; on failure marks the connection dead.
+    /// Sends one reply; on failure (or if the client does not take it within the request
+    /// deadline, rule 8) marks the connection dead.
     fn send(&self, bytes: &[u8]) -> bool {
         if self.failed.load(Ordering::Acquire) {
             return false;
         }
-        let result = self.writer.lock().write_all(bytes);
+        let result = write_within(&mut *self.writer.lock(), bytes, self.request_deadline);
         match result {
             Ok(()) => true,
             Err(e) => {
                 if !self.failed.load(Ordering::Acquire) && !self.quiet.swap(true, Ordering::AcqRel) {
-                    warn(&self.label, &format!("cannot send a reply ({e}); closing the connection"));
+                    let why = if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+                        format!(
+                            "the client did not take a {}-byte reply within {:?} (it does not read its replies); \
+                             closing the connection, and what its requests held is given back",
+                            bytes.len(),
+                            self.request_deadline.unwrap_or_default()
+                        )
+                    } else {
+                        format!("cannot send a reply ({e}); closing the connection")
+                    };
+                    warn(&self.label, &why);
                 }
                 self.fail();
                 false
@@ -208,25 +234,35 @@ pub(crate) fn run<S: Stream>(server: &Server, negotiated: Negotiated, reader: Bu
         reader: ReadTurn::new(reader),
         writer: Mutex::new(writer),
         shutdown,
-        inflight: Inflight::new(workers, server.options.max_inflight_bytes, server.options.max_inflight_requests)
-            .sharing(server.budget.clone()),
+        inflight: Inflight::sharing(
+            workers,
+            server.options.max_inflight_bytes,
+            server.options.max_inflight_requests,
+            server.budget.clone(),
+        ),
         failed: AtomicBool::new(false),
         quiet: AtomicBool::new(false),
         rejects: Rejects::named(format!("compcache-nbd: {label}")),
         request_buffer_bytes: server.options.request_buffer_bytes,
         negotiated,
+        request_deadline: server.options.request_deadline,
     };
+    // A write to a client that takes nothing waits at most this long (rule 8; `write_within`).
+    if let Err(e) = conn.writer.lock().set_send_timeout(conn.request_deadline) {
+        warn(label, &format!("cannot set the socket's send timeout ({e}); closing the connection"));
+        conn.shutdown.shutdown_both();
+        return;
+    }
     let store = &*server.export.store;
+    let crew = Crew { store, conn: &conn, started: AtomicUsize::new(1), workers };
     std::thread::scope(|scope| {
-        let conn = &conn;
-        for i in 1..workers {
-            let spawned = std::thread::Builder::new().name(format!("nbd-worker-{i}")).spawn_scoped(scope, move || worker(store, conn, i));
-            if spawned.is_err() {
-                // Fewer workers: less concurrency on this connection, the same service.
-                break;
-            }
+        // With request buffers made up front (a swap server's: no allocation while serving,
+        // rule 5) every worker starts now; else on demand (`Crew::grow`), so an idle
+        // connection costs one thread.
+        if conn.request_buffer_bytes > 0 {
+            while crew.start(scope) {}
         }
-        worker(store, conn, 0);
+        worker(scope, &crew, 0);
     });
     // Every worker is done: requests read before the end are answered (rule 7).
     if conn.reader.disconnected() && server.options.verbose {
@@ -235,8 +271,38 @@ pub(crate) fn run<S: Stream>(server: &Server, negotiated: Negotiated, reader: Bu
     conn.shutdown.shutdown_both();
 }
 
+/// What a connection's workers share besides `Conn`: how many have started, of how many.
+struct Crew<'a, S: Stream> {
+    store: &'a Store,
+    conn: &'a Conn<S>,
+    started: AtomicUsize,
+    workers: usize,
+}
+
+impl<'env, S: Stream> Crew<'env, S> {
+    /// Starts one more worker, if fewer than `workers` run; false if none was started.
+    fn start<'scope>(&'env self, scope: &'scope Scope<'scope, 'env>) -> bool {
+        let Ok(id) = self.started.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.workers).then_some(n + 1)) else {
+            return false;
+        };
+        let spawned = std::thread::Builder::new().name(format!("nbd-worker-{id}")).spawn_scoped(scope, move || worker(scope, self, id));
+        // If it cannot be started: fewer workers, less concurrency, the same service.
+        spawned.is_ok()
+    }
+
+    /// A worker gave the read turn back to serve its request: if no other worker waits to
+    /// read the next request, starts one (up to `workers`), so requests pipelined behind this
+    /// one are read and served meanwhile.
+    fn grow<'scope>(&'env self, scope: &'scope Scope<'scope, 'env>) {
+        if self.started.load(Ordering::Acquire) < self.workers && !self.conn.reader.has_waiter() {
+            self.start(scope);
+        }
+    }
+}
+
 /// A worker (see the module docs): read a request in turn, serve it, reply, again.
-fn worker<S: Stream>(store: &Store, conn: &Conn<S>, id: usize) {
+fn worker<'scope, 'env, S: Stream>(scope: &'scope Scope<'scope, 'env>, crew: &'env Crew<'env, S>, id: usize) {
+    let (store, conn) = (crew.store, crew.conn);
     let _unwind = FailOnPanic(conn);
     let mut ctx = store.context();
     let mut buf = RequestBuffer::with_room(conn.request_buffer_bytes);
@@ -251,11 +317,14 @@ fn worker<S: Stream>(store: &Store, conn: &Conn<S>, id: usize) {
             kept = Some(turn);
         } else {
             drop(turn);
+            if matches!(next, Next::Serve(_)) {
+                crew.grow(scope);
+            }
         }
         match next {
             Next::Serve(job) => {
-                serve(store, &mut ctx, conn, &job, &mut buf);
-                conn.inflight.release(id, &job);
+                let held = serve(store, &mut ctx, conn, &job, &mut buf);
+                conn.inflight.release(id, &job, held);
                 buf.trim();
             }
             Next::Reject(req, r) => {
@@ -280,10 +349,12 @@ impl<S: Stream> Drop for FailOnPanic<'_, S> {
     }
 }
 
-/// Executes an admitted request and sends its reply (on the worker's own thread).
-fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job, buf: &mut RequestBuffer) {
+/// Executes an admitted request and sends its reply (on the worker's own thread); returns the
+/// bytes the request still holds. A reply without data gives the request's bytes back before
+/// it is sent: a client that does not read its replies then holds no payload bytes with it.
+fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job, buf: &mut RequestBuffer) -> usize {
     if conn.failed.load(Ordering::Acquire) {
-        return; // nobody to answer
+        return job.cost(); // nobody to answer
     }
     if job.cmd == Command::Flush {
         conn.inflight.wait_for_earlier_writes(job.seq, &conn.failed);
@@ -291,7 +362,15 @@ fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job,
     let (handle, offset) = (job.req.handle, job.req.offset);
     let structured = conn.negotiated.structured_replies;
     // The data area is the room the request was admitted with (rule 2).
-    match execute(store, ctx, job, buf.data(job.cost())) {
+    let result = execute(store, ctx, job, buf.data(job.cost()));
+    let held = match (&result, job.cmd) {
+        (Ok(_), Command::Read | Command::BlockStatus) => job.cost(),
+        _ => {
+            conn.inflight.give_back(job.cost());
+            0
+        }
+    };
+    match result {
         Ok(n) => match job.cmd {
             Command::Read if structured => conn.send(buf.reply(&reply::offset_data_header(handle, offset, n as u32), n)),
             Command::Read => conn.send(buf.reply(&simple_reply(0, handle), n)),
@@ -304,4 +383,44 @@ fn serve<S: Stream>(store: &Store, ctx: &mut Context, conn: &Conn<S>, job: &Job,
             conn.send_error(handle, nbd_error(e.errno()), &e)
         }
     };
+    held
+}
+
+/// Writes all of `bytes` to `socket`, which must take them within `limit` (rule 8): the
+/// socket's send timeout (`limit`, set when transmission starts) bounds a write that makes no
+/// progress; after a write that took only part, the timeout is set to the time left (a system
+/// call only on this slow path) and put back at the end, so a client that reads a byte now and
+/// then is held to the same limit. A TLS stream writes in rounds inside one call and is held
+/// to the timeout per round of the socket.
+fn write_within<S: Stream>(socket: &mut S, mut bytes: &[u8], limit: Option<std::time::Duration>) -> io::Result<()> {
+    let Some(limit) = limit else {
+        return socket.write_all(bytes);
+    };
+    let start = std::time::Instant::now();
+    let mut shortened = false;
+    let result = loop {
+        if bytes.is_empty() {
+            break Ok(());
+        }
+        match socket.write(bytes) {
+            Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => break Err(e),
+        }
+        if !bytes.is_empty() {
+            let left = limit.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break Err(io::Error::new(io::ErrorKind::TimedOut, "reply deadline passed"));
+            }
+            shortened = true;
+            if let Err(e) = socket.set_send_timeout(Some(left)) {
+                break Err(e);
+            }
+        }
+    };
+    if shortened {
+        let _ = socket.set_send_timeout(Some(limit));
+    }
+    result
 }

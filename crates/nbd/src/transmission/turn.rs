@@ -3,9 +3,10 @@
 //! budget, its payload) and gives back before serving it, unless the short path
 //! ([`keep_turn`]) says keeping it is cheaper.
 //!
-//! Rules 3 and 7 of [`super`] are kept here: a WRITE is handed to its worker only once its
-//! whole payload has arrived, and `NBD_CMD_DISC` ends the reading (the requests read before it
-//! are still served).
+//! Rules 3, 7 and 8 of [`super`] are kept here: a WRITE is handed to its worker only once its
+//! whole payload has arrived (taken from the budgets chunk by chunk as it comes), `NBD_CMD_DISC`
+//! ends the reading (the requests read before it are still served), and a request must be in
+//! whole within the request deadline of its first byte.
 
 use super::buffer::RequestBuffer;
 use super::request::{validate, Command, Job, Reject};
@@ -15,9 +16,10 @@ use crate::wire::*;
 use crate::MAX_PAYLOAD_BYTES;
 use compcache_store::Store;
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 /// The receive buffer: large enough to take a header and a page of payload in one syscall,
 /// and many pipelined headers at once.
@@ -29,6 +31,9 @@ const MAX_SKIP_BYTES: u64 = 2 * MAX_PAYLOAD_BYTES as u64;
 /// Requests up to this size (READ/WRITE data, TRIM/WRITE_ZEROES range) count as quick for
 /// the short path: 16 pages, a few tens of microseconds of (de)compression at most.
 const QUICK_REQUEST_BYTES: usize = 64 << 10;
+/// A WRITE's payload is taken from the in-flight budgets and read in chunks of this size,
+/// each once its first bytes have arrived: a client holds budget only for what it sends.
+const PAYLOAD_CHUNK_BYTES: usize = 256 << 10;
 
 /// What the holder of the read turn owns (lock 1).
 pub(super) struct ReadSide<S: Stream> {
@@ -43,16 +48,23 @@ pub(super) struct ReadSide<S: Stream> {
 /// `side` is locked only by the worker holding the turn, so it is never contended; it is
 /// what gives that worker `&mut` access.
 pub(super) struct ReadTurn<S: Stream> {
-    taken: Mutex<bool>,
+    taken: Mutex<TurnState>,
     free: Condvar,
     side: Mutex<ReadSide<S>>,
+}
+
+#[derive(Default)]
+struct TurnState {
+    taken: bool,
+    /// Workers sleeping until the turn is free.
+    waiting: usize,
 }
 
 impl<S: Stream> ReadTurn<S> {
     /// A turn over `stream`, with no request read yet.
     pub(super) fn new(stream: BufReader<S>) -> ReadTurn<S> {
         let side = ReadSide { stream, last_seq: 0, end: None };
-        ReadTurn { taken: Mutex::new(false), free: Condvar::new(), side: Mutex::new(side) }
+        ReadTurn { taken: Mutex::new(TurnState::default()), free: Condvar::new(), side: Mutex::new(side) }
     }
 
     /// Whether the reading ended with `NBD_CMD_DISC`, the clean end.
@@ -60,14 +72,22 @@ impl<S: Stream> ReadTurn<S> {
         matches!(self.side.lock().end, Some(End::Disconnect))
     }
 
+    /// Whether a worker is waiting for the turn (else one more may be started to read the
+    /// next request while the others serve theirs).
+    pub(super) fn has_waiter(&self) -> bool {
+        self.taken.lock().waiting > 0
+    }
+
     /// Takes the turn: at once if it is free, else sleeping until it is given back.
     pub(super) fn take(&self) -> TurnGuard<'_, S> {
         {
-            let mut taken = self.taken.lock();
-            while *taken {
-                self.free.wait(&mut taken);
+            let mut t = self.taken.lock();
+            while t.taken {
+                t.waiting += 1;
+                self.free.wait(&mut t);
+                t.waiting -= 1;
             }
-            *taken = true;
+            t.taken = true;
         }
         TurnGuard { turn: self, side: Some(self.side.lock()) }
     }
@@ -96,7 +116,7 @@ impl<S: Stream> Drop for TurnGuard<'_, S> {
     fn drop(&mut self) {
         // Unlock `side` first, so the next holder never finds it locked.
         self.side = None;
-        *self.turn.taken.lock() = false;
+        self.turn.taken.lock().taken = false;
         self.turn.free.notify_one();
     }
 }
@@ -161,14 +181,28 @@ pub(super) fn next_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn:
     Next::Stop
 }
 
-/// Reads one request header, validates it, admits it and reads its payload.
+/// Reads one request header, validates it, admits it and reads its payload. The first byte
+/// of the header may take as long as the client likes (an idle connection); the rest of the
+/// request, payload included, must be in within the request deadline of it (rule 8).
 fn read_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn: &Conn<S>, id: usize, buf: &mut RequestBuffer) -> Result<Next, End> {
-    let reader = &mut rs.stream;
     let mut header = [0u8; REQUEST_HEADER_BYTES];
-    match read_full(reader, &mut header) {
-        Ok(REQUEST_HEADER_BYTES) => {}
-        Ok(0) => return Err(End::Error("client closed the connection without NBD_CMD_DISC".into())),
-        Ok(n) => return Err(End::Error(format!("client disconnected after {n} of the {REQUEST_HEADER_BYTES} bytes of a request header"))),
+    match read_full(&mut rs.stream, &mut header[..1]) {
+        Ok(1) => {}
+        Ok(_) => return Err(End::Error("client closed the connection without NBD_CMD_DISC".into())),
+        Err(e) => return Err(End::Error(format!("cannot read a request: {e}; closing the connection"))),
+    }
+    let mut reader = Timed::new(&mut rs.stream, &conn.shutdown, conn.request_deadline);
+    match read_full(&mut reader, &mut header[1..]) {
+        Ok(n) if n == REQUEST_HEADER_BYTES - 1 => {}
+        Ok(n) => {
+            return Err(End::Error(format!("client disconnected after {} of the {REQUEST_HEADER_BYTES} bytes of a request header", n + 1)))
+        }
+        Err(e) if timed_out(&e) => {
+            return Err(End::Error(format!(
+                "the rest of a request header did not arrive within {:?} of its first byte; closing the connection",
+                conn.request_deadline.unwrap_or_default()
+            )))
+        }
         Err(e) => return Err(End::Error(format!("cannot read a request: {e}; closing the connection"))),
     }
     let req = Request::decode(&header).map_err(|magic| {
@@ -192,7 +226,7 @@ fn read_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn: &Conn<S>, 
                 match io::copy(&mut reader.by_ref().take(req.len as u64), &mut io::sink()) {
                     Ok(n) if n == req.len as u64 => {}
                     Ok(n) => return Err(End::Error(truncated_write(&req, n as usize))),
-                    Err(e) => return Err(End::Error(format!("cannot read a request: {e}; closing the connection"))),
+                    Err(e) => return Err(End::Error(payload_error(conn, &req, &e))),
                 }
             }
             return Ok(Next::Reject(req, r));
@@ -201,25 +235,148 @@ fn read_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn: &Conn<S>, 
 
     rs.last_seq += 1;
     let job = Job { req, cmd, seq: rs.last_seq };
-    if !conn.inflight.admit(id, &job, &conn.failed) {
+    // A READ's or BLOCK_STATUS's bytes are taken now; a WRITE's as its payload arrives.
+    let now = if cmd == Command::Write { 0 } else { job.cost() };
+    if !conn.inflight.admit(id, &job, now, &conn.failed) {
         return Err(End::Failed);
     }
     if cmd == Command::Write {
-        let payload = buf.data(req.len as usize);
-        let got = read_full(reader, payload);
-        match got {
-            Ok(n) if n == req.len as usize => {}
-            Ok(n) => {
-                conn.inflight.release(id, &job);
-                return Err(End::Error(truncated_write(&req, n)));
-            }
-            Err(e) => {
-                conn.inflight.release(id, &job);
-                return Err(End::Error(format!("cannot read a WRITE payload: {e}; closing the connection")));
-            }
+        let mut held = 0;
+        let got = receive_payload(&mut reader, conn, &req, &mut held, buf);
+        if req.len as usize > PAYLOAD_CHUNK_BYTES {
+            // Only a payload of several chunks can have taken priority.
+            conn.inflight.end_reception();
+        }
+        if let Err(end) = got {
+            // A payload not received whole is never applied (rule 3): what it held goes back.
+            conn.inflight.release(id, &job, held);
+            return Err(end);
         }
     }
     Ok(Next::Serve(job))
+}
+
+/// Reads the payload of WRITE `req` into `buf`, a chunk at a time: once a chunk's first
+/// bytes are there, takes room for it in the budgets (`held` counts what is taken), then
+/// reads it. The time spent waiting for room is the server's, not the client's: the deadline
+/// moves on by it.
+fn receive_payload<S: Stream>(
+    reader: &mut Timed<'_, S>,
+    conn: &Conn<S>,
+    req: &Request,
+    held: &mut usize,
+    buf: &mut RequestBuffer,
+) -> Result<(), End> {
+    let len = req.len as usize;
+    let mut got = 0;
+    while got < len {
+        match reader.wait_for_bytes() {
+            Ok(true) => {}
+            Ok(false) => return Err(End::Error(truncated_write(req, got))),
+            Err(e) => return Err(End::Error(payload_error(conn, req, &e))),
+        }
+        let chunk = (len - got).min(PAYLOAD_CHUNK_BYTES);
+        let waited = Instant::now();
+        if !conn.inflight.take(*held, chunk, len, &conn.failed) {
+            return Err(End::Failed);
+        }
+        reader.extend(waited.elapsed());
+        *held += chunk;
+        match read_full(reader, &mut buf.data(got + chunk)[got..]) {
+            Ok(n) if n == chunk => got += chunk,
+            Ok(n) => return Err(End::Error(truncated_write(req, got + n))),
+            Err(e) => return Err(End::Error(payload_error(conn, req, &e))),
+        }
+    }
+    Ok(())
+}
+
+fn payload_error<S: Stream>(conn: &Conn<S>, req: &Request, e: &io::Error) -> String {
+    if timed_out(e) {
+        format!(
+            "the {}-byte payload of a WRITE (offset {}) did not arrive within {:?} of its request; closing the connection \
+             (that write was not applied, and what it held is given back)",
+            req.len,
+            req.offset,
+            conn.request_deadline.unwrap_or_default()
+        )
+    } else {
+        format!("cannot read a WRITE payload: {e}; closing the connection")
+    }
+}
+
+/// A read that ended because the socket's receive timeout (the deadline) passed.
+fn timed_out(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// The receive half under a request's deadline: the socket's receive timeout is set to the
+/// time left only before a read that would wait for the socket (nothing buffered), so a
+/// request that is in the receive buffer already costs no system call; the timeout is taken
+/// off again when it is dropped (an idle connection waits for its next request as long as it
+/// likes).
+struct Timed<'a, S: Stream> {
+    stream: &'a mut BufReader<S>,
+    socket: &'a S,
+    /// `None`: no deadline (`ServerOptions::request_deadline`).
+    deadline: Option<Instant>,
+    armed: bool,
+}
+
+impl<'a, S: Stream> Timed<'a, S> {
+    fn new(stream: &'a mut BufReader<S>, socket: &'a S, limit: Option<Duration>) -> Self {
+        Timed { stream, socket, deadline: limit.map(|l| Instant::now() + l), armed: false }
+    }
+
+    /// Before a read that would wait for the socket: sets its receive timeout to the time left.
+    fn arm(&mut self) -> io::Result<()> {
+        let Some(deadline) = self.deadline else {
+            return Ok(());
+        };
+        if !self.stream.buffer().is_empty() {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "request deadline passed"));
+        }
+        self.armed = true;
+        self.socket.set_receive_timeout(Some(left))
+    }
+
+    /// Waits (within the deadline) until bytes are there to read; false at end of file.
+    fn wait_for_bytes(&mut self) -> io::Result<bool> {
+        self.arm()?;
+        loop {
+            match self.stream.fill_buf() {
+                Ok(b) => return Ok(!b.is_empty()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Moves the deadline on by `by` (time the server, not the client, took).
+    fn extend(&mut self, by: Duration) {
+        if let Some(d) = &mut self.deadline {
+            *d += by;
+        }
+    }
+}
+
+impl<S: Stream> Read for Timed<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.stream.read(buf)
+    }
+}
+
+impl<S: Stream> Drop for Timed<'_, S> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.socket.set_receive_timeout(None);
+        }
+    }
 }
 
 fn truncated_write(req: &Request, got: usize) -> String {
