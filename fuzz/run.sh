@@ -47,7 +47,7 @@ done
 
 export PATH="$HOME/.cargo/bin:$PATH"
 if ! cargo afl --version >/dev/null 2>&1; then
-  echo "run.sh: cargo-afl is missing: run scripts/install-deps (as root)" >&2
+  echo "run.sh: cargo-afl is missing: run scripts/install-deps fuzz (as root)" >&2
   exit 1
 fi
 

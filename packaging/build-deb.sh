@@ -13,7 +13,7 @@
 #    beside it (compcache-dbgsym_*.ddeb); the .deb's path is printed on stdout.
 #
 # What the package holds and where: docs/packaging.md. Needs cargo-deb
-# (scripts/install-deps installs the pinned version). Runs as any user.
+# (scripts/install-deps packaging installs the pinned version). Runs as any user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -32,9 +32,9 @@ done
 
 die() { echo "build-deb: $*" >&2; exit 1; }
 
-command -v cargo >/dev/null || die "cargo is not installed: run scripts/install-deps as root (or install Rust with rustup)"
+command -v cargo >/dev/null || die "cargo is not installed: run scripts/install-deps packaging as root (or install Rust with rustup)"
 cargo deb --version >/dev/null 2>&1 \
-  || die "cargo-deb is not installed: run scripts/install-deps as root, or: cargo install --locked cargo-deb --version 3.8.0"
+  || die "cargo-deb is not installed: run scripts/install-deps packaging as root, or: cargo install --locked cargo-deb --version 3.8.0"
 command -v gzip >/dev/null || die "gzip is not installed (apt-get install gzip)"
 
 target=$(cargo metadata --format-version 1 --no-deps --locked \

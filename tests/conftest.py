@@ -54,7 +54,7 @@ def need(*tools):
     """Skips the test, saying which, when a client program is not installed."""
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
-        pytest.skip(f"needs {', '.join(missing)} (see scripts/deps/apt-core.txt)")
+        pytest.skip(f"needs {', '.join(missing)} (scripts/install-deps tests; lists in scripts/deps/)")
 
 
 def need_fio_nbd():

@@ -8,8 +8,8 @@
 //! changed for it.
 //!
 //! Checked: no panic (and no stack overflow); an expression's value is finite; a device size or
-//! memory limit is whole pages; a size is positive when it is given; an algorithm list names an
-//! algorithm first.
+//! memory limit is whole pages; a size is positive when it is given; a memory limit above 0 is
+//! never 0 (no limit); an algorithm list names an algorithm first.
 
 #[allow(dead_code)]
 // Formatted with the main workspace, not from here.
@@ -33,6 +33,11 @@ pub fn run(data: &[u8]) {
                     }
                     if let Some(b) = dev.mem_limit_bytes {
                         assert_eq!(b % 4096, 0, "memory limit {b} is not whole pages");
+                        // A limit above 0 never becomes 0, "no limit".
+                        let asked = section.keys.get("zram-resident-limit").and_then(|e| eval(e, ram_mib).ok());
+                        if asked.is_some_and(|mib| mib > 0.0) {
+                            assert!(b > 0, "a memory limit of {asked:?} MiB became none, from {section:?}");
+                        }
                     }
                 }
             }

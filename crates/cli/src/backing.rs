@@ -15,6 +15,7 @@ use compcache_store::{parse_size, BackingConfig, Medium, Store};
 
 use crate::failure::Failure;
 use crate::log;
+use crate::units::{idle_age, size_or_none};
 
 /// The backing-device flags.
 #[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
@@ -25,24 +26,28 @@ pub struct BackingArgs {
     #[arg(long, value_name = "PATH", help_heading = "Backing device")]
     pub backing: Option<PathBuf>,
 
-    /// Bytes of the backing device to use [default: a block device's size, an existing
-    /// file's size, or --size for a new file].
+    /// Bytes of the backing device to use (SIZE, docs/cli.md "Sizes and durations"; 0: the
+    /// default) [default: a block device's size, an existing file's size, or --size for a new
+    /// file].
     #[arg(long, value_name = "SIZE", help_heading = "Backing device")]
     pub backing_size: Option<String>,
 
     /// Write back cold pages when compressed memory passes this percent of --mem-limit...
-    #[arg(long, value_name = "PCT", default_value_t = DEFAULT_WRITEBACK_HIGH_PCT, help_heading = "Backing device")]
-    pub writeback_high: u8,
+    /// [default: 90]
+    #[arg(long, value_name = "PCT", help_heading = "Backing device")]
+    pub writeback_high: Option<u8>,
 
-    /// ...until it is under this percent.
-    #[arg(long, value_name = "PCT", default_value_t = DEFAULT_WRITEBACK_LOW_PCT, help_heading = "Backing device")]
-    pub writeback_low: u8,
+    /// ...until it is under this percent [default: 75].
+    #[arg(long, value_name = "PCT", help_heading = "Backing device")]
+    pub writeback_low: Option<u8>,
 
-    /// Most bytes writeback may write in total (zram's writeback_limit) [default: no limit].
+    /// Most bytes writeback may write in total (zram's writeback_limit; SIZE, 0 or none: no
+    /// limit) [default: no limit].
     #[arg(long, value_name = "SIZE", help_heading = "Backing device")]
     pub writeback_limit: Option<String>,
 
-    /// Most bytes per second writeback may write [default: no limit].
+    /// Most bytes per second writeback may write (SIZE/s, 0 or none: no limit) [default: no
+    /// limit].
     #[arg(long, value_name = "SIZE/s", help_heading = "Backing device")]
     pub writeback_rate: Option<String>,
 
@@ -65,13 +70,15 @@ pub struct BackingArgs {
     #[arg(long, value_name = "SIZE", conflicts_with = "backing", help_heading = "Backing device")]
     pub cold_tier: Option<String>,
 
-    /// Seconds a page stays unused before it moves to the cold tier.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_COLD_IDLE_SECS, help_heading = "Backing device")]
-    pub cold_idle: u64,
+    /// How long a page stays unused before it moves to the cold tier: a DURATION in whole
+    /// seconds (600, 10m, 2h; docs/cli.md "Sizes and durations"), at most 18h12m15s; 0: only
+    /// when memory passes --writeback-high [default: 10m].
+    #[arg(long, value_name = "DURATION", value_parser = idle_age, help_heading = "Backing device")]
+    pub cold_idle: Option<u64>,
 
-    /// The cold tier's zstd level (1-22).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_COLD_LEVEL, value_parser = clap::value_parser!(i32).range(1..=22), help_heading = "Backing device")]
-    pub cold_level: i32,
+    /// The cold tier's zstd level (1-22) [default: 19].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=22), help_heading = "Backing device")]
+    pub cold_level: Option<i32>,
 
     /// Take over an existing --backing file that has no compcache signature, or that other
     /// users could read (it is set to mode 0600 and this user). Without it such a file is
@@ -80,22 +87,15 @@ pub struct BackingArgs {
     pub force: bool,
 }
 
-/// A size flag of the backing tier (`--backing-size`, `--writeback-limit`, `--writeback-rate`,
-/// also in `compcache set`): a size (`64M`, `10%` of RAM, a rate may end in `/s`), or `0` or
-/// `none` for none (0).
-pub fn size_or_none(flag: &str, text: &str, ram: u64) -> Result<u64, Failure> {
-    match text.trim() {
-        "0" | "none" => Ok(0),
-        t => parse_size(t.strip_suffix("/s").unwrap_or(t), ram).map_err(|e| Failure::usage(format!("{flag}: {e}"))),
-    }
-}
-
 impl BackingArgs {
     /// The store's backing configuration, `None` without `--backing`. `mem_limit` is the
     /// device's memory limit in bytes (0: none), `ram` physical RAM for `%` sizes.
     pub fn config(&self, ram: u64, mem_limit: u64) -> Result<Option<BackingConfig>, Failure> {
-        let size = |flag: &str, text: &Option<String>| text.as_deref().map_or(Ok(0), |t| size_or_none(flag, t, ram));
-        let cold_flags = self.cold_idle != DEFAULT_COLD_IDLE_SECS || self.cold_level != DEFAULT_COLD_LEVEL;
+        let size =
+            |flag: &str, text: &Option<String>, zero_means: &str| text.as_deref().map_or(Ok(0), |t| size_or_none(flag, t, ram, zero_means));
+        let cold_flags = self.cold_idle.is_some() || self.cold_level.is_some();
+        let high_pct = self.writeback_high.unwrap_or(DEFAULT_WRITEBACK_HIGH_PCT);
+        let low_pct = self.writeback_low.unwrap_or(DEFAULT_WRITEBACK_LOW_PCT);
         if let Some(text) = &self.cold_tier {
             if self.backing.is_some() {
                 return Err(Failure::usage("--cold-tier and --backing both name where cold pages go: give one"));
@@ -106,17 +106,17 @@ impl BackingArgs {
                 ));
             }
             let segment = compcache_store::config::DEFAULT_SEGMENT_BYTES;
-            let bytes = size_or_none("--cold-tier", text, ram)?;
+            let bytes = parse_size(text, ram).map_err(|e| Failure::usage(format!("--cold-tier: {e}")))?;
             if bytes < 4 * segment {
                 return Err(Failure::usage(format!("--cold-tier {text}: the cold tier needs at least {} MiB", (4 * segment) >> 20)));
             }
             let cfg = BackingConfig {
-                high_pct: self.writeback_high,
-                low_pct: self.writeback_low,
-                writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit)?,
-                writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate)?,
-                medium: Medium::Memory { level: self.cold_level },
-                idle_secs: self.cold_idle,
+                high_pct,
+                low_pct,
+                writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit, "no limit")?,
+                writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate, "no limit")?,
+                medium: Medium::Memory { level: self.cold_level.unwrap_or(DEFAULT_COLD_LEVEL) },
+                idle_secs: self.cold_idle.unwrap_or(DEFAULT_COLD_IDLE_SECS),
                 // Whole segments (what the tier uses of it anyway).
                 ..BackingConfig::in_memory(bytes / segment * segment)
             };
@@ -127,6 +127,8 @@ impl BackingArgs {
         }
         let Some(path) = &self.backing else {
             if self.backing_size.is_some()
+                || self.writeback_high.is_some()
+                || self.writeback_low.is_some()
                 || self.writeback_limit.is_some()
                 || self.writeback_rate.is_some()
                 || self.backing_incompressible
@@ -139,20 +141,21 @@ impl BackingArgs {
             }
             return Ok(None);
         };
-        if mem_limit == 0 && !self.backing_incompressible {
-            log::warning("--backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it");
-        }
         let cfg = BackingConfig {
-            size_bytes: size("--backing-size", &self.backing_size)?,
-            high_pct: self.writeback_high,
-            low_pct: self.writeback_low,
-            writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit)?,
-            writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate)?,
+            size_bytes: size("--backing-size", &self.backing_size, "the default size (the device's, or --size for a new file)")?,
+            high_pct,
+            low_pct,
+            writeback_limit_bytes: size("--writeback-limit", &self.writeback_limit, "no limit")?,
+            writeback_rate_bytes: size("--writeback-rate", &self.writeback_rate, "no limit")?,
             incompressible: self.backing_incompressible,
             encrypt: !self.backing_plaintext,
             force: self.force,
             ..BackingConfig::new(path)
         };
+        // After the checks: a refused start is one line.
+        if mem_limit == 0 && !self.backing_incompressible {
+            log::warning("--backing without --mem-limit: only incompressible pages (with --backing-incompressible) go to it");
+        }
         Ok(Some(cfg))
     }
 
@@ -161,18 +164,19 @@ impl BackingArgs {
     pub fn to_args(&self) -> Vec<OsString> {
         let mut v: Vec<OsString> = match (&self.backing, &self.cold_tier) {
             (Some(path), _) => vec!["--backing".into(), path.into()],
-            (None, Some(size)) => vec![
-                "--cold-tier".into(),
-                size.into(),
-                "--cold-idle".into(),
-                self.cold_idle.to_string().into(),
-                "--cold-level".into(),
-                self.cold_level.to_string().into(),
-            ],
+            (None, Some(size)) => vec!["--cold-tier".into(), size.into()],
             (None, None) => return Vec::new(),
         };
-        v.extend(["--writeback-high".into(), self.writeback_high.to_string().into()]);
-        v.extend(["--writeback-low".into(), self.writeback_low.to_string().into()]);
+        for (flag, value) in [
+            ("--cold-idle", self.cold_idle.map(|n| n.to_string())),
+            ("--cold-level", self.cold_level.map(|n| n.to_string())),
+            ("--writeback-high", self.writeback_high.map(|n| n.to_string())),
+            ("--writeback-low", self.writeback_low.map(|n| n.to_string())),
+        ] {
+            if let Some(text) = value {
+                v.extend([flag.into(), text.into()]);
+            }
+        }
         for (flag, value) in [
             ("--backing-size", &self.backing_size),
             ("--writeback-limit", &self.writeback_limit),
@@ -351,10 +355,39 @@ mod tests {
     }
 
     #[test]
+    fn cold_idle_takes_a_duration_and_sizes_never_round_to_their_meaning_for_0() {
+        let b = args(&["--cold-tier", "1G", "--cold-idle", "10m"]).config(8 * GIB, 0).unwrap().unwrap();
+        assert_eq!(b.idle_secs, 600);
+        assert_eq!(args(&["--cold-tier", "1G", "--cold-idle", "2h"]).config(8 * GIB, 0).unwrap().unwrap().idle_secs, 7200);
+        for (bad, why) in [("1d", "65535 s (18h12m15s)"), ("500ms", "whole number of seconds"), ("ten", "not a duration")] {
+            let e = T::try_parse_from(["t", "--cold-tier", "1G", "--cold-idle", bad]).err().expect(bad).to_string();
+            assert!(e.contains("--cold-idle") && e.contains(why), "{bad}: {e}");
+        }
+        for (flag, value, means) in [
+            ("--writeback-limit", "100", "no limit"),
+            ("--writeback-rate", "1000/s", "no limit"),
+            ("--backing-size", "0.5K", "the default size"),
+        ] {
+            let e = args(&["--backing", "f", flag, value]).config(8 * GIB, GIB).unwrap_err().to_string();
+            assert!(
+                e.starts_with(flag) && e.contains(&format!("which means {means}")) && e.contains("give at least 4K"),
+                "{flag} {value}: {e}"
+            );
+        }
+        let b =
+            args(&["--backing", "f", "--writeback-limit", "none", "--writeback-rate", "0", "--backing-size", "off"]).config(8 * GIB, GIB);
+        let b = b.unwrap().unwrap();
+        assert_eq!((b.writeback_limit_bytes, b.writeback_rate_bytes, b.size_bytes), (0, 0, 0));
+        let e = args(&["--writeback-high", "80"]).config(8 * GIB, GIB).unwrap_err().to_string();
+        assert!(e.contains("need --backing"), "a watermark without a backing device is refused, as the other writeback flags: {e}");
+    }
+
+    #[test]
     fn to_args_round_trips() {
         assert!(args(&[]).to_args().is_empty());
         for v in [
             &["--cold-tier", "2G", "--cold-idle", "60", "--cold-level", "12", "--writeback-high", "90", "--writeback-low", "75"][..],
+            &["--cold-tier", "2G", "--cold-idle", "2h"][..],
             &["--backing", "/dev/vdb"][..],
             &[
                 "--backing",

@@ -19,8 +19,9 @@ pub struct RecompressArgs {
     #[arg(long, value_name = "on|off", help_heading = "Recompression")]
     pub recompress: Option<String>,
 
-    /// Pages not read or written for this many seconds are recompressed [default: 60].
-    #[arg(long, value_name = "SECS", help_heading = "Recompression")]
+    /// Pages not read or written for this long are recompressed: a DURATION in whole seconds
+    /// (60, 90s, 10m, 2h; docs/cli.md "Sizes and durations"), at most 18h12m15s [default: 1m].
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::idle_age, help_heading = "Recompression")]
     pub recompress_idle: Option<u64>,
 
     /// zstd level of the recompression codec, 1..=22 [default: 9].
@@ -120,6 +121,10 @@ mod tests {
         assert_eq!(parse(&["--recompress", "off"]).config().unwrap(), None);
         let tuned = parse(&["--dict", "none", "--recompress-idle", "300"]).config().unwrap().unwrap();
         assert_eq!((tuned.dict, tuned.idle_secs), (DictSource::None, 300));
+        assert_eq!(parse(&["--recompress-idle", "1s"]).config().unwrap().unwrap().idle_secs, 1);
+        assert_eq!(parse(&["--recompress-idle", "10m"]).config().unwrap().unwrap().idle_secs, 600);
+        let e = T::try_parse_from(["t", "--recompress-idle", "1d"]).err().expect("above 65535 s").to_string();
+        assert!(e.contains("--recompress-idle") && e.contains("65535 s"), "{e}");
         let e = parse(&["--recompress", "off", "--dict", "none"]).config().unwrap_err();
         assert!(e.to_string().contains("--recompress off turns off"), "{e}");
         assert!(parse(&["--recompress", "maybe"]).config().is_err());
@@ -127,7 +132,7 @@ mod tests {
 
     #[test]
     fn flags_become_the_store_config_and_round_trip() {
-        let a = parse(&["--recompress", "on", "--recompress-idle", "300", "--recompress-level", "12", "--dict", "/etc/pages.dict"]);
+        let a = parse(&["--recompress", "on", "--recompress-idle", "5m", "--recompress-level", "12", "--dict", "/etc/pages.dict"]);
         let c = a.config().unwrap().unwrap();
         assert_eq!((c.idle_secs, c.level, c.dict), (300, 12, DictSource::File("/etc/pages.dict".into())));
         assert_eq!(parse(&["--recompress", "on"]).config().unwrap().unwrap(), RecompressConfig::default());

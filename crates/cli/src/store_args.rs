@@ -9,8 +9,8 @@
 //! - `--size`: bytes with K/M/G/T, a share of RAM, or a zram-size expression; at least 10
 //!   pages (mkswap's minimum: every server's device can be made swap); a slot table (16 bytes
 //!   per page) above half of RAM is an error, a size above twice RAM a warning;
-//! - `--mem-limit`: `0`/`none` for no limit; anything else below one page is an error (it
-//!   would round to 0, no limit, the opposite of what was asked), above physical RAM an error
+//! - `--mem-limit`: `0`/`none`/`off` for no limit; anything else that rounds to 0 pages is an
+//!   error (it would mean no limit, the opposite of what was asked), above physical RAM an error
 //!   (it could never take effect), above `--size` a warning (it limits nothing, but zram
 //!   accepts it and zram-generator configurations may carry it);
 //! - `--algorithm`, `--level` and the backing flags as the store and `crate::backing` check
@@ -22,21 +22,23 @@
 //!   zcache's pools were, and cannot be 0 (a cache without a budget would hold the whole
 //!   origin); the slot table check is made against the origin's size, and the "twice RAM"
 //!   warning is not given (a cache is meant to front more than RAM); `--readahead` (default
-//!   1M, 0 off) needs `--origin`.
+//!   1M, 0 off; anything else below one page an error) needs `--origin`.
+//!
+//! Every size and duration follows the one grammar of `compcache_store::units` (docs/cli.md,
+//! "Sizes and durations"), through `crate::units`.
 //!
 //! Warnings are printed only once every check has passed, so that an error is the one line.
 
 use std::path::PathBuf;
 
 use compcache_store::config::DEFAULT_READAHEAD_MAX_BYTES;
-use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, OriginConfig, StoreError, PAGE_SIZE};
+use compcache_store::{physical_ram_bytes, Algorithm, Config, OriginConfig, StoreError, PAGE_SIZE};
 
 use crate::backing::BackingArgs;
-use crate::cmd::zramconf;
 use crate::failure::Failure;
 use crate::log;
 use crate::recompress_args::RecompressArgs;
-use crate::units::human;
+use crate::units::{human, size_or_expr, size_or_none};
 
 /// The fewest pages a device may have: the smallest swap area mkswap(8) makes.
 pub const MIN_DEVICE_PAGES: u64 = 10;
@@ -62,9 +64,9 @@ pub struct StoreArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub level: Option<i32>,
 
-    /// Most memory the compressed data may take (SIZE, % or expression; 0 or none: no limit)
-    /// [default: none] (zram-generator: zram-resident-limit). Writes beyond it fail with
-    /// ENOSPC, or go to the backing device.
+    /// Most memory the compressed data may take (SIZE, % or expression, at least 4K; 0 or
+    /// none: no limit) [default: none] (zram-generator: zram-resident-limit). Writes beyond it
+    /// fail with ENOSPC, or go to the backing device.
     #[arg(long, value_name = "SIZE")]
     pub mem_limit: Option<String>,
 
@@ -81,18 +83,10 @@ pub struct StoreArgs {
     #[arg(long, value_name = "PATH", help_heading = "Cache mode")]
     pub origin: Option<PathBuf>,
 
-    /// Largest readahead window for sequential misses (SIZE; 0: no readahead) [default: 1M].
+    /// Largest readahead window for sequential misses (SIZE, at least 4K; 0 or off: no
+    /// readahead) [default: 1M].
     #[arg(long, value_name = "SIZE", help_heading = "Cache mode")]
     pub readahead: Option<String>,
-}
-
-/// A size given either as compcache writes sizes or as a zram-size expression (MiB).
-pub fn parse_size_or_expr(text: &str, ram_bytes: u64) -> Result<u64, String> {
-    parse_size(text, ram_bytes).or_else(|plain| {
-        zramconf::eval(text, ram_bytes as f64 / 1048576.0)
-            .map(|mib| (mib.max(0.0) * 1048576.0) as u64 / PAGE_SIZE as u64 * PAGE_SIZE as u64)
-            .map_err(|expr| format!("{plain}; nor is it a zram-size expression: {expr}"))
-    })
 }
 
 /// A store error as the one line of a refused start: a configuration the store refuses (an
@@ -105,22 +99,12 @@ pub fn config_error_line(e: &StoreError) -> String {
     }
 }
 
-/// Whether a `--mem-limit` text means "no limit".
-fn no_limit(text: &str) -> bool {
-    matches!(text.trim(), "0" | "none" | "")
-}
-
-/// The checks of `--mem-limit` against one page and the device's size (`--size`, or the
-/// origin's for a `cache`), on the parsed values (`mem_limit_text` as given): an error, or a
-/// warning for the caller to print.
-fn check_limits(size_bytes: u64, mem_limit_text: &str, mem_limit_bytes: u64, cache: bool) -> Result<Option<String>, Failure> {
-    if !no_limit(mem_limit_text) && mem_limit_bytes < PAGE_SIZE as u64 {
-        return Err(Failure::usage(format!(
-            "--mem-limit {mem_limit_text} is below one page ({PAGE_SIZE} bytes), which would mean no limit at all: give at least 4K, or 0 for no limit"
-        )));
-    }
+/// The check of `--mem-limit` against the device's size (`--size`, or the origin's for a
+/// `cache`): a warning for the caller to print. (A limit under one page never gets here:
+/// `crate::units::mem_limit` refuses it.)
+fn check_limits(size_bytes: u64, mem_limit_bytes: u64, cache: bool) -> Option<String> {
     if mem_limit_bytes > size_bytes {
-        return Ok(Some(if cache {
+        return Some(if cache {
             format!(
                 "--mem-limit {} is above the origin's size ({}): the cache can hold all of it compressed and never reaches its budget",
                 human(mem_limit_bytes),
@@ -132,9 +116,9 @@ fn check_limits(size_bytes: u64, mem_limit_text: &str, mem_limit_bytes: u64, cac
                 human(mem_limit_bytes),
                 human(size_bytes)
             )
-        }));
+        });
     }
-    Ok(None)
+    None
 }
 
 /// The checks against physical RAM (`ram` 0: unknown, nothing checked): errors, or a warning.
@@ -221,7 +205,7 @@ impl StoreArgs {
             Some(origin) => (self.origin.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), self.origin_size(origin, ram)?),
             None => {
                 let text = self.size.as_deref().unwrap_or("25%");
-                (text.to_string(), parse_size_or_expr(text, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?)
+                (text.to_string(), size_or_expr(text, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?)
             }
         };
         let size_text = size_text.as_str();
@@ -235,20 +219,16 @@ impl StoreArgs {
         let algorithm: Algorithm =
             self.algorithm.as_deref().unwrap_or("lz4").parse().map_err(|e: String| Failure::usage(format!("--algorithm: {e}")))?;
         let mem_limit_text = self.mem_limit.as_deref().unwrap_or(if cache { DEFAULT_CACHE_MEM_LIMIT } else { "0" });
-        let mem_limit = if no_limit(mem_limit_text) {
-            if cache {
-                return Err(Failure::usage(format!(
-                    "--mem-limit {mem_limit_text} with --origin: a cache needs a memory budget; give a size or a share of RAM (default {DEFAULT_CACHE_MEM_LIMIT})"
-                )));
-            }
-            0
-        } else {
-            parse_size_or_expr(mem_limit_text, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?
-        };
+        let mem_limit = crate::units::mem_limit(mem_limit_text, ram)?;
+        if mem_limit == 0 && cache {
+            return Err(Failure::usage(format!(
+                "--mem-limit {mem_limit_text} with --origin: a cache needs a memory budget; give a size or a share of RAM (default {DEFAULT_CACHE_MEM_LIMIT})"
+            )));
+        }
         let mut warnings = Vec::new();
         // (A cache's default budget above a small origin's size is no mistake of the user's.)
         if !(cache && self.mem_limit.is_none()) {
-            warnings.extend(check_limits(size, mem_limit_text, mem_limit, cache)?);
+            warnings.extend(check_limits(size, mem_limit, cache));
         }
         warnings.extend(check_against_ram(size_text, size, mem_limit_text, mem_limit, ram, cache)?);
         let origin = self.origin_config(ram)?;
@@ -267,7 +247,7 @@ impl StoreArgs {
     fn origin_size(&self, origin_bytes: u64, ram: u64) -> Result<u64, Failure> {
         let path = self.origin.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
         if let Some(text) = &self.size {
-            let asked = parse_size_or_expr(text, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?;
+            let asked = size_or_expr(text, ram).map_err(|e| Failure::usage(format!("--size: {e}")))?;
             if asked != origin_bytes {
                 return Err(Failure::usage(format!(
                     "--size {text} ({asked} bytes) differs from the size of --origin {path} ({origin_bytes} bytes): a cache has its origin's size; drop --size"
@@ -280,10 +260,9 @@ impl StoreArgs {
     /// The cache's configuration from `--origin` and `--readahead`; `None` without `--origin`.
     fn origin_config(&self, ram: u64) -> Result<Option<OriginConfig>, Failure> {
         let Some(path) = &self.origin else { return Ok(None) };
-        let readahead_max_bytes = match self.readahead.as_deref().map(str::trim) {
+        let readahead_max_bytes = match self.readahead.as_deref() {
             None => DEFAULT_READAHEAD_MAX_BYTES,
-            Some("0") | Some("none") | Some("off") => 0,
-            Some(t) => parse_size(t, ram).map_err(|e| Failure::usage(format!("--readahead: {e}")))?,
+            Some(t) => size_or_none("--readahead", t, ram, "no readahead")?,
         };
         Ok(Some(OriginConfig { readahead_max_bytes, ..OriginConfig::new(path) }))
     }
@@ -302,30 +281,36 @@ mod tests {
     #[test]
     fn a_mem_limit_below_one_page_is_an_error_in_both_servers() {
         let e = parse(&["--size", "64M", "--mem-limit", "100"]).config().unwrap_err();
-        assert!(e.to_string().contains("below one page") && e.exit_code() == 2, "{e}");
+        assert!(e.to_string().contains("round to 0, which means no limit") && e.exit_code() == 2, "{e}");
         assert_eq!(parse(&["--size", "64M", "--mem-limit", "4K"]).config().unwrap().mem_limit_bytes, 4096);
         assert_eq!(parse(&["--size", "64M", "--mem-limit", "0"]).config().unwrap().mem_limit_bytes, 0);
-        assert!(check_limits(1 << 20, "1", 1, false).is_err());
-        assert!(check_limits(1 << 20, "none", 0, false).unwrap().is_none());
+        assert!(check_limits(1 << 20, 0, false).is_none());
+    }
+
+    /// The case: `--mem-limit 0.001%` with `--size 64M` on a machine of 64 MiB is 671
+    /// bytes: 0 pages, which was "no limit".
+    #[test]
+    fn a_percentage_that_rounds_to_no_pages_is_refused_with_the_smallest_value() {
+        let e = parse(&["--size", "64M", "--mem-limit", "0.001%"]).config_for_ram(64 * MIB).unwrap_err();
+        let t = e.to_string();
+        assert!(t.starts_with("--mem-limit: '0.001%'") && t.contains("give at least 4K, or 0 for no limit") && e.exit_code() == 2, "{t}");
+        // On 24 GiB the same share is 62 pages: a limit, as asked.
+        assert_eq!(parse(&["--size", "64M", "--mem-limit", "0.001%"]).config_for_ram(24 * GIB).unwrap().mem_limit_bytes, 62 * 4096);
+        let e = parse(&["--size", "64M", "--mem-limit", "ram - 100"]).config_for_ram(64 * MIB).unwrap_err().to_string();
+        assert!(e.contains("below 0"), "a negative expression was once 0, no limit: {e}");
     }
 
     #[test]
     fn a_mem_limit_above_the_size_is_warned_about() {
-        let w = check_limits(64 << 20, "1G", 1 << 30, false).unwrap().expect("a warning");
+        let w = check_limits(64 << 20, 1 << 30, false).expect("a warning");
         assert!(w.contains("above --size") && w.contains("limits nothing"), "{w}");
-        assert!(check_limits(64 << 20, "16M", 16 << 20, false).unwrap().is_none());
+        assert!(check_limits(64 << 20, 16 << 20, false).is_none());
         // Still accepted.
         assert_eq!(parse(&["--size", "64M", "--mem-limit", "1G"]).config_for_ram(8 * GIB).unwrap().mem_limit_bytes, 1 << 30);
     }
 
     #[test]
     fn sizes_take_both_forms() {
-        assert_eq!(parse_size_or_expr("25%", 4 * GIB).unwrap(), GIB);
-        assert_eq!(parse_size_or_expr("1G", 4 * GIB).unwrap(), GIB);
-        assert_eq!(parse_size_or_expr("min(ram / 2, 4096)", 4 * GIB).unwrap(), 2 * GIB);
-        assert_eq!(parse_size_or_expr("ram * 2", GIB).unwrap(), 2 * GIB);
-        let e = parse_size_or_expr("lots", GIB).unwrap_err();
-        assert!(e.contains("zram-size expression"), "{e}");
         assert_eq!(parse(&["--size", "min(ram / 2, 4096)"]).config_for_ram(4 * GIB).unwrap().disksize_bytes, 2 * GIB);
     }
 
@@ -371,6 +356,8 @@ mod tests {
         }
         let e = parse(&["--origin", "/dev/vdb", "--readahead", "lots"]).config_with(8 * GIB, Some(GIB)).unwrap_err().to_string();
         assert!(e.starts_with("--readahead"), "{e}");
+        let e = parse(&["--origin", "/dev/vdb", "--readahead", "100"]).config_with(8 * GIB, Some(GIB)).unwrap_err().to_string();
+        assert!(e.starts_with("--readahead") && e.contains("which means no readahead"), "100 bytes was once no readahead: {e}");
         let e = parse(&["--origin", "/dev/vdb", "--readahead", "64M"]).config_with(8 * GIB, Some(GIB)).unwrap_err();
         assert!(e.to_string().contains("readahead") && e.to_string().contains("maximum") && e.exit_code() == 2, "{e}");
     }
@@ -411,7 +398,7 @@ mod tests {
         assert!(e.contains("--origin /d") && e.contains("slot table"), "{e}");
         let e = parse(&["--origin", "/d"]).config_with(8 * GIB, Some(8192)).unwrap_err().to_string();
         assert!(e.starts_with("--origin /d") && e.contains("at least 10 pages"), "{e}");
-        let w = check_limits(64 * MIB, "1G", GIB, true).unwrap().expect("a warning");
+        let w = check_limits(64 * MIB, GIB, true).expect("a warning");
         assert!(w.contains("origin's size"), "{w}");
     }
 }

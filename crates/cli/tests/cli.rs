@@ -306,6 +306,74 @@ fn bad_flags_fail_with_one_clear_line() {
     }
 }
 
+/// A size that rounds to no pages where 0 means "no limit" is an error naming the flag and the
+/// smallest value, before any socket is touched: each of these once meant no limit (or no
+/// cap), the opposite of what was asked. docs/cli.md, "Sizes and durations".
+#[test]
+fn a_size_that_rounds_to_zero_is_refused_not_taken_as_no_limit() {
+    let dir = TempDir::new("round0");
+    let ctl = dir.path("nothing.ctl");
+    let ctl = ctl.to_str().unwrap();
+    let backing = dir.path("b.img");
+    let backing = backing.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        // 1e-7 of this machine's RAM is under a page on anything below 38 GiB...
+        &["serve", "--size", "64M", "--mem-limit", "0.00001%"],
+        // ...and an expression of RAM / 2^40 MiB is under a byte on any machine.
+        &["serve", "--size", "64M", "--mem-limit", "ram / 1099511627776"],
+        &["serve", "--size", "64M", "--mem-limit", "100"],
+        &["set", "--control", ctl, "--mem-limit", "100"],
+        &["set", "--control", ctl, "--writeback-rate", "1000/s"],
+        &["set", "--control", ctl, "--writeback-limit", "1K"],
+        &["writeback", "--control", ctl, "--idle", "0", "--max", "100"],
+        &["serve", "--size", "64M", "--backing", backing, "--backing-size", "100"],
+    ];
+    for args in cases {
+        let out = compcache(args);
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("would round to 0, which means") && err.contains("give at least 4K"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+    }
+    assert!(!dir.path("b.img").exists(), "a refused start creates no backing file");
+}
+
+/// Every duration flag takes the one grammar (bare seconds stay valid), and says what it
+/// accepts when it refuses. Before, only `writeback --idle` took units: `--recompress-idle 1s`
+/// and `--cold-idle 10m` said "invalid digit found in string".
+#[test]
+fn duration_flags_take_units() {
+    let dir = TempDir::new("durations");
+    let ctl = dir.path("nothing.ctl");
+    let ctl = ctl.to_str().unwrap();
+    // Accepted: the parse passes and the command fails later, for another reason (a size under
+    // the minimum, or no server on the control socket).
+    let accepted: &[(&[&str], &str)] = &[
+        (&["serve", "--size", "36K", "--recompress-idle", "1s"], "at least 10 pages"),
+        (&["serve", "--size", "36K", "--cold-tier", "64M", "--cold-idle", "10m"], "at least 10 pages"),
+        (&["serve", "--size", "36K", "--recompress-idle", "90"], "at least 10 pages"),
+        (&["writeback", "--control", ctl, "--idle", "2h"], "cannot reach control socket"),
+        (&["recompress", "--control", ctl, "--idle", "10m", "--now", "500ms"], "cannot reach control socket"),
+    ];
+    for (args, later) in accepted {
+        let err = stderr_of(&compcache(args));
+        assert!(err.contains(later), "{args:?}: expected the later error {later:?}: {err}");
+    }
+    let refused: &[(&[&str], &str, &str)] = &[
+        (&["serve", "--recompress-idle", "1d"], "--recompress-idle", "65535 s (18h12m15s)"),
+        (&["serve", "--cold-tier", "64M", "--cold-idle", "500ms"], "--cold-idle", "not a whole number of seconds"),
+        (&["serve", "--recompress-idle", "10min"], "--recompress-idle", "give seconds (90), or a number with ms, s, m, h or d"),
+        (&["writeback", "--control", ctl, "--idle", "1d"], "--idle", "65535 s"),
+        (&["recompress", "--control", ctl, "--now", "2m"], "--now", "at most 1m"),
+    ];
+    for (args, flag, why) in refused {
+        let out = compcache(args);
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains(why), "{args:?}: expected {flag} and {why:?}: {err}");
+    }
+}
+
 #[test]
 fn stat_without_a_server_says_what_to_do() {
     let dir = TempDir::new("noserver");

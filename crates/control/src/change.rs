@@ -40,6 +40,9 @@ pub(crate) fn set(state: &ControlState, req: &Value) -> Value {
     if r.mem_limit == Some(0) && state.device.origin.is_some() {
         return refuse("set: mem_limit 0 on a cache device: a cache needs a memory budget; give a size");
     }
+    if let Err(e) = compcache_store::config::check_mem_limit(r.mem_limit.unwrap_or(0)) {
+        return refuse(format!("set: mem_limit: {e}"));
+    }
     // The writeback change is the one that can be refused (no backing device, watermarks out
     // of order): made first, so that a refusal leaves the memory limit untouched too.
     let writeback = match &r.writeback {
@@ -72,6 +75,9 @@ pub(crate) fn writeback(store: &Store, req: &Value) -> Value {
         (Ok(i), Ok(m)) => (i.unwrap_or(0), m.unwrap_or(u64::MAX)),
         (Err(e), _) | (_, Err(e)) => return refuse(e),
     };
+    if let Err(e) = compcache_store::config::check_idle_secs("writeback: \"idle_secs\"", idle) {
+        return refuse(e);
+    }
     if !store.has_backing() {
         return refuse("writeback: this device has no backing device (start it with --backing PATH)");
     }
@@ -164,7 +170,8 @@ mod tests {
         let cases = [
             (json!({"cmd": "set", "mem_limt": 1}), "unknown field `mem_limt`"),
             (json!({"cmd": "set", "mem_limit": -1}), "mem_limit"),
-            (json!({"cmd": "set", "mem_limit": 1, "writeback": {"high_pct": 10}}), "watermarks high 10% low"),
+            (json!({"cmd": "set", "mem_limit": 100}), "mem_limit: memory limit 100 bytes is below one page"),
+            (json!({"cmd": "set", "mem_limit": 1 << 20, "writeback": {"high_pct": 10}}), "watermarks high 10% low"),
             (json!({"cmd": "set", "writeback": {"rate": 1}}), "unknown field `rate`"),
         ];
         for (req, why) in cases {
@@ -208,6 +215,8 @@ mod tests {
         let a = ask(&s, json!({"cmd": "writeback", "idle_secs": 3600}));
         assert_eq!(a["report"]["pages"].as_u64().unwrap() + pages, 100, "{a}");
         assert_eq!(s.store.stats().bd_writeback_pages, 100);
+        let a = ask(&s, json!({"cmd": "writeback", "idle_secs": 86_400}));
+        assert!(a["error"].as_str().unwrap().contains("above the most an idle age can be, 65535 s"), "{a}");
         let a = ask(&s, json!({"cmd": "writeback", "idle_secs": "old"}));
         assert!(a["error"].as_str().unwrap().contains("\"idle_secs\" must be a whole number"), "{a}");
         std::fs::remove_dir_all(&dir).unwrap();

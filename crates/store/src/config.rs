@@ -1,4 +1,4 @@
-//! Device configuration and the size expressions users type (`1G`, `512M`, `25%`).
+//! Device configuration. The sizes and durations users type are parsed in `units.rs`.
 //!
 //! The default device size is 25% of physical RAM, as in ramzswap and Ubuntu's compcache
 //! set-up; the seed benchmarks (shared/seeds/001 and 002) found 25-50% sound.
@@ -84,6 +84,36 @@ pub enum DictSource {
 
 /// Default idle age before recompression.
 pub const DEFAULT_RECOMPRESS_IDLE_SECS: u64 = 60;
+
+/// The longest idle age a setting may ask for (recompression's, the cold tier's, an idle
+/// writeback's): 65535 s, 18h12m15s. Pages keep their access time in 16 bits of seconds
+/// (`mover.rs`), so an older age cannot be told apart; a longer setting is refused rather than
+/// cut to this.
+pub const MAX_IDLE_SECS: u64 = crate::mover::MAX_AGE_SECS;
+
+/// Why [`MAX_IDLE_SECS`] is the most, for error messages.
+pub const MAX_IDLE_WHY: &str = "pages keep their access time in 16 bits of seconds";
+
+/// The rule every idle age follows (configuration, `compcache set`-style changes, an idle
+/// writeback): at most [`MAX_IDLE_SECS`].
+pub fn check_idle_secs(what: &str, secs: u64) -> Result<(), String> {
+    if secs > MAX_IDLE_SECS {
+        return Err(format!("{what} of {secs} s is above the most an idle age can be, {MAX_IDLE_SECS} s (18h12m15s): {MAX_IDLE_WHY}"));
+    }
+    Ok(())
+}
+
+/// The rule every memory limit follows (the configuration and a change on a running device):
+/// 0 is no limit, anything else at least one page; a limit under one page would be rounded, by
+/// the CLI's page sizes, to 0: no limit, the opposite of what was asked.
+pub fn check_mem_limit(bytes: u64) -> Result<(), String> {
+    if bytes > 0 && bytes < PAGE {
+        return Err(format!(
+            "memory limit {bytes} bytes is below one page ({PAGE_SIZE} bytes): give at least {PAGE_SIZE}, or 0 for no limit"
+        ));
+    }
+    Ok(())
+}
 /// Default zstd level of the recompression codec.
 pub const DEFAULT_RECOMPRESS_LEVEL: i32 = 9;
 
@@ -105,6 +135,7 @@ impl Default for RecompressConfig {
 
 impl RecompressConfig {
     fn validate(&self) -> Result<(), StoreError> {
+        check_idle_secs("recompression's idle age", self.idle_secs).map_err(StoreError::Config)?;
         if !(1..=22).contains(&self.level) {
             return Err(StoreError::Config(format!("recompression level {} is outside zstd's 1..=22", self.level)));
         }
@@ -269,6 +300,9 @@ impl BackingConfig {
         if let Err(e) = crate::backing::tuning::check_watermarks(self.high_pct, self.low_pct) {
             return bad(e);
         }
+        if let Err(e) = check_idle_secs("the idle age", self.idle_secs) {
+            return bad(e);
+        }
         if self.segment_bytes < PAGE * 4 || self.segment_bytes % PAGE != 0 {
             return bad(format!("segment size {} is not a multiple of {PAGE_SIZE} of at least 4 pages", self.segment_bytes));
         }
@@ -329,6 +363,7 @@ impl Config {
                 crate::slot::MAX_SLOTS * PAGE
             )));
         }
+        check_mem_limit(self.mem_limit_bytes).map_err(StoreError::Config)?;
         if self.huge_threshold_bytes < 64 || self.huge_threshold_bytes > PAGE_SIZE {
             return Err(StoreError::Config(format!("huge threshold {} is outside 64..={PAGE_SIZE} bytes", self.huge_threshold_bytes)));
         }
@@ -368,60 +403,9 @@ pub fn physical_ram_bytes() -> u64 {
     pages as u64 * page_size as u64
 }
 
-/// Parses a size: plain bytes (`4096`), a binary-suffixed size (`512K`, `64M`, `2G`, `1T`, with
-/// an optional `i`/`iB`/`B`), or a percentage of `ram_bytes` (`25%`). The result is rounded down
-/// to whole pages. Errors say what was wrong with the text.
-pub fn parse_size(text: &str, ram_bytes: u64) -> Result<u64, String> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err("empty size: give bytes (e.g. 1G, 512M) or a share of RAM (e.g. 25%)".into());
-    }
-    let bytes = if let Some(pct) = t.strip_suffix('%') {
-        let p: f64 = pct.trim().parse().map_err(|_| format!("'{text}' is not a percentage such as 25%"))?;
-        if !(p > 0.0 && p <= 1000.0) {
-            return Err(format!("'{text}': the percentage must be above 0 and at most 1000"));
-        }
-        (ram_bytes as f64 * p / 100.0) as u64
-    } else {
-        let upper = t.to_ascii_uppercase();
-        let digits_end = upper.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(upper.len());
-        let (num, suffix) = upper.split_at(digits_end);
-        let n: f64 = num.parse().map_err(|_| format!("'{text}' is not a size such as 4096, 512M or 2G"))?;
-        let mult: u64 = match suffix.trim() {
-            "" | "B" => 1,
-            "K" | "KB" | "KI" | "KIB" => 1 << 10,
-            "M" | "MB" | "MI" | "MIB" => 1 << 20,
-            "G" | "GB" | "GI" | "GIB" => 1 << 30,
-            "T" | "TB" | "TI" | "TIB" => 1 << 40,
-            other => return Err(format!("'{text}': unknown unit '{other}' (use K, M, G, T or %)")),
-        };
-        (n * mult as f64) as u64
-    };
-    Ok(bytes / PAGE * PAGE)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_in_the_usual_forms() {
-        let gib = 1u64 << 30;
-        assert_eq!(parse_size("4096", gib).unwrap(), 4096);
-        assert_eq!(parse_size("512M", gib).unwrap(), 512 << 20);
-        assert_eq!(parse_size("2GiB", gib).unwrap(), 2 * gib);
-        assert_eq!(parse_size("1.5g", gib).unwrap(), 3 * gib / 2);
-        assert_eq!(parse_size("25%", 4 * gib).unwrap(), gib);
-        assert_eq!(parse_size("5000", gib).unwrap(), 4096, "rounded down to pages");
-    }
-
-    #[test]
-    fn bad_sizes_say_what_is_wrong() {
-        assert!(parse_size("", 1).unwrap_err().contains("empty"));
-        assert!(parse_size("12Q", 1).unwrap_err().contains("unknown unit"));
-        assert!(parse_size("x%", 1).unwrap_err().contains("percentage"));
-        assert!(parse_size("0%", 1).unwrap_err().contains("above 0"));
-    }
 
     #[test]
     fn validation_rejects_what_cannot_work() {
@@ -430,6 +414,25 @@ mod tests {
         let mut c = Config::with_disksize(1 << 20);
         c.huge_threshold_bytes = 5000;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_memory_limit_under_a_page_and_an_idle_age_past_the_clock_are_refused() {
+        let mut c = Config::with_disksize(1 << 20);
+        for (limit, ok) in [(0, true), (1, false), (4095, false), (4096, true)] {
+            c.mem_limit_bytes = limit;
+            assert_eq!(c.validate().is_ok(), ok, "mem_limit {limit}");
+        }
+        c.mem_limit_bytes = 0;
+        c.recompress = Some(RecompressConfig { idle_secs: MAX_IDLE_SECS, ..RecompressConfig::default() });
+        assert!(c.validate().is_ok());
+        c.recompress = Some(RecompressConfig { idle_secs: MAX_IDLE_SECS + 1, ..RecompressConfig::default() });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("65536 s is above the most an idle age can be, 65535 s"), "{e}");
+        c.recompress = None;
+        c.backing = Some(BackingConfig { idle_secs: 86_400, ..BackingConfig::in_memory(8 << 20) });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("86400 s is above the most"), "{e}");
     }
 
     #[test]

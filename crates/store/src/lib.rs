@@ -23,7 +23,8 @@
 //!   ends that decode their own protocol (ublk, FUSE);
 //! - [`stats`]: the counters, with zram's and ramzswap's names, the snapshot, the unit table and
 //!   the summary;
-//! - [`config`]: configuration and size expressions;
+//! - [`config`]: the configuration and its checks;
+//! - [`units`]: the grammar of the sizes and durations people type, for every front end;
 //! - [`cache`]: cache mode (zcache): the store as a compressed cache in front of an origin
 //!   device (its read, write and discard paths, S3-FIFO eviction, readahead, range locks);
 //! - [`backing`]: the backing tier (device, log-structured records, space map, the batch writer,
@@ -53,6 +54,7 @@ pub mod stats;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod units;
 mod zeroed;
 pub(crate) mod zspool;
 
@@ -60,12 +62,13 @@ pub use backing::tuning::{WritebackSettings, WritebackTuning};
 pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, MaintenanceReport, WritebackBudget, WritebackReport};
 pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
-pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config, DictSource, Medium, OriginConfig, RecompressConfig};
+pub use config::{physical_ram_bytes, BackingConfig, Config, DictSource, Medium, OriginConfig, RecompressConfig};
 pub use error::StoreError;
 pub use latency::{Latency, LatencyHistogram};
 pub use recompress::{RecompressReport, RecompressSettings, RecompressTuning};
 pub use stats::Stats;
 pub use store::{Allocation, Context, Extent, Extents, Store};
+pub use units::{parse_bytes, parse_duration, parse_secs, parse_size, parse_size_or_none};
 
 /// The page size the device is addressed in. Everything is in units of it.
 pub const PAGE_SIZE: usize = 4096;

@@ -48,6 +48,9 @@ use crate::{PAGE, PAGE_SIZE};
 /// Seconds per access-time tick (the slot keeps 16 bits of it).
 const TICK_SECS: u64 = 1;
 
+/// The oldest age a slot's access time can tell (`config::MAX_IDLE_SECS`).
+pub(crate) const MAX_AGE_SECS: u64 = u16::MAX as u64 * TICK_SECS;
+
 /// The coarse clock whose ticks slots keep as their access time (16 bits, so ages are modulo
 /// 2^16 ticks).
 pub(crate) struct Clock {

@@ -63,11 +63,18 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
 }
 
-fn train(a: TrainArgs) -> Result<(), Failure> {
-    let max_bytes = compcache_store::parse_size(&a.size, 0).map_err(|e| Failure::usage(format!("--size: {e}")))? as usize;
-    if !(256..=1 << 20).contains(&max_bytes) {
-        return Err(Failure::usage(format!("--size {}: a dictionary of 256 bytes to 1 MiB, please", a.size)));
+/// `--size`: bytes, not pages (`5000` is 5000 bytes; it was once rounded down to 4096, and
+/// `300` to 0 and refused), 256 bytes to 1 MiB.
+fn dict_size(text: &str) -> Result<usize, Failure> {
+    let bytes = compcache_store::parse_bytes(text, 0).map_err(|e| Failure::usage(format!("--size: {e}")))?;
+    if !(256..=1 << 20).contains(&bytes) {
+        return Err(Failure::usage(format!("--size {text}: a dictionary of 256 bytes to 1 MiB (256 to 1M), please")));
     }
+    Ok(bytes as usize)
+}
+
+fn train(a: TrainArgs) -> Result<(), Failure> {
+    let max_bytes = dict_size(&a.size)?;
     if !(1..=22).contains(&a.level) {
         return Err(Failure::usage(format!("--level {}: zstd levels are 1..=22", a.level)));
     }
@@ -128,4 +135,19 @@ fn train(a: TrainArgs) -> Result<(), Failure> {
         sampled / 9
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dict_size;
+
+    #[test]
+    fn the_dictionary_size_is_bytes() {
+        for (text, bytes) in [("300", 300), ("5000", 5000), ("16K", 16384), ("1M", 1 << 20), ("1.5K", 1536)] {
+            assert_eq!(dict_size(text).unwrap(), bytes, "{text}");
+        }
+        for bad in ["255", "2M", "-1", "10%", "lots"] {
+            assert!(dict_size(bad).unwrap_err().to_string().starts_with("--size"), "{bad}");
+        }
+    }
 }

@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 pub struct Args {
     #[command(flatten)]
     target: Target,
-    /// Pages not accessed for this many seconds are recompressed.
-    #[arg(long, value_name = "SECS")]
+    /// Pages not accessed for this long are recompressed: a DURATION in whole seconds (60,
+    /// 10m, 2h; docs/cli.md "Sizes and durations"), at most 18h12m15s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::idle_age)]
     idle: Option<u64>,
     /// Keep a recompressed page only if it is at least this many bytes smaller.
     #[arg(long, value_name = "BYTES")]
@@ -31,12 +32,23 @@ pub struct Args {
     /// measures; pages move to it as they are rescanned.
     #[arg(long)]
     retrain: bool,
-    /// Recompress now, for up to this many seconds of CPU time (at most 60), busy or not.
-    #[arg(long, value_name = "SECS")]
-    now: Option<f64>,
+    /// Recompress now, for up to this much CPU time (a DURATION to the millisecond: 5, 500ms,
+    /// 1m; above 0 and at most 1m), busy or not.
+    #[arg(long, value_name = "DURATION", value_parser = cpu_time)]
+    now: Option<std::time::Duration>,
     /// Print the answer as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `--now`: CPU time to the millisecond, above 0 and at most a minute (the control socket's
+/// bound on one run).
+fn cpu_time(text: &str) -> Result<std::time::Duration, String> {
+    let d = compcache_store::parse_duration(text)?;
+    if d.is_zero() || d > std::time::Duration::from_secs(60) {
+        return Err(format!("'{}' is not above 0 and at most 1m of CPU time", text.trim()));
+    }
+    Ok(d)
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
@@ -53,11 +65,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if args.retrain {
         set.insert("retrain".into(), json!(true));
     }
-    let run_ms = match args.now {
-        Some(s) if s.is_finite() && s > 0.0 && s <= 60.0 => (s * 1000.0) as u64,
-        Some(s) => return Err(Failure::usage(format!("--now {s}: give seconds of CPU time, above 0 and at most 60"))),
-        None => 0,
-    };
+    let run_ms = args.now.map_or(0, |d| d.as_millis() as u64);
     let answer = control::request(&path, &json!({"cmd": "recompress", "set": set, "run_ms": run_ms}))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&answer).expect("JSON prints"));
@@ -84,4 +92,29 @@ pub fn run(args: Args) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use crate::test_flags::parse_flags;
+    use std::time::Duration;
+
+    #[test]
+    fn idle_and_now_take_the_duration_grammar() {
+        let a = parse_flags::<Args>(&["--idle", "10m", "--now", "500ms"]).unwrap();
+        assert_eq!((a.idle, a.now), (Some(600), Some(Duration::from_millis(500))));
+        let a = parse_flags::<Args>(&["--idle", "90", "--now", "2.5"]).unwrap();
+        assert_eq!((a.idle, a.now), (Some(90), Some(Duration::from_millis(2500))), "bare seconds stay valid");
+        for (flag, bad, why) in [
+            ("--idle", "1d", "65535 s"),
+            ("--idle", "0.5s", "whole number of seconds"),
+            ("--now", "0", "above 0 and at most 1m"),
+            ("--now", "2m", "above 0 and at most 1m"),
+            ("--now", "0.0001", "finer than a millisecond"),
+        ] {
+            let e = parse_flags::<Args>(&[flag, bad]).err().unwrap_or_else(|| panic!("{flag} {bad} accepted")).to_string();
+            assert!(e.contains(flag) && e.contains(why), "{flag} {bad}: {e}");
+        }
+    }
 }

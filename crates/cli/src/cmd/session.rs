@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use compcache_control::{self as control, ControlState, DeviceInfo};
-use compcache_store::{parse_size, physical_ram_bytes, Config, Store};
+use compcache_store::{physical_ram_bytes, Config, Store};
 
 use super::reserve;
 use super::swapdev::{take_out_of_swap, KernelSwap};
@@ -120,8 +120,7 @@ impl Session {
         let size_bytes = cfg.disksize_bytes;
         let reserve_bytes = match server.reserve.as_deref().unwrap_or("auto") {
             "auto" => reserve::default_high_bytes(physical_ram_bytes()),
-            "0" | "none" => 0,
-            t => parse_size(t, physical_ram_bytes()).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
+            t => crate::units::size_or_none("--reserve", t, physical_ram_bytes(), "no reserve")?,
         };
         let store =
             Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?);

@@ -2,11 +2,9 @@
 //! `mem_used_max` (zram's `mem_limit`, `writeback_limit`, `mem_used_max` reset), through the
 //! control socket's `set` command. Without a change, prints the settings.
 
-use crate::backing::size_or_none;
 use crate::failure::Failure;
-use crate::store_args::parse_size_or_expr;
 use crate::target::Target;
-use crate::units::human;
+use crate::units::{human, size_or_none};
 use compcache_control as control;
 use compcache_store::physical_ram_bytes;
 use serde_json::{json, Map, Value};
@@ -16,7 +14,8 @@ use serde_json::{json, Map, Value};
 pub struct Args {
     #[command(flatten)]
     target: Target,
-    /// New memory limit (a size, a share of RAM such as 25%, or none). Lowering it under
+    /// New memory limit (a size, a share of RAM such as 25%, or an expression, at least 4K;
+    /// 0 or none: no limit; docs/cli.md "Sizes and durations"). Lowering it under
     /// what is used evicts nothing: writes overflow to the backing device (or fail) until use
     /// drops; writeback aims at the new limit from its next step.
     #[arg(long, value_name = "SIZE")]
@@ -30,12 +29,13 @@ pub struct Args {
     /// ...until it is under this percent.
     #[arg(long, value_name = "PCT")]
     writeback_low: Option<u8>,
-    /// Most bytes per second background writeback may write (none: no limit).
+    /// Most bytes per second background writeback may write (SIZE/s, at least 4K/s; 0 or
+    /// none: no limit).
     #[arg(long, value_name = "SIZE/s")]
     writeback_rate: Option<String>,
     /// Re-arm the writeback limit: writeback may write this much more from now on, whatever
-    /// it wrote before (none: no limit). zram's writeback_limit; re-arm it from a timer for a
-    /// daily budget.
+    /// it wrote before (SIZE, at least 4K; 0 or none: no limit). zram's writeback_limit;
+    /// re-arm it from a timer for a daily budget.
     #[arg(long, value_name = "SIZE")]
     writeback_limit: Option<String>,
     /// Print the answer as JSON.
@@ -59,11 +59,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
 fn request(args: &Args, ram: u64) -> Result<Value, Failure> {
     let mut req = json!({"cmd": "set"});
     if let Some(t) = &args.mem_limit {
-        let bytes = match t.trim() {
-            "0" | "none" => 0,
-            t => parse_size_or_expr(t, ram).map_err(|e| Failure::usage(format!("--mem-limit: {e}")))?,
-        };
-        req["mem_limit"] = json!(bytes);
+        req["mem_limit"] = json!(crate::units::mem_limit(t, ram)?);
     }
     if args.reset_mem_used_max {
         req["reset_mem_used_max"] = json!(true);
@@ -76,10 +72,10 @@ fn request(args: &Args, ram: u64) -> Result<Value, Failure> {
         wb.insert("low_pct".into(), json!(p));
     }
     if let Some(t) = &args.writeback_rate {
-        wb.insert("rate_bytes".into(), json!(size_or_none("--writeback-rate", t, ram)?));
+        wb.insert("rate_bytes".into(), json!(size_or_none("--writeback-rate", t, ram, "no limit")?));
     }
     if let Some(t) = &args.writeback_limit {
-        wb.insert("limit_bytes".into(), json!(size_or_none("--writeback-limit", t, ram)?));
+        wb.insert("limit_bytes".into(), json!(size_or_none("--writeback-limit", t, ram, "no limit")?));
     }
     if !wb.is_empty() {
         req["writeback"] = Value::Object(wb);
@@ -154,6 +150,22 @@ mod tests {
         );
         let e = req(&["--writeback-limit", "lots"]).unwrap_err();
         assert!(e.to_string().starts_with("--writeback-limit: ") && e.exit_code() == 2, "{e}");
+    }
+
+    /// Each of these once sent 0, "no limit", for a request of a little.
+    #[test]
+    fn a_small_value_is_never_sent_as_no_limit() {
+        for (flag, value) in
+            [("--mem-limit", "0.000001%"), ("--mem-limit", "100"), ("--writeback-rate", "100/s"), ("--writeback-limit", "1K")]
+        {
+            let e = req(&[flag, value]).unwrap_err();
+            let t = e.to_string();
+            assert!(
+                t.starts_with(&format!("{flag}: ")) && t.contains("give at least 4K, or 0 for no limit") && e.exit_code() == 2,
+                "{flag} {value}: {t}"
+            );
+        }
+        assert_eq!(req(&["--mem-limit", "off"]).unwrap(), json!({"cmd": "set", "mem_limit": 0}));
     }
 
     #[test]

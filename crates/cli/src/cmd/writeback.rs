@@ -2,10 +2,9 @@
 //! `echo idle > writeback` after marking pages idle), through the control socket's `writeback`
 //! command. The device's writeback limit applies (`compcache set --writeback-limit`).
 
-use crate::backing::size_or_none;
 use crate::failure::Failure;
 use crate::target::Target;
-use crate::units::human;
+use crate::units::{human, idle_age, size_or_none};
 use compcache_control as control;
 use serde_json::{json, Value};
 
@@ -14,11 +13,12 @@ use serde_json::{json, Value};
 pub struct Args {
     #[command(flatten)]
     target: Target,
-    /// Pages not read or written for this long: seconds, or with a unit (90s, 30m, 2h, 1d);
-    /// 0: every page in RAM.
-    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    /// Pages not read or written for this long: a DURATION in whole seconds (90, 90s, 30m, 2h;
+    /// docs/cli.md "Sizes and durations"), at most 18h12m15s; 0: every page in RAM.
+    #[arg(long, value_name = "DURATION", value_parser = idle_age)]
     idle: u64,
-    /// Write at most this many bytes (compressed) [default: no cap but the writeback limit].
+    /// Write at most this many bytes (compressed; SIZE, at least 4K; 0 or none: no cap)
+    /// [default: no cap but the writeback limit].
     #[arg(long, value_name = "SIZE")]
     max: Option<String>,
     /// Print the answer as JSON.
@@ -26,29 +26,11 @@ pub struct Args {
     json: bool,
 }
 
-/// An age in seconds: a number, or a number with `s`, `m`, `h` or `d`.
-fn parse_age(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => t.split_at(i),
-        None => (t, "s"),
-    };
-    let scale = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return Err(format!("{text:?}: give seconds, or a number with s, m, h or d (30m, 2h)")),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?}: give seconds, or a number with s, m, h or d (30m, 2h)"))?;
-    n.checked_mul(scale).ok_or_else(|| format!("{text:?}: too long"))
-}
-
 pub fn run(args: Args) -> Result<(), Failure> {
     let path = args.target.control_socket()?;
     let mut req = json!({"cmd": "writeback", "idle_secs": args.idle});
     if let Some(t) = &args.max {
-        match size_or_none("--max", t, compcache_store::physical_ram_bytes())? {
+        match size_or_none("--max", t, compcache_store::physical_ram_bytes(), "no cap")? {
             0 => {}
             b => req["max_bytes"] = json!(b),
         }
@@ -78,18 +60,25 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_age;
+    use super::Args;
+    use crate::test_flags::parse_flags;
+
+    /// `--idle` takes the one duration grammar (its table is in compcache_store::units); `1d`,
+    /// once cut silently to the 18 h a page's access time can tell, is refused.
+    #[test]
+    fn idle_takes_the_duration_grammar() {
+        for (text, secs) in [("0", 0), ("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1.5h", 5400)] {
+            assert_eq!(parse_flags::<Args>(&["--idle", text]).unwrap().idle, secs, "{text}");
+        }
+        for bad in ["", "h", "2w", "-1", "1d", "500ms", "99999999999999999999d"] {
+            let e = parse_flags::<Args>(&["--idle", bad]).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(e.contains("--idle"), "{bad}: {e}");
+        }
+    }
 
     #[test]
-    fn ages_take_units() {
-        assert_eq!(parse_age("0"), Ok(0));
-        assert_eq!(parse_age("90"), Ok(90));
-        assert_eq!(parse_age("90s"), Ok(90));
-        assert_eq!(parse_age("30m"), Ok(1800));
-        assert_eq!(parse_age("2h"), Ok(7200));
-        assert_eq!(parse_age("1d"), Ok(86400));
-        for bad in ["", "h", "2w", "-1", "1.5h", "99999999999999999999d"] {
-            assert!(parse_age(bad).is_err(), "{bad}");
-        }
+    fn max_never_rounds_to_no_cap() {
+        let e = super::size_or_none("--max", "100", 1 << 30, "no cap").unwrap_err().to_string();
+        assert!(e.starts_with("--max: ") && e.contains("which means no cap: give at least 4K, or 0 for no cap"), "{e}");
     }
 }

@@ -149,6 +149,9 @@ pub struct RecompressSettings {
 impl Recompressor {
     /// Applies `t` (checked as the configuration is) and returns the settings after it.
     pub fn tune(&self, t: &RecompressTuning) -> Result<RecompressSettings, String> {
+        if let Some(secs) = t.idle_secs {
+            crate::config::check_idle_secs("idle age", secs)?;
+        }
         if let Some(p) = t.cpu_percent {
             if !(1..=100).contains(&p) {
                 return Err(format!("CPU budget {p}% is outside 1..=100"));
@@ -800,6 +803,16 @@ mod tests {
         assert!(!again.settled && again.done == 1, "{again:?}");
         s.tune_recompression(&RecompressTuning { paused: Some(true), ..Default::default() }).unwrap();
         assert!(s.recompress_step(std::time::Duration::from_millis(200)).settled, "paused: nothing to do in the background");
+    }
+
+    #[test]
+    fn an_idle_age_past_what_the_clock_tells_is_refused_not_cut() {
+        let (s, _) = filled(16, RecompressConfig { dict: DictSource::None, ..RecompressConfig::default() });
+        let e = s.tune_recompression(&RecompressTuning { idle_secs: Some(86_400), ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("idle age of 86400 s is above the most an idle age can be, 65535 s"), "{e}");
+        assert_eq!(s.recompression_settings().unwrap().idle_secs, crate::config::DEFAULT_RECOMPRESS_IDLE_SECS, "unchanged");
+        let t = s.tune_recompression(&RecompressTuning { idle_secs: Some(crate::config::MAX_IDLE_SECS), ..Default::default() });
+        assert_eq!(t.unwrap().idle_secs, 65_535);
     }
 
     #[test]

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 
 use clap::Parser;
-use compcache_store::config::{DEFAULT_COLD_IDLE_SECS, DEFAULT_COLD_LEVEL, DEFAULT_WRITEBACK_HIGH_PCT, DEFAULT_WRITEBACK_LOW_PCT};
 
 use crate::backing::BackingArgs;
 use crate::failure::Failure;
@@ -63,21 +62,18 @@ impl OwnKeys {
     /// `flags` (the command line's) over these keys.
     pub(super) fn backing_under(&self, flags: &BackingArgs) -> BackingArgs {
         let own = &self.backing;
-        // clap gives no way to tell a flag left at its default from one given as the default
-        // value: a percentage equal to the default is taken as not given.
-        let pct = |flag: u8, own: u8, default: u8| if flag != default { flag } else { own };
         BackingArgs {
             backing: flags.backing.clone().or_else(|| own.backing.clone()),
             backing_size: flags.backing_size.clone().or_else(|| own.backing_size.clone()),
-            writeback_high: pct(flags.writeback_high, own.writeback_high, DEFAULT_WRITEBACK_HIGH_PCT),
-            writeback_low: pct(flags.writeback_low, own.writeback_low, DEFAULT_WRITEBACK_LOW_PCT),
+            writeback_high: flags.writeback_high.or(own.writeback_high),
+            writeback_low: flags.writeback_low.or(own.writeback_low),
             writeback_limit: flags.writeback_limit.clone().or_else(|| own.writeback_limit.clone()),
             writeback_rate: flags.writeback_rate.clone().or_else(|| own.writeback_rate.clone()),
             backing_incompressible: flags.backing_incompressible || own.backing_incompressible,
             backing_plaintext: flags.backing_plaintext || own.backing_plaintext,
             cold_tier: flags.cold_tier.clone().or_else(|| own.cold_tier.clone()),
-            cold_idle: if flags.cold_idle != DEFAULT_COLD_IDLE_SECS { flags.cold_idle } else { own.cold_idle },
-            cold_level: if flags.cold_level != DEFAULT_COLD_LEVEL { flags.cold_level } else { own.cold_level },
+            cold_idle: flags.cold_idle.or(own.cold_idle),
+            cold_level: flags.cold_level.or(own.cold_level),
             force: flags.force,
         }
     }
@@ -109,7 +105,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((k.frontend, k.reserve.as_deref()), (Some(Wanted::One(Frontend::Fuse)), Some("64M")));
-        assert_eq!((k.backing.writeback_high, k.backing.backing_incompressible, k.backing.backing_plaintext), (80, true, false));
+        assert_eq!((k.backing.writeback_high, k.backing.backing_incompressible, k.backing.backing_plaintext), (Some(80), true, false));
         assert_eq!((k.recompress.recompress.as_deref(), k.recompress.recompress_level), (Some("on"), Some(12)));
         assert_eq!(OwnKeys::parse("zram0", &own(&[])).unwrap().frontend, None);
     }
@@ -131,9 +127,28 @@ mod tests {
         let b = k.backing_under(&flags);
         assert_eq!(
             (b.backing.unwrap().display().to_string(), b.writeback_low, b.writeback_rate.as_deref()),
-            ("/flag".into(), 50, Some("1M"))
+            ("/flag".into(), Some(50), Some("1M"))
         );
         let none: BackingArgs = crate::test_flags::parse_flags(&[]).unwrap();
-        assert_eq!(k.backing_under(&none).writeback_low, 40);
+        assert_eq!(k.backing_under(&none).writeback_low, Some(40));
+        // A flag given as the default value still wins (it was once taken as not given).
+        let flags: BackingArgs = crate::test_flags::parse_flags(&["--writeback-low", "75"]).unwrap();
+        assert_eq!(k.backing_under(&flags).writeback_low, Some(75));
+    }
+
+    #[test]
+    fn duration_keys_take_the_duration_grammar_and_say_which_key() {
+        let k = OwnKeys::parse("zram0", &own(&[("recompress-idle", "5m"), ("cold-tier", "1G"), ("cold-idle", "2h")])).unwrap();
+        assert_eq!((k.recompress.recompress_idle, k.backing.cold_idle), (Some(300), Some(7200)));
+        let k = OwnKeys::parse("zram0", &own(&[("recompress-idle", "300")])).unwrap();
+        assert_eq!(k.recompress.recompress_idle, Some(300), "bare seconds stay valid");
+        for (key, value, why) in [
+            ("recompress-idle", "1d", "65535 s"),
+            ("cold-idle", "10 min", "unknown unit 'min'"),
+            ("recompress-idle", "0.5s", "whole number"),
+        ] {
+            let e = OwnKeys::parse("zram2", &own(&[(key, value)])).unwrap_err().to_string();
+            assert!(e.contains("compcache.conf [zram2]") && e.contains(&format!("--{key}")) && e.contains(why), "{key} = {value}: {e}");
+        }
     }
 }

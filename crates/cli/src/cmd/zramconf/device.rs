@@ -9,7 +9,9 @@
 //! - `zram-fraction` and `max-zram-size` (obsolete): when either is given, the size is
 //!   `min(int(zram-fraction * ram), max-zram-size)` (defaults 0.5 and none) and `zram-size`
 //!   is not used, as in zram-generator; a note says so;
-//! - `zram-resident-limit`: an expression, `0` (default) no limit; becomes the memory limit;
+//! - `zram-resident-limit`: an expression, `0` (default) no limit; becomes the memory limit,
+//!   rounded up to whole pages as the kernel rounds zram's `mem_limit`, so that a limit above 0
+//!   is never 0 ("no limit"), however small;
 //! - `host-memory-limit` (obsolete name `memory-limit`, renamed by `load`): `none` or a whole
 //!   number of MiB; with less than RAM, no device;
 //! - `compression-algorithm`: the first algorithm and its level; later ones are zram's
@@ -124,7 +126,10 @@ pub fn interpret(section: &Section, ram_mib: f64, vars: &Vars) -> Result<Device,
         if mib < 0.0 {
             return Err(ctx("zram-resident-limit", format!("`{expr}` is {mib} MiB, below 0")));
         }
-        dev.mem_limit_bytes = Some(mib_to_pages_bytes(mib).map_err(|e| ctx("zram-resident-limit", e))?);
+        let bytes = mib_to_pages_bytes(mib).map_err(|e| ctx("zram-resident-limit", e))?;
+        // Below one byte, a limit truncated as a size is would be 0: no limit, the opposite of
+        // what was asked. Any limit above 0 is at least one page.
+        dev.mem_limit_bytes = Some(if bytes == 0 && mib > 0.0 { PAGE } else { bytes });
     }
     if let Some(alg) = get("compression-algorithm") {
         let specs = parse_algorithms(alg).map_err(|e| ctx("compression-algorithm", e))?;
@@ -365,6 +370,15 @@ mod tests {
         assert!(e.contains("zram-size") && e.contains("at most 4 EiB"), "{e}");
         let d = dev("[zram0]\nzram-resident-limit = 4194304 * 1024 * 1024\n", 1024.0).unwrap();
         assert_eq!(d.mem_limit_bytes, Some(1 << 62), "4 EiB itself is allowed");
+    }
+
+    /// A limit below one byte was truncated to 0 bytes, which is no limit at all.
+    #[test]
+    fn a_resident_limit_above_0_is_at_least_a_page() {
+        for (expr, bytes) in [("ram / 22222222222222", 4096), ("0.000001", 4096), ("0.004", 8192), ("0", 0), ("ram - ram", 0)] {
+            let d = dev(&format!("[zram0]\nzram-resident-limit = {expr}\n"), 1024.0).unwrap();
+            assert_eq!(d.mem_limit_bytes, Some(bytes), "{expr}");
+        }
     }
 
     #[test]
