@@ -40,12 +40,15 @@
 //! and `slot.rs`. Writeback and GC run only when a front end calls them, from a thread it owns.
 
 pub mod backing;
+mod buf;
 pub mod cache;
 pub mod compress;
 pub mod config;
+mod context;
 pub mod error;
 pub mod latency;
 mod mover;
+mod page;
 pub mod recompress;
 pub mod request;
 pub(crate) mod slot;
@@ -61,13 +64,11 @@ pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, Maintenanc
 pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
 pub use config::{parse_size, physical_ram_bytes, BackingConfig, Config, DictSource, Medium, OriginConfig, RecompressConfig};
+pub use context::Context;
 pub use error::StoreError;
 pub use latency::{Latency, LatencyHistogram};
+pub(crate) use page::PAGE;
+pub use page::PAGE_SIZE;
 pub use recompress::{RecompressReport, RecompressSettings, RecompressTuning};
 pub use stats::Stats;
-pub use store::{Allocation, Context, Extent, Extents, Store};
-
-/// The page size the device is addressed in. Everything is in units of it.
-pub const PAGE_SIZE: usize = 4096;
-/// [`PAGE_SIZE`] for byte arithmetic in `u64` (offsets, sizes); its only other spelling.
-pub(crate) const PAGE: u64 = PAGE_SIZE as u64;
+pub use store::{Allocation, Extent, Extents, Store};

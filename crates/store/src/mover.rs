@@ -37,9 +37,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-use crate::backing::Backing;
+use crate::compress::dict::{Dict, Dicts};
 use crate::compress::Codec;
-use crate::recompress::dict::{Dict, Dicts};
 use crate::slot::{Entry, Hint, Mark, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zspool::ZsPool;
@@ -68,6 +67,14 @@ impl Clock {
     pub fn advance(&self, secs: u64) {
         self.offset.fetch_add(secs / TICK_SECS, Relaxed);
     }
+}
+
+/// Where the records of `BACKING` entries live (the backing tier, a floor above): the mover
+/// frees a record through it and knows nothing else of the tier.
+pub(crate) trait Records: Sync {
+    /// Frees the record at `loc` holding `len` payload bytes, of an entry just taken out of its
+    /// slot (pool contract 2 for records: once).
+    fn free(&self, loc: u64, len: u16);
 }
 
 /// How [`Mover::install`] knows that a slot was not rewritten since its page was copied out
@@ -100,7 +107,7 @@ pub(crate) struct Mover<'a> {
     slots: &'a [Slot],
     pool: &'a ZsPool,
     counters: &'a Counters,
-    backing: Option<&'a Backing>,
+    records: Option<&'a dyn Records>,
     clock: &'a Clock,
     mem_limit_bytes: &'a AtomicU64,
     /// Recompression's dictionaries, for movers that decode (the cold tier's writeback).
@@ -112,12 +119,12 @@ impl<'a> Mover<'a> {
         slots: &'a [Slot],
         pool: &'a ZsPool,
         counters: &'a Counters,
-        backing: Option<&'a Backing>,
+        records: Option<&'a dyn Records>,
         clock: &'a Clock,
         mem_limit_bytes: &'a AtomicU64,
         dicts: Option<&'a Dicts>,
     ) -> Mover<'a> {
-        Mover { slots, pool, counters, backing, clock, mem_limit_bytes, dicts }
+        Mover { slots, pool, counters, records, clock, mem_limit_bytes, dicts }
     }
 
     /// The dictionary in `place`, for decoding a page whose codec names it. Call under the
@@ -275,7 +282,7 @@ impl<'a> Mover<'a> {
             // one free of a live object and nobody can reach it any more.
             Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(handle) },
             Entry::Empty | Entry::Same(_) => {}
-            Entry::Backing { loc, len, .. } => self.backing.expect("BACKING entries exist only with a backing device").free(loc, len),
+            Entry::Backing { loc, len, .. } => self.records.expect("BACKING entries exist only with a backing device").free(loc, len),
         }
     }
 

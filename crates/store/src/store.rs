@@ -26,16 +26,19 @@ use std::time::{Duration, Instant};
 use crate::backing::log::HEADER as RECORD_HEADER;
 use crate::backing::read::{self, Pending, PendingList, MAX_RUN_BYTES, READ_CHUNK_PAGES};
 use crate::backing::tuning::{WritebackSettings, WritebackTuning};
-use crate::backing::{self, resident_bytes, Backing, BackingDevice, GcReport, MaintenanceReport, ReadBuf};
+use crate::backing::{self, Backing, BackingDevice, GcReport, MaintenanceReport};
 use crate::backing::{WritebackBudget, WritebackReport};
-use crate::cache::{AlignedBuf, Cache, FileOrigin, OriginDevice};
+use crate::buf::resident_bytes;
+use crate::cache::{Cache, FileOrigin, OriginDevice};
+use crate::compress::dict::Dict;
 use crate::compress::strong::StrongDecoder;
-use crate::compress::{Backend, BackendContext, Codec, MAX_COMPRESSED_BYTES};
+use crate::compress::{Backend, Codec, MAX_COMPRESSED_BYTES};
 use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES, ORIGIN_WITH_BACKING};
+use crate::context::Context;
 use crate::error::StoreError;
 use crate::latency::{self, Latency};
-use crate::mover::{Clock, Mover};
-use crate::recompress::dict::Dict;
+use crate::mover::{Clock, Mover, Records};
+use crate::page::{fill_same, same_filled};
 use crate::recompress::{RecompressReport, RecompressSettings, RecompressTuning, Recompressor};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{BackingGauges, Counters, Gauges, RecompressGauges, Stats};
@@ -65,29 +68,6 @@ pub struct Store {
     pub(crate) recomp: Option<Recompressor>,
     /// Every context's request latency histograms (`latency.rs`).
     latency: latency::Registry,
-}
-
-/// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
-/// for compression and does not allocate. Not shared: one per thread.
-pub struct Context {
-    pub(crate) comp: Box<dyn BackendContext>,
-    /// Decodes pages recompression re-encoded (`compress/strong.rs`); only in a store with
-    /// recompression (made resident with the context, which takes a few milliseconds).
-    pub(crate) strong: Option<StrongDecoder>,
-    pub(crate) cbuf: Box<[u8]>,
-    pub(crate) page: Box<[u8]>,
-    /// A backing record being written: header, then payload; also where a page promoted
-    /// from the cold tier is compressed (`policy::maybe_promote`).
-    pub(crate) rec: Box<[u8]>,
-    /// Reads from the backing device: a single record, or a run of records (up to
-    /// `MAX_RUN_BYTES`), in the aligned blocks an O_DIRECT read covers. Made resident at its
-    /// full size when the store has a backing device (about 1 MiB), empty otherwise.
-    pub(crate) read: ReadBuf,
-    /// Cache mode: origin reads and writes, aligned for O_DIRECT (`Cache::io_buf_bytes`);
-    /// empty otherwise.
-    pub(crate) origin: AlignedBuf,
-    /// This context's request latency histograms, registered with the store (`latency.rs`).
-    lat: Arc<latency::ThreadLatency>,
 }
 
 /// What `fetch` left to do after releasing the slot lock.
@@ -227,23 +207,15 @@ impl Store {
         if let Some(b) = &self.backing {
             b.dev.prepare_reader();
         }
-        Context {
-            comp: self.backend.new_context(),
-            strong: self.recomp.is_some().then(StrongDecoder::new),
-            cbuf: resident_bytes(MAX_COMPRESSED_BYTES).into_boxed_slice(),
-            page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
+        Context::new(
+            self.backend.new_context(),
+            self.recomp.is_some(),
             // Room for a compressor's worst case too: promotion compresses into it.
-            rec: resident_bytes(RECORD_HEADER + MAX_COMPRESSED_BYTES).into_boxed_slice(),
-            read: match self.backing {
-                Some(_) => ReadBuf::new(MAX_RUN_BYTES as usize),
-                None => ReadBuf::empty(),
-            },
-            origin: match &self.cache {
-                Some(c) => AlignedBuf::new(c.io_buf_bytes()),
-                None => AlignedBuf::empty(),
-            },
-            lat: self.latency.register(),
-        }
+            RECORD_HEADER + MAX_COMPRESSED_BYTES,
+            self.backing.as_ref().map(|_| MAX_RUN_BYTES as usize),
+            self.cache.as_ref().map(Cache::io_buf_bytes),
+            self.latency.register(),
+        )
     }
 
     /// The request latency histograms of [`Store::read`] and [`Store::write`], summed over
@@ -701,7 +673,15 @@ impl Store {
     /// The interface through which the backing tier and compaction move pages (`mover.rs`).
     pub(crate) fn mover(&self) -> Mover<'_> {
         let dicts = self.recomp.as_ref().map(|r| &r.dicts);
-        Mover::new(&self.slots, &self.pool, &self.counters, self.backing.as_ref(), &self.clock, &self.mem_limit_bytes, dicts)
+        Mover::new(
+            &self.slots,
+            &self.pool,
+            &self.counters,
+            self.backing.as_ref().map(|b| b as &dyn Records),
+            &self.clock,
+            &self.mem_limit_bytes,
+            dicts,
+        )
     }
 
     /// The backing tier, for paths only a `BACKING` entry or a configured device leads to.
@@ -983,74 +963,5 @@ impl Iterator for Extents<'_> {
         }
         self.pos = (next * PAGE).min(self.end);
         Some(Extent { len_bytes: self.pos - start, allocation })
-    }
-}
-
-/// Fills `out` (a page) with the word `w` repeated: the inverse of [`same_filled`]. A word of
-/// one repeated byte (zero pages, most same-filled pages) is a memset; any other word is
-/// written once and then doubled by copies.
-///
-/// Both are done by memset and memcpy rather than by a loop over words so that the fuzz build
-/// stays fast: there every iteration of a Rust loop calls the coverage hook, and the word loop
-/// this replaced was a tenth of `cache_ops`' time.
-fn fill_same(out: &mut [u8], w: u64) {
-    let bytes = w.to_ne_bytes();
-    if w == u64::from_ne_bytes([bytes[0]; 8]) {
-        out.fill(bytes[0]);
-        return;
-    }
-    out[..8].copy_from_slice(&bytes);
-    let mut done = 8;
-    while done < out.len() {
-        let more = done.min(out.len() - done);
-        out.copy_within(..more, done);
-        done += more;
-    }
-}
-
-/// The fill word if every 8-byte word of `page` is the same (zero pages included).
-///
-/// A page is one word repeated exactly when it equals itself shifted by a word, so after the
-/// cheap check of the last word against the first (most pages that are not same-filled differ
-/// there) this is one memcmp, not a loop (see [`fill_same`] on loops in the fuzz build).
-pub(crate) fn same_filled(page: &[u8]) -> Option<u64> {
-    debug_assert!(page.len() >= 8 && page.len() % 8 == 0, "a page is whole words");
-    let first = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
-    let last = u64::from_ne_bytes(page[page.len() - 8..].try_into().expect("8 bytes"));
-    (last == first && page[8..] == page[..page.len() - 8]).then_some(first)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn same_filled_finds_one_differing_byte_anywhere() {
-        let w = 0x0123_4567_89ab_cdefu64;
-        let mut page = vec![0u8; PAGE_SIZE];
-        fill_same(&mut page, w);
-        assert_eq!(same_filled(&page), Some(w));
-        for at in [0, 7, 8, 9, 2047, 2048, PAGE_SIZE - 9, PAGE_SIZE - 8, PAGE_SIZE - 1] {
-            page[at] ^= 1;
-            assert_eq!(same_filled(&page), None, "byte {at} changed");
-            page[at] ^= 1;
-        }
-        // A page with a period other than 8 bytes is not one word repeated.
-        let mut page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 16) as u8).collect();
-        assert_eq!(same_filled(&page), None);
-        page.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 4) as u8);
-        assert_eq!(same_filled(&page), Some(u64::from_ne_bytes([0, 1, 2, 3, 0, 1, 2, 3])));
-    }
-
-    #[test]
-    fn fill_same_is_the_inverse_of_same_filled() {
-        // Zero, one repeated byte, and words whose bytes differ (one of them differing only in
-        // its last byte, which the memset path must not take for a repeated byte).
-        for w in [0, u64::MAX, 0x5a5a_5a5a_5a5a_5a5a, 0x0123_4567_89ab_cdef, 0x5a5a_5a5a_5a5a_5a5b, 0xff] {
-            let mut page = vec![0xEEu8; PAGE_SIZE];
-            fill_same(&mut page, w);
-            assert_eq!(same_filled(&page), Some(w), "word {w:#x}");
-            assert!(page.chunks_exact(8).all(|c| c == w.to_ne_bytes()), "word {w:#x}");
-        }
     }
 }

@@ -99,7 +99,7 @@ pub(crate) struct RawPages {
 impl RawPages {
     /// Decodes the payload copied into `cbuf` (`len` bytes of `entry`, with `dict` if its
     /// codec names one) into `page`.
-    fn decode(&mut self, entry: Entry, len: usize, dict: Option<&crate::recompress::dict::Dict>) -> Result<(), String> {
+    fn decode(&mut self, entry: Entry, len: usize, dict: Option<&crate::compress::dict::Dict>) -> Result<(), String> {
         match entry {
             Entry::Huge { .. } => {
                 self.page.copy_from_slice(&self.cbuf[..PAGE_SIZE]);

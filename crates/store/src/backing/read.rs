@@ -17,14 +17,14 @@ use super::log::HEADER;
 use super::policy::maybe_promote;
 use super::space::Pin;
 use super::Backing;
+use crate::compress::dict::Dict;
 use crate::compress::strong::StrongDecoder;
 use crate::compress::{BackendContext, Codec};
+use crate::context::Context;
 use crate::error::StoreError;
 use crate::mover::Mover;
-use crate::recompress::dict::Dict;
 use crate::slot::Entry;
 use crate::stats::Counters;
-use crate::store::Context;
 use crate::PAGE_SIZE;
 
 /// Most bytes one `pread` of adjacent backing records may cover.

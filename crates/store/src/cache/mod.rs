@@ -47,10 +47,12 @@ mod stripes;
 pub use origin::{origin_size, AlignedBuf, FileOrigin, OriginDevice};
 
 use crate::compress::Codec;
+use crate::context::Context;
 use crate::error::StoreError;
+use crate::page::same_filled;
 use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::Counters;
-use crate::store::{same_filled, Context, Store};
+use crate::store::Store;
 use crate::zspool::Handle;
 use crate::{PAGE, PAGE_SIZE};
 use policy::{Policy, Queue};

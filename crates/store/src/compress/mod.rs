@@ -2,6 +2,7 @@
 //! shared by every worker (algorithm, level); each worker thread owns a [`BackendContext`] with
 //! its scratch state, so compression takes no lock. Backends are one small file each.
 
+pub mod dict;
 mod lz4;
 pub(crate) mod strong;
 mod zstd;
@@ -150,7 +151,7 @@ pub(crate) fn decode(
     primary: &mut dyn BackendContext,
     strong: Option<&mut strong::StrongDecoder>,
     codec: Codec,
-    dict: Option<&crate::recompress::dict::Dict>,
+    dict: Option<&dict::Dict>,
     src: &[u8],
     out: &mut [u8],
 ) -> Result<(), String> {

@@ -51,7 +51,8 @@
 //! independent of the backing tier's maintenance mutex: writeback and recompression may copy
 //! the same page, and the first to install wins (slot.rs rule 8).
 
-pub mod dict;
+/// The dictionaries are the codec's (`compress/dict.rs`); here under their old name too.
+pub use crate::compress::dict;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -63,10 +64,10 @@ use serde::{Deserialize, Serialize};
 use crate::compress::strong::StrongEncoder;
 use crate::compress::{Codec, MAX_COMPRESSED_BYTES};
 use crate::config::{DictSource, RecompressConfig};
+use crate::context::Context;
 use crate::mover::{Mover, Unchanged};
 use crate::slot::{Kind, Mark};
-use crate::stats::Counters;
-use crate::store::Context;
+use crate::stats::{Counters, RecompressCounters};
 use crate::PAGE_SIZE;
 use dict::{Dict, Dicts};
 
@@ -195,32 +196,6 @@ impl Recompressor {
             },
         }
     }
-}
-
-/// Recompression's counters (statistics `recompress_*`, `dict_*`).
-#[derive(Default, Debug)]
-pub(crate) struct RecompressCounters {
-    /// Pages re-encoded and installed.
-    pub done: AtomicU64,
-    /// Pages re-encoded and kept as they were (did not save enough).
-    pub rejected: AtomicU64,
-    /// Pages rewritten (or moved) while being re-encoded: the result was dropped.
-    pub raced: AtomicU64,
-    /// Bytes saved by installs (old stored size minus new), summed.
-    pub saved_bytes: AtomicU64,
-    /// CPU time spent in steps, ns (this thread's clock).
-    pub cpu_ns: AtomicU64,
-    /// Steps skipped because the device was busy.
-    pub busy_skips: AtomicU64,
-    /// Dictionaries installed (trained or given).
-    pub dicts_installed: AtomicU64,
-    /// Dictionaries trained but not installed (too little gain, or training failed).
-    pub dicts_refused: AtomicU64,
-    /// The current dictionary's version (0: none) and its gain at training (per mille), and the
-    /// gain measured since (per mille, over the drift window; 0 until measured).
-    pub dict_version: AtomicU64,
-    pub dict_gain_permille: AtomicU64,
-    pub dict_measured_permille: AtomicU64,
 }
 
 /// What one step did.
@@ -410,7 +385,7 @@ pub(crate) fn step(
         scan(mv, r, st, start, &mut rep);
         rep.settled = st.quiet >= mv.num_slots();
     }
-    r.dicts.free_unused(c, st.current.as_ref().map(|(p, _)| *p));
+    r.dicts.free_unused(|codec| Counters::get(&c.codec_pages[codec.index()]), st.current.as_ref().map(|(p, _)| *p));
     let used = thread_cpu_ns() - start;
     st.budget_ns -= used;
     Counters::add(&r.ctr.cpu_ns, used.max(0) as u64);
