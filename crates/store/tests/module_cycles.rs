@@ -503,7 +503,6 @@ fn assert_no_cycle(name: &str) {
 }
 
 #[test]
-#[ignore = "issue 28: the store's circle of nine is still there"]
 fn store_modules_import_one_way() {
     assert_no_cycle("store");
 }

@@ -79,7 +79,7 @@ use std::time::Duration;
 
 use crate::config::BackingConfig;
 use crate::error::StoreError;
-use crate::mover::{Mover, Records};
+use crate::ram::mover::{Mover, Records};
 use crate::stats::BackingCounters;
 pub(crate) use device::trusted_link_to_block_device;
 pub use device::{BackingDevice, DeviceOptions, FileDevice, ReadBuf};

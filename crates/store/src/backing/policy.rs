@@ -31,7 +31,7 @@ use super::read::Pending;
 use super::space::GC_RESERVE_SEGMENTS;
 use super::{Backing, Maint};
 use crate::error::StoreError;
-use crate::mover::{Mover, Unchanged};
+use crate::ram::mover::{Mover, Unchanged};
 use crate::slot::{Entry, Kind, Mark};
 use crate::PAGE_SIZE;
 

@@ -22,7 +22,7 @@ use crate::compress::strong::StrongDecoder;
 use crate::compress::{BackendContext, Codec};
 use crate::context::Context;
 use crate::error::StoreError;
-use crate::mover::Mover;
+use crate::ram::mover::Mover;
 use crate::slot::Entry;
 use crate::stats::Counters;
 use crate::PAGE_SIZE;

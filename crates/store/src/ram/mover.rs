@@ -1,8 +1,10 @@
 //! The mover: the one internal interface through which code that moves pages between places
-//! (the backing tier's writeback, GC and promotion; pool compaction; later cache mode and
-//! recompression) reaches the slot table and the pool. Besides the RAM path in `store.rs`, this
-//! file is the only code that touches both, so the pool contract (`zspool/mod.rs`) and the
-//! movers' rule (slot.rs rule 8) are kept here and nowhere else.
+//! (the backing tier's writeback, GC and promotion; pool compaction; cache mode's eviction;
+//! recompression) reaches the slot table and the pool. Part of the RAM layer: with `mod.rs`
+//! (the RAM half of the request paths), this file is the only code that touches both, so the
+//! pool contract (`zspool/mod.rs`) and the movers' rule (slot.rs rule 8) are kept here and
+//! nowhere else. It knows no tier: a `BACKING` entry's record is freed through [`Records`],
+//! which the backing tier implements.
 //!
 //! # Contract
 //! A move has three steps, and the slot lock is held only inside each call, never between:
@@ -31,8 +33,9 @@
 //! clears both, so a page rewritten during a move is never overwritten by the stale copy, and
 //! of two movers that copied the same page only the first to install succeeds.
 //!
-//! Statistics follow the entries: [`Mover::install`] and the RAM path account the new entry
-//! and un-account the old one in the same step (`stats.rs`).
+//! Statistics follow the entries: [`Mover::install`], and [`Mover::replaced`] after a
+//! request's swap (the store's and cache mode's), account the new entry and un-account the old
+//! one in the same step (`stats.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -101,8 +104,8 @@ pub(crate) struct Seen {
     pub rejected: bool,
 }
 
-/// A view of the store for movers; see the module docs for the contract. Cheap to make (a few
-/// references): `Store::mover` makes one per call.
+/// A view of the RAM layer for movers; see the module docs for the contract. Cheap to make (a
+/// few references): `Ram::mover` makes one per call.
 pub(crate) struct Mover<'a> {
     slots: &'a [Slot],
     pool: &'a ZsPool,
@@ -110,8 +113,9 @@ pub(crate) struct Mover<'a> {
     records: Option<&'a dyn Records>,
     clock: &'a Clock,
     mem_limit_bytes: &'a AtomicU64,
-    /// Recompression's dictionaries, for movers that decode (the cold tier's writeback).
-    dicts: Option<&'a Dicts>,
+    /// The dictionaries, for movers that decode (the cold tier's writeback) and for
+    /// recompression, which fills them.
+    dicts: &'a Dicts,
 }
 
 impl<'a> Mover<'a> {
@@ -122,7 +126,7 @@ impl<'a> Mover<'a> {
         records: Option<&'a dyn Records>,
         clock: &'a Clock,
         mem_limit_bytes: &'a AtomicU64,
-        dicts: Option<&'a Dicts>,
+        dicts: &'a Dicts,
     ) -> Mover<'a> {
         Mover { slots, pool, counters, records, clock, mem_limit_bytes, dicts }
     }
@@ -131,7 +135,12 @@ impl<'a> Mover<'a> {
     /// lock of a slot that names it (in `copy_out`'s callback): only then is it that page's
     /// (recompress/dict.rs).
     pub fn dict(&self, place: usize) -> Option<std::sync::Arc<Dict>> {
-        self.dicts.and_then(|d| d.get(place))
+        self.dicts.get(place)
+    }
+
+    /// The dictionary table, for recompression (which installs and frees its versions).
+    pub fn dicts(&self) -> &'a Dicts {
+        self.dicts
     }
 
     pub fn num_slots(&self) -> u64 {
@@ -284,6 +293,13 @@ impl<'a> Mover<'a> {
             Entry::Empty | Entry::Same(_) => {}
             Entry::Backing { loc, len, .. } => self.records.expect("BACKING entries exist only with a backing device").free(loc, len),
         }
+    }
+
+    /// After a request (or cache mode's insert) swapped `new` into a slot under its lock and
+    /// took `old` out: accounts the new entry and frees the old one ([`Mover::release`]).
+    pub fn replaced(&self, new: Entry, old: Entry) {
+        self.account(new, true);
+        self.release(old);
     }
 
     /// Adds (`add`) or removes an entry's share of the statistics.
