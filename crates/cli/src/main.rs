@@ -18,6 +18,7 @@ mod table;
 #[cfg(test)]
 mod test_flags;
 mod units;
+mod zram_expr;
 
 use clap::{Parser, Subcommand};
 

@@ -508,13 +508,11 @@ fn store_modules_import_one_way() {
 }
 
 #[test]
-#[ignore = "issue 28: the cli crate's small circles are still there"]
 fn cli_modules_import_one_way() {
     assert_no_cycle("cli");
 }
 
 #[test]
-#[ignore = "issue 28: the nbd crate's small circles are still there"]
 fn nbd_modules_import_one_way() {
     assert_no_cycle("nbd");
 }

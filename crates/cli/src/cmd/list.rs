@@ -7,6 +7,7 @@
 //! nobody answers on is a stale file and is skipped. The swap priority comes from /proc/swaps.
 
 use crate::failure::Failure;
+use crate::metrics::name_of;
 use crate::paths;
 use crate::table::{self, Align};
 use crate::units::human;
@@ -190,17 +191,6 @@ fn ask(ctl: &Path) -> Option<Value> {
             crate::log::warning(&format!("{e}; skipped"));
             None
         }
-    }
-}
-
-/// The NAME of a device: its block device (swap servers put it in `export_name`), else its NBD
-/// socket or TCP address.
-pub fn name_of(answer: &Value) -> Option<String> {
-    let d = answer.get("device")?;
-    let s = |k: &str| d.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
-    match d.get("frontend").and_then(Value::as_str) {
-        Some("ublk" | "nbd" | "fuse") => s("export_name"),
-        _ => s("nbd_socket").or_else(|| s("nbd_tcp")).or_else(|| s("export_name")),
     }
 }
 
