@@ -55,7 +55,7 @@ pub(crate) struct Counters {
     pub readahead_wasted: AtomicU64,
     /// Pages (RAM and backing device) encoded by each codec, and their stored bytes, indexed
     /// by `Codec::index` (raw and same-filled pages excluded). A dictionary codec's count is
-    /// what keeps that dictionary alive (`recompress/dict.rs`).
+    /// what keeps that dictionary alive (`compress/dict.rs`).
     pub codec_pages: [AtomicU64; Codec::COUNT],
     pub codec_bytes: [AtomicU64; Codec::COUNT],
 }

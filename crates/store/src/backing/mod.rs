@@ -159,7 +159,7 @@ pub(crate) fn maintain(mv: &Mover<'_>, b: &Backing, elapsed: Duration) -> Mainte
     MaintenanceReport { writeback, gc }
 }
 
-/// How the mover frees a record (`mover.rs`, which does not import this tier).
+/// How the mover frees a record (`ram/mover.rs`, which does not import this tier).
 impl Records for Backing {
     fn free(&self, loc: u64, len: u16) {
         Backing::free(self, loc, len)

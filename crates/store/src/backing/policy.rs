@@ -211,7 +211,7 @@ fn write_back_coldest(mv: &Mover<'_>, b: &Backing, m: &mut Maint, want: u64, min
                 None => Some(batch.push(index, seen.entry, seen.stored_bytes, false)),
                 Some(r) => {
                     // The dictionary is taken under the slot lock, as a reader takes it: a
-                    // version a slot names is not freed (recompress/dict.rs).
+                    // version a slot names is not freed (compress/dict.rs).
                     dict = seen.entry.codec().dict().and_then(|place| mv.dict(place));
                     Some(&mut r.cbuf[..seen.stored_bytes])
                 }

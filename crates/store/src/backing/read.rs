@@ -41,7 +41,7 @@ pub(crate) struct Pending<'a> {
     /// Payload bytes of the record (compressed length, or `PAGE_SIZE` for a raw page).
     pub len: u16,
     /// How the payload is encoded, and the dictionary it needs (taken under the slot lock,
-    /// `recompress/dict.rs`).
+    /// `compress/dict.rs`).
     pub codec: Codec,
     pub dict: Option<Arc<Dict>>,
     /// The slot's access time before this read touched it (promotion compares against it).

@@ -83,7 +83,7 @@ impl FromStr for Algorithm {
 /// How a stored payload is encoded, as its slot records it (4 bits, `slot.rs`): with the
 /// store's own algorithm ([`Codec::PRIMARY`], what every write uses), with the recompression
 /// codec (zstd at the recompression level, [`Codec::STRONG`]), or with that codec and one of
-/// [`Codec::DICT_VERSIONS`] dictionary versions (`recompress/dict.rs`). Raw and same-filled
+/// [`Codec::DICT_VERSIONS`] dictionary versions (`compress/dict.rs`). Raw and same-filled
 /// pages are slot kinds of their own and have no codec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) struct Codec(u8);

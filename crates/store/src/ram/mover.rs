@@ -133,7 +133,7 @@ impl<'a> Mover<'a> {
 
     /// The dictionary in `place`, for decoding a page whose codec names it. Call under the
     /// lock of a slot that names it (in `copy_out`'s callback): only then is it that page's
-    /// (recompress/dict.rs).
+    /// (compress/dict.rs).
     pub fn dict(&self, place: usize) -> Option<std::sync::Arc<Dict>> {
         self.dicts.get(place)
     }
@@ -328,7 +328,7 @@ impl<'a> Mover<'a> {
                 upd(&c.bd_count, 1);
                 upd(&c.bd_bytes, len as u64);
                 // A raw page on the device has no codec; an encoded one keeps its dictionary
-                // in use (`recompress/dict.rs`).
+                // in use (`compress/dict.rs`).
                 if (len as usize) < PAGE_SIZE {
                     upd(&c.codec_pages[codec.index()], 1);
                     upd(&c.codec_bytes[codec.index()], len as u64);

@@ -21,7 +21,7 @@
 //!    `cpu_percent` of the time since the last step.
 //!
 //! A page written again is encoded by the write path with the store's own codec: recompression
-//! never touches the I/O path. Readers decode whatever codec a slot names (`store.rs`).
+//! never touches the I/O path. Readers decode whatever codec a slot names (`ram/mod.rs`).
 //!
 //! Dictionaries (`dict.rs`): with [`DictSource::Train`], one idle compressed page in every
 //! `pages stored / dict_samples` is kept as a sample (nothing is recompressed before the first
