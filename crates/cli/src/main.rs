@@ -18,7 +18,6 @@ mod table;
 #[cfg(test)]
 mod test_flags;
 mod units;
-mod zram_expr;
 
 use clap::{Parser, Subcommand};
 

@@ -32,6 +32,7 @@ use compcache_store::config::DEFAULT_READAHEAD_MAX_BYTES;
 use compcache_store::{parse_size, physical_ram_bytes, Algorithm, Config, OriginConfig, StoreError, PAGE_SIZE};
 
 use crate::backing::BackingArgs;
+use crate::cmd::zramconf;
 use crate::failure::Failure;
 use crate::log;
 use crate::recompress_args::RecompressArgs;
@@ -88,7 +89,7 @@ pub struct StoreArgs {
 /// A size given either as compcache writes sizes or as a zram-size expression (MiB).
 pub fn parse_size_or_expr(text: &str, ram_bytes: u64) -> Result<u64, String> {
     parse_size(text, ram_bytes).or_else(|plain| {
-        crate::zram_expr::eval(text, ram_bytes as f64 / 1048576.0)
+        zramconf::eval(text, ram_bytes as f64 / 1048576.0)
             .map(|mib| (mib.max(0.0) * 1048576.0) as u64 / PAGE_SIZE as u64 * PAGE_SIZE as u64)
             .map_err(|expr| format!("{plain}; nor is it a zram-size expression: {expr}"))
     })

@@ -493,7 +493,17 @@ fn describe(g: &Graph, scc: &[String]) -> String {
 
 /// Fails with every cycle among the top-level modules of `crates/<name>`.
 fn assert_no_cycle(name: &str) {
-    let g = graph(&crates_dir().join(name).join("src"));
+    assert_no_cycle_but(name, &[]);
+}
+
+/// [`assert_no_cycle`] leaving out the imports in `known` (from, to), each of which must still
+/// be there (so that the list shrinks when one is removed).
+fn assert_no_cycle_but(name: &str, known: &[(&str, &str)]) {
+    let mut g = graph(&crates_dir().join(name).join("src"));
+    for (from, to) in known {
+        let gone = g.edges.get_mut(*from).and_then(|e| e.remove(*to)).is_none();
+        assert!(!gone, "crates/{name}: {from} no longer imports {to}: take it off this test's list of known imports");
+    }
     let found = cycles(&g);
     assert!(
         found.is_empty(),
@@ -509,7 +519,10 @@ fn store_modules_import_one_way() {
 
 #[test]
 fn cli_modules_import_one_way() {
-    assert_no_cycle("cli");
+    // store_args.rs evaluates zram-size expressions with cmd/zramconf/expr.rs, which cannot
+    // move below cmd/: the fuzz crate compiles cmd/zramconf/ on its own (fuzz/src/zramconf.rs,
+    // `#[path]`), so that directory keeps its files. The one import left of the cycle.
+    assert_no_cycle_but("cli", &[("store_args", "cmd")]);
 }
 
 #[test]

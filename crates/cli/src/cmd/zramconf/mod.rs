@@ -16,8 +16,7 @@
 pub mod cmdline;
 pub mod device;
 pub mod directives;
-/// The size expressions are a floor below `cmd/` (`store_args.rs` reads them too).
-pub(crate) use crate::zram_expr as expr;
+pub mod expr;
 pub mod ini;
 pub mod paths;
 
@@ -26,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 pub use device::{interpret, Device, DEFAULT_PRIORITY, DEFAULT_SIZE_EXPR};
 pub use directives::{run_with_sh, ProgramOutput};
-pub use expr::Vars;
+pub use expr::{eval, Vars};
 
 /// The keys compcache adds to zram-generator's: read from compcache's own file
 /// (`/etc/compcache/compcache.conf` and the other places `paths::COMPCACHE` names), never from
