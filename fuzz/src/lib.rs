@@ -28,6 +28,14 @@ pub mod store_ops;
 pub mod ublk_request;
 pub mod zramconf;
 
+/// zram-size expressions, which the CLI keeps at its crate's root (crates/cli/src/expr.rs, below
+/// its commands) and the zram-generator parser (`zramconf::parser`) reaches as `crate::expr`:
+/// compiled in here at the same place, from the same file.
+#[allow(dead_code)]
+#[rustfmt::skip]
+#[path = "../../crates/cli/src/expr.rs"]
+pub mod expr;
+
 /// Sets up the process for fuzzing `run`: called by each target's `main` before `afl::fuzz!`,
 /// so once, before AFL's fork server starts, and inherited by every child it forks (AFL's
 /// deferred fork server: `afl::fuzz!` starts it).

@@ -18,7 +18,8 @@
 pub mod parser;
 
 use parser::device::parse_algorithms;
-use parser::{eval, interpret, parse_into, Vars};
+use crate::expr::eval;
+use parser::{interpret, parse_into, Vars};
 
 pub fn run(data: &[u8]) {
     let text = String::from_utf8_lossy(data);

@@ -1,6 +1,7 @@
 //! The kernel front ends a swap device can be served through, and which this machine has.
 
 use std::fmt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 
@@ -60,7 +61,7 @@ impl Frontend {
                 }
                 compcache_kernel_nbd::kernel_support().map_err(|e| e.to_string())
             }
-            Frontend::Fuse => crate::cmd::fuse::kernel_support(),
+            Frontend::Fuse => fuse_kernel_support(),
         }
     }
 
@@ -79,6 +80,25 @@ impl Frontend {
                 Err(format!("no front end: {}", missing.join("; ")))
             }
         }
+    }
+}
+
+/// Whether this machine can run the FUSE front end (FUSE, loop, losetup), loading the
+/// modules if needed; the error says what is missing.
+pub fn fuse_kernel_support() -> Result<(), String> {
+    if compcache_fuse::kernel_support().is_err() {
+        modprobe("fuse");
+    }
+    compcache_fuse::kernel_support()?;
+    if !Path::new("/dev/loop-control").exists() {
+        modprobe("loop");
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Err("no loop devices: no /dev/loop-control (modprobe loop; CONFIG_BLK_DEV_LOOP)".into());
+    }
+    match Command::new("losetup").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => Err("no losetup (util-linux; apt-get install mount)".into()),
     }
 }
 

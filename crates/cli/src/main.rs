@@ -4,6 +4,7 @@
 
 mod backing;
 mod cmd;
+mod expr;
 mod failure;
 mod frontend;
 mod log;

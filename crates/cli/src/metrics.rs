@@ -25,7 +25,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit as PromUnit};
 use serde_json::Value;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 /// The statistics that only grow (counters); every other field is a gauge.
@@ -110,7 +110,7 @@ pub fn metric_name(e: &Exposed) -> String {
 struct Devices(Vec<Value>);
 
 fn label(answer: &Value) -> String {
-    crate::cmd::list::name_of(answer).unwrap_or_else(|| "?".into())
+    name_of(answer).unwrap_or_else(|| "?".into())
 }
 
 fn prom_unit(u: &str) -> PromUnit {
@@ -197,7 +197,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// address is allowed (metrics carry no page data) with a warning, since whoever reaches it
 /// learns how much the machine swaps.
 pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
-    crate::cmd::serve::port_or_address("--metrics", text, 9100).map_err(|f| f.to_string())
+    port_or_address("--metrics", text, 9100).map_err(|f| f.to_string())
 }
 
 /// Serves `GET /metrics` (the device of `state`, [`render`]ed) on `addr` from a thread of its
@@ -226,6 +226,28 @@ pub fn serve_http(addr: SocketAddr, state: Arc<ControlState>) -> Result<(), Fail
         })
         .map_err(|e| Failure::new(format!("cannot start the metrics thread: {e}")))?;
     Ok(())
+}
+
+/// The NAME of a device: its block device (swap servers put it in `export_name`), else its NBD
+/// socket or TCP address.
+pub fn name_of(answer: &Value) -> Option<String> {
+    let d = answer.get("device")?;
+    let s = |k: &str| d.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
+    match d.get("frontend").and_then(Value::as_str) {
+        Some("ublk" | "nbd" | "fuse") => s("export_name"),
+        _ => s("nbd_socket").or_else(|| s("nbd_tcp")).or_else(|| s("export_name")),
+    }
+}
+
+/// A TCP address flag (`--listen`, `--metrics`): `PORT` alone means 127.0.0.1:PORT, else
+/// `ADDR:PORT`; the error shows `example` as the port to give.
+pub(crate) fn port_or_address(flag: &str, text: &str, example: u16) -> Result<SocketAddr, Failure> {
+    match text.parse::<u16>() {
+        Ok(port) => Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)),
+        Err(_) => text
+            .parse::<SocketAddr>()
+            .map_err(|_| Failure::usage(format!("{flag} {text}: give a port ({example}) or an address and port (127.0.0.1:{example})"))),
+    }
 }
 
 #[cfg(test)]

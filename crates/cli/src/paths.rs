@@ -13,6 +13,15 @@
 
 use std::path::{Path, PathBuf};
 
+/// Where compcache swap is enabled from: a block device node of the device's own number named
+/// `/dev/zram-compcache-<device>`. /proc/swaps shows the name swapon was given, and systemd,
+/// choosing where to write a hibernation image when `resume=` is not set, skips exactly the
+/// swap partitions whose name starts with `/dev/zram` (src/shared/hibernate-util.c,
+/// `read_swap_entries`): with this name compcache swap, which lives in RAM, is never chosen, as
+/// zram is not. (With `resume=` set, systemd uses only that device.) docs/swap.md,
+/// "Hibernation".
+pub const HIBERNATION_SAFE_PREFIX: &str = "/dev/zram-compcache-";
+
 /// The environment variable that overrides the default NBD socket path.
 pub const SOCKET_ENV: &str = "COMPCACHE_SOCKET";
 

@@ -17,7 +17,7 @@ use compcache_control::{self as control, ControlError};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
-use crate::cmd::swapdev::HIBERNATION_SAFE_PREFIX;
+use crate::paths::HIBERNATION_SAFE_PREFIX;
 
 /// The device a command talks to (flattened into the commands' arguments).
 #[derive(clap::Args, Debug, Default, Clone)]
@@ -87,9 +87,9 @@ fn only_device(dir: &Path) -> Result<PathBuf, Failure> {
         several => {
             let names: Vec<String> = several
                 .iter()
-                .map(|(ctl, a)| format!("  {}", crate::cmd::list::name_of(a).unwrap_or_else(|| ctl.display().to_string())))
+                .map(|(ctl, a)| format!("  {}", crate::metrics::name_of(a).unwrap_or_else(|| ctl.display().to_string())))
                 .collect();
-            let example = several.iter().find_map(|(_, a)| crate::cmd::list::name_of(a)).unwrap_or_default();
+            let example = several.iter().find_map(|(_, a)| crate::metrics::name_of(a)).unwrap_or_default();
             Err(Failure::usage(format!(
                 "{} compcache devices are running; name one (e.g. `compcache stat {}`), or give --control PATH:\n{}",
                 several.len(),

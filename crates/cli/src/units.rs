@@ -7,7 +7,7 @@ use compcache_store::config::{MAX_IDLE_SECS, MAX_IDLE_WHY};
 use compcache_store::units::{parse_bytes, parse_size_or_none, round_or_refuse, MAX_SIZE_BYTES};
 use compcache_store::PAGE_SIZE;
 
-use crate::cmd::zramconf;
+use crate::expr;
 use crate::failure::Failure;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -17,8 +17,8 @@ const PAGE: u64 = PAGE_SIZE as u64;
 /// negative or above 4 EiB is an error.
 pub fn size_or_expr_bytes(text: &str, ram_bytes: u64) -> Result<u64, String> {
     parse_bytes(text, ram_bytes).or_else(|plain| {
-        let mib = zramconf::eval(text, ram_bytes as f64 / 1048576.0)
-            .map_err(|expr| format!("{plain}; nor is it a zram-size expression: {expr}"))?;
+        let mib =
+            expr::eval(text, ram_bytes as f64 / 1048576.0).map_err(|expr| format!("{plain}; nor is it a zram-size expression: {expr}"))?;
         let bytes = mib * 1048576.0;
         if bytes < 0.0 {
             return Err(format!("'{text}' is {mib} MiB, below 0"));

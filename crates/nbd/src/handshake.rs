@@ -267,7 +267,7 @@ fn haggle(r: &mut impl Read, w: &mut impl Write, export: &Export, tls: Tls, resu
                 neg.structured_replies = true;
                 write_option_reply(w, opt, REP_ACK, &[])?
             }
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => meta::answer(w, opt, &data, export, &mut neg)?,
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => answer_meta(w, opt, &data, export, &mut neg)?,
             _ => {
                 let msg = format!("option {} ({opt}) is not supported by compcache", option_name(opt));
                 write_option_reply(w, opt, REP_ERR_UNSUP, msg.as_bytes())?;
@@ -294,6 +294,47 @@ fn parse_info_request(data: &[u8]) -> Result<(&[u8], Vec<u16>), String> {
     }
     let requests = rest[2..].chunks_exact(2).map(be16).collect();
     Ok((name, requests))
+}
+
+/// Answers LIST_META_CONTEXT or SET_META_CONTEXT (see meta.rs's module docs); for SET, records the
+/// selection in `neg`.
+fn answer_meta(w: &mut impl Write, opt: u32, data: &[u8], export: &Export, neg: &mut Negotiated) -> io::Result<()> {
+    let set = opt == OPT_SET_META_CONTEXT;
+    if set {
+        neg.base_allocation = false;
+    }
+    if !neg.structured_replies {
+        let msg = format!("{} needs structured replies: send NBD_OPT_STRUCTURED_REPLY first", option_name(opt));
+        return write_option_reply(w, opt, REP_ERR_INVALID, msg.as_bytes());
+    }
+    let req = match meta::parse_request(data) {
+        Ok(req) => req,
+        Err(msg) => return write_option_reply(w, opt, REP_ERR_INVALID, msg.as_bytes()),
+    };
+    if !export.matches(req.export) {
+        let msg = format!(
+            "unknown export {:?}: this server exports {:?} (or ask for the default export, \"\")",
+            String::from_utf8_lossy(req.export),
+            export.name
+        );
+        return write_option_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes());
+    }
+    // LIST without queries lists everything.
+    let mut found = !set && req.queries.is_empty();
+    for q in &req.queries {
+        match meta::selects_base_allocation(q, !set) {
+            Ok(hit) => found |= hit,
+            Err(msg) => return write_option_reply(w, opt, REP_ERR_INVALID, msg.as_bytes()),
+        }
+    }
+    if found {
+        let id = if set { meta::BASE_ALLOCATION_ID } else { 0 };
+        let mut b = id.to_be_bytes().to_vec();
+        b.extend_from_slice(meta::BASE_ALLOCATION.as_bytes());
+        write_option_reply(w, opt, REP_META_CONTEXT, &b)?;
+        neg.base_allocation = set;
+    }
+    write_option_reply(w, opt, REP_ACK, &[])
 }
 
 /// Sends the `NBD_REP_INFO` replies: always EXPORT and BLOCK_SIZE (the latter is harmless

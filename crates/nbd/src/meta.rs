@@ -28,11 +28,8 @@
 //! requires; a query without a namespace (no colon) is `NBD_REP_ERR_INVALID`. LIST without
 //! queries lists every context. SET replaces the previous selection even when it fails.
 
-use crate::handshake::Negotiated;
 use crate::wire::*;
-use crate::Export;
 use compcache_store::{Allocation, Extent};
-use std::io::{self, Write};
 
 /// The one metadata context compcache offers.
 pub const BASE_ALLOCATION: &str = "base:allocation";
@@ -92,47 +89,6 @@ pub fn selects_base_allocation(query: &[u8], listing: bool) -> Result<bool, Stri
         ));
     }
     Ok(query == BASE_ALLOCATION.as_bytes() || (listing && query == b"base:"))
-}
-
-/// Answers LIST_META_CONTEXT or SET_META_CONTEXT (see the module docs); for SET, records the
-/// selection in `neg`.
-pub(crate) fn answer(w: &mut impl Write, opt: u32, data: &[u8], export: &Export, neg: &mut Negotiated) -> io::Result<()> {
-    let set = opt == OPT_SET_META_CONTEXT;
-    if set {
-        neg.base_allocation = false;
-    }
-    if !neg.structured_replies {
-        let msg = format!("{} needs structured replies: send NBD_OPT_STRUCTURED_REPLY first", option_name(opt));
-        return write_option_reply(w, opt, REP_ERR_INVALID, msg.as_bytes());
-    }
-    let req = match parse_request(data) {
-        Ok(req) => req,
-        Err(msg) => return write_option_reply(w, opt, REP_ERR_INVALID, msg.as_bytes()),
-    };
-    if !export.matches(req.export) {
-        let msg = format!(
-            "unknown export {:?}: this server exports {:?} (or ask for the default export, \"\")",
-            String::from_utf8_lossy(req.export),
-            export.name
-        );
-        return write_option_reply(w, opt, REP_ERR_UNKNOWN, msg.as_bytes());
-    }
-    // LIST without queries lists everything.
-    let mut found = !set && req.queries.is_empty();
-    for q in &req.queries {
-        match selects_base_allocation(q, !set) {
-            Ok(hit) => found |= hit,
-            Err(msg) => return write_option_reply(w, opt, REP_ERR_INVALID, msg.as_bytes()),
-        }
-    }
-    if found {
-        let id = if set { BASE_ALLOCATION_ID } else { 0 };
-        let mut b = id.to_be_bytes().to_vec();
-        b.extend_from_slice(BASE_ALLOCATION.as_bytes());
-        write_option_reply(w, opt, REP_META_CONTEXT, &b)?;
-        neg.base_allocation = set;
-    }
-    write_option_reply(w, opt, REP_ACK, &[])
 }
 
 /// The `base:allocation` flags of an extent.

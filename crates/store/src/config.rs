@@ -7,6 +7,19 @@ use crate::compress::Algorithm;
 use crate::error::StoreError;
 use crate::{PAGE, PAGE_SIZE};
 
+/// Bytes per compressed block of the cold tier (`backing/memdev.rs`, which calls it
+/// `BLOCK_BYTES`): its segment size is a multiple of it.
+pub const COLD_BLOCK_BYTES: u64 = 64 << 10;
+
+/// The rule writeback's watermarks follow, in the configuration and in every change
+/// (`backing/tuning.rs`).
+pub(crate) fn check_watermarks(high: u8, low: u8) -> Result<(), String> {
+    if !(1..=100).contains(&high) || low >= high {
+        return Err(format!("writeback watermarks high {high}% low {low}%: need 0 <= low < high <= 100"));
+    }
+    Ok(())
+}
+
 /// The default huge threshold: compressed pages larger than this are stored raw ("huge
 /// pages"). It is the largest size the allocator stores more densely than a raw page
 /// (`zspool::huge_payload_threshold`, 3628 bytes): beyond it, keeping the compressed copy saves
@@ -87,9 +100,10 @@ pub const DEFAULT_RECOMPRESS_IDLE_SECS: u64 = 60;
 
 /// The longest idle age a setting may ask for (recompression's, the cold tier's, an idle
 /// writeback's): 65535 s, 18h12m15s. Pages keep their access time in 16 bits of seconds
-/// (`mover.rs`), so an older age cannot be told apart; a longer setting is refused rather than
-/// cut to this.
-pub const MAX_IDLE_SECS: u64 = crate::mover::MAX_AGE_SECS;
+/// (the slot's `ac_time`, ticked by `ram/mover.rs`'s clock, which checks this figure against its
+/// tick at compile time), so an older age cannot be told apart; a longer setting is refused
+/// rather than cut to this.
+pub const MAX_IDLE_SECS: u64 = u16::MAX as u64;
 
 /// Why [`MAX_IDLE_SECS`] is the most, for error messages.
 pub const MAX_IDLE_WHY: &str = "pages keep their access time in 16 bits of seconds";
@@ -297,7 +311,7 @@ impl BackingConfig {
 
     fn validate(&self) -> Result<(), StoreError> {
         let bad = |m: String| Err(StoreError::Config(format!("backing device {}: {m}", self.path.display())));
-        if let Err(e) = crate::backing::tuning::check_watermarks(self.high_pct, self.low_pct) {
+        if let Err(e) = check_watermarks(self.high_pct, self.low_pct) {
             return bad(e);
         }
         if let Err(e) = check_idle_secs("the idle age", self.idle_secs) {
@@ -312,7 +326,7 @@ impl BackingConfig {
             return bad(format!("segment size {} is above 4 GiB", self.segment_bytes));
         }
         if let Medium::Memory { level } = self.medium {
-            let block = crate::backing::memdev::BLOCK_BYTES;
+            let block = COLD_BLOCK_BYTES;
             if self.size_bytes == 0 || self.size_bytes % self.segment_bytes != 0 {
                 return bad(format!(
                     "the cold tier's size {} bytes is not a non-zero multiple of its segment size ({} bytes)",

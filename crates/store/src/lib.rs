@@ -7,30 +7,41 @@
 //! block device, `pread`/`pwrite` on the calling thread). Front ends (NBD, ublk, FUSE) reach it
 //! through [`Store`] and nothing else.
 //!
-//! One job per file:
-//! - [`store`]: every public method of [`Store`]: the read, write and discard paths (the RAM
-//!   path), and one call into the backing tier for each maintenance method;
-//! - `slot`: the slot table, its packed 16-byte entry and the per-slot lock (locking rules there);
-//! - `mover`: the one internal interface for code that moves pages (writeback, GC, promotion,
-//!   compaction; later cache mode and recompression): find, copy out, install; its contract says
-//!   who locks and who frees what. With the RAM path, the only code touching slots and pool;
-//! - `zspool`: the allocator for compressed objects (size classes, zspages, handles, compaction);
-//! - [`compress`]: the compressor front end and one file per backend, and the codec a slot
-//!   records;
-//! - [`recompress`]: background recompression of idle and raw pages, and its dictionaries
-//!   (`recompress::dict::train` is also what `compcache dict train` uses);
-//! - [`request`]: one block request (operation, range, data) and its execution, for the front
-//!   ends that decode their own protocol (ublk, FUSE);
-//! - [`stats`]: the counters, with zram's and ramzswap's names, the snapshot, the unit table and
-//!   the summary;
-//! - [`config`]: the configuration and its checks;
-//! - [`units`]: the grammar of the sizes and durations people type, for every front end;
-//! - [`cache`]: cache mode (zcache): the store as a compressed cache in front of an origin
-//!   device (its read, write and discard paths, S3-FIFO eviction, readahead, range locks);
-//! - [`backing`]: the backing tier (device, log-structured records, space map, the batch writer,
-//!   writeback policy and promotion, GC, the read path of pages on the device);
-//! - `testing` (feature `testing`): helpers the tests share (a temporary directory, a
-//!   fault-injecting backing device).
+//! ## Floors
+//! The top-level modules are floors: each imports only the floors below it, never one beside
+//! or above it (`tests/module_cycles.rs` fails on any import cycle between them, naming it).
+//! From the bottom:
+//! 1. **The page and its buffers**, importing nothing of the crate: `page` (`PAGE_SIZE`,
+//!    `PAGE`, the same-filled check and its inverse), `buf` (buffers made resident when made:
+//!    the device-read and origin buffers), [`error`], [`latency`], `zeroed` (lazily-zeroed
+//!    tables), [`units`] (the grammar of the sizes and durations people type, for every
+//!    front end).
+//! 2. **The codec and the allocator**: [`compress`] (the compressor front end, one file per
+//!    backend, the codec a slot records, and the dictionaries with their trainer, as zram keeps
+//!    them in `zcomp_params`; it knows nothing of slots, tiers or counters) and `zspool` (size
+//!    classes, zspages, handles, compaction; its contract with its one user, the RAM layer).
+//! 3. **What every tier shares**: `slot` (the slot table, its packed 16-byte entry and the
+//!    per-slot lock: the locking rules), [`stats`] (every tier's counters, with zram's and
+//!    ramzswap's names; the snapshot, the unit table, the summary), [`config`] (configuration,
+//!    size expressions, and the constants it checks), `context` (the per-worker [`Context`]).
+//! 4. **The RAM layer**, `ram`: the one owner of slots, pool, counters, clock, memory limit and
+//!    dictionaries; the RAM half of the write and read paths (`Ram::classify`, `Ram::alloc`,
+//!    `Ram::fetch`, `Ram::finish`) and the mover (`ram/mover.rs`: find, copy out, install, and
+//!    who locks and frees what). The only code that touches the pool, and with it the slots.
+//! 5. **The tiers**, each through the RAM layer and never through [`Store`]: [`backing`] (the
+//!    device, log-structured records, space map, batch writer, writeback policy and promotion,
+//!    GC, the read path of pages on the device), [`recompress`] (background recompression of
+//!    idle and raw pages and its dictionary training), [`cache`] (cache mode, zcache: the
+//!    store in front of an origin; its paths, S3-FIFO eviction, readahead, range locks).
+//! 6. **The facade**, [`store`]: [`Store`] composes the layers and holds every public method;
+//!    with no origin, the request paths over the RAM layer and the backing tier. Above it
+//!    only [`request`] (one block request and its execution, for the front ends that decode
+//!    their own protocol: ublk, FUSE) and `testing` (feature `testing`: what the tests share).
+//!
+//! Who touches what: the pool only the RAM layer. Slots are locked by the paths that serve a
+//! request (the facade's, cache mode's) and read by the tiers through the mover, under the
+//! rules in `slot.rs`; an entry taken out of a slot always goes back to the RAM layer
+//! (`Mover::replaced`, `Mover::release`), which frees it once.
 //!
 //! ## Concurrency
 //! There is no global lock on the I/O path. A request locks only the slots it touches (one at
@@ -41,12 +52,15 @@
 //! and `slot.rs`. Writeback and GC run only when a front end calls them, from a thread it owns.
 
 pub mod backing;
+mod buf;
 pub mod cache;
 pub mod compress;
 pub mod config;
+mod context;
 pub mod error;
 pub mod latency;
-mod mover;
+mod page;
+pub(crate) mod ram;
 pub mod recompress;
 pub mod request;
 pub(crate) mod slot;
@@ -63,14 +77,12 @@ pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, Maintenanc
 pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
 pub use config::{physical_ram_bytes, BackingConfig, Config, DictSource, Medium, OriginConfig, RecompressConfig};
+pub use context::Context;
 pub use error::StoreError;
 pub use latency::{Latency, LatencyHistogram};
+pub(crate) use page::PAGE;
+pub use page::PAGE_SIZE;
 pub use recompress::{RecompressReport, RecompressSettings, RecompressTuning};
 pub use stats::Stats;
-pub use store::{Allocation, Context, Extent, Extents, Store};
+pub use store::{Allocation, Extent, Extents, Store};
 pub use units::{parse_bytes, parse_duration, parse_secs, parse_size, parse_size_or_none};
-
-/// The page size the device is addressed in. Everything is in units of it.
-pub const PAGE_SIZE: usize = 4096;
-/// [`PAGE_SIZE`] for byte arithmetic in `u64` (offsets, sizes); its only other spelling.
-pub(crate) const PAGE: u64 = PAGE_SIZE as u64;

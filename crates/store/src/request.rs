@@ -5,7 +5,8 @@
 //! front end's, before a [`Request`] exists: each protocol has its own rules for a request
 //! that reaches past the end.
 
-use crate::store::{Context, Store};
+use crate::context::Context;
+use crate::store::Store;
 
 /// What was asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

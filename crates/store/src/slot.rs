@@ -52,7 +52,7 @@
 //!    count, taken under the slot lock (`backing::space::Pin`): a segment is reused only when
 //!    it holds no live record and no reader, so a reader that drops the slot lock before its
 //!    `pread` never reads a reused segment.
-//! 8. Movers (writeback, GC, promotion, recompression; all through `mover.rs`, whose contract
+//! 8. Movers (writeback, GC, promotion, recompression; all through `ram/mover.rs`, whose contract
 //!    spells this out) copy a page out under the lock, work without it, and install the new
 //!    place only if the slot still holds the same page. For a RAM entry, "same entry" is not
 //!    enough (a rewrite may get the freed handle back with the same length): the mover sets

@@ -10,9 +10,8 @@
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::compress::dict::DictsSummary;
 use crate::compress::Codec;
-use crate::recompress::dict::DictsSummary;
-use crate::recompress::RecompressCounters;
 use crate::PAGE;
 
 /// Live counters, owned by the store.
@@ -56,7 +55,7 @@ pub(crate) struct Counters {
     pub readahead_wasted: AtomicU64,
     /// Pages (RAM and backing device) encoded by each codec, and their stored bytes, indexed
     /// by `Codec::index` (raw and same-filled pages excluded). A dictionary codec's count is
-    /// what keeps that dictionary alive (`recompress/dict.rs`).
+    /// what keeps that dictionary alive (`compress/dict.rs`).
     pub codec_pages: [AtomicU64; Codec::COUNT],
     pub codec_bytes: [AtomicU64; Codec::COUNT],
 }
@@ -71,6 +70,32 @@ pub(crate) struct BackingCounters {
     pub gc_pages: AtomicU64,
     pub promoted_pages: AtomicU64,
     pub errors: AtomicU64,
+}
+
+/// Recompression's own counters (in its `Recompressor`, which exists only when it is on) (statistics `recompress_*`, `dict_*`).
+#[derive(Default, Debug)]
+pub(crate) struct RecompressCounters {
+    /// Pages re-encoded and installed.
+    pub done: AtomicU64,
+    /// Pages re-encoded and kept as they were (did not save enough).
+    pub rejected: AtomicU64,
+    /// Pages rewritten (or moved) while being re-encoded: the result was dropped.
+    pub raced: AtomicU64,
+    /// Bytes saved by installs (old stored size minus new), summed.
+    pub saved_bytes: AtomicU64,
+    /// CPU time spent in steps, ns (this thread's clock).
+    pub cpu_ns: AtomicU64,
+    /// Steps skipped because the device was busy.
+    pub busy_skips: AtomicU64,
+    /// Dictionaries installed (trained or given).
+    pub dicts_installed: AtomicU64,
+    /// Dictionaries trained but not installed (too little gain, or training failed).
+    pub dicts_refused: AtomicU64,
+    /// The current dictionary's version (0: none) and its gain at training (per mille), and the
+    /// gain measured since (per mille, over the drift window; 0 until measured).
+    pub dict_version: AtomicU64,
+    pub dict_gain_permille: AtomicU64,
+    pub dict_measured_permille: AtomicU64,
 }
 
 /// What a snapshot reads besides the counters: the pool's, the slot table's and the backing

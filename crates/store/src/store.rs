@@ -1,8 +1,13 @@
-//! The store: read, write and discard paths over the slot table and the pool.
+//! The store: the facade that composes the layers (`lib.rs` lists the floors), and every
+//! public method of [`Store`]. It owns the RAM layer (`ram/`: slots, pool, counters, clock,
+//! memory limit), the backing tier, cache mode and recompression, and hands each the layer
+//! under it: cache mode gets the RAM layer, the tiers that move pages a `Mover`. In cache
+//! mode the byte-granular methods branch into `cache/` once at the top.
 //!
-//! The write path reads top to bottom, as zram's does: same-filled check, compress, huge
-//! check, allocate and copy, lock the slot only to swap the entry in, free the old entry,
-//! update statistics. The new object is allocated before the old one is freed, so a write that
+//! Without an origin, the read, write and discard paths are here, over the RAM layer's
+//! halves. The write path reads top to bottom, as zram's does: same-filled check, compress,
+//! huge check ([`Ram::classify`]), allocate and copy ([`Ram::alloc`]), lock the slot only to
+//! swap the entry in, free the old entry, update statistics ([`Mover::replaced`]). The new object is allocated before the old one is freed, so a write that
 //! fails (memory limit) leaves the page's old contents readable.
 //!
 //! With a backing device (`backing/`), a page that the pool cannot take (memory limit) goes to
@@ -13,48 +18,43 @@
 //!
 //! Every public method of [`Store`] is here; the maintenance ones (writeback, GC) are one call
 //! into the backing tier each. Locking rules are in `slot.rs`; the pool's contract in
-//! `zspool/mod.rs`. This file (the RAM path) and `mover.rs` (everything that moves pages: the
-//! backing tier, compaction) are the only code that touches both slots and pool, and keep
-//! both: every pool read happens under the owner's slot lock, and every pool free happens
-//! once, for an entry just taken out of its slot. The fields of [`Store`] are private; the
-//! backing tier gets a [`Mover`].
+//! `zspool/mod.rs`. This file locks slots (as every request path does) but never touches the
+//! pool: objects are allocated, read and freed by the RAM layer (`ram/mod.rs` and
+//! `ram/mover.rs`, the only code that touches both), and every entry this file takes out of a
+//! slot goes back to it to be freed, once. The fields of [`Store`] are private; the backing
+//! tier and recompression get a [`Mover`], cache mode the [`Ram`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backing::log::HEADER as RECORD_HEADER;
 use crate::backing::read::{self, Pending, PendingList, MAX_RUN_BYTES, READ_CHUNK_PAGES};
 use crate::backing::tuning::{WritebackSettings, WritebackTuning};
-use crate::backing::{self, resident_bytes, Backing, BackingDevice, GcReport, MaintenanceReport, ReadBuf};
+use crate::backing::{self, Backing, BackingDevice, GcReport, MaintenanceReport};
 use crate::backing::{WritebackBudget, WritebackReport};
-use crate::cache::{AlignedBuf, Cache, FileOrigin, OriginDevice};
+use crate::buf::resident_bytes;
+use crate::cache::{Cache, FileOrigin, OriginDevice};
 use crate::compress::strong::StrongDecoder;
-use crate::compress::{Backend, BackendContext, Codec, MAX_COMPRESSED_BYTES};
+use crate::compress::{Backend, Codec, MAX_COMPRESSED_BYTES};
 use crate::config::{Config, DEFAULT_READAHEAD_MAX_BYTES, ORIGIN_WITH_BACKING};
+use crate::context::Context;
 use crate::error::StoreError;
 use crate::latency::{self, Latency};
-use crate::mover::{Clock, Mover};
-use crate::recompress::dict::Dict;
+use crate::ram::mover::{Mover, Records};
+use crate::ram::{Encoded, Fetched, Ram};
 use crate::recompress::{RecompressReport, RecompressSettings, RecompressTuning, Recompressor};
-use crate::slot::{Entry, Kind, Slot, SlotGuard};
+use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::{BackingGauges, Counters, Gauges, RecompressGauges, Stats};
-use crate::zeroed::ZeroedSlice;
-use crate::zspool::{PoolFull, ZsPool};
+use crate::zspool::PoolFull;
 use crate::{PAGE, PAGE_SIZE};
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
 pub struct Store {
-    pub(crate) slots: ZeroedSlice<Slot>,
-    pub(crate) pool: ZsPool,
+    /// Slots, pool, counters, clock, memory limit (`ram/`).
+    ram: Ram,
     backend: Box<dyn Backend>,
-    pub(crate) cfg: Config,
-    pub(crate) num_pages: u64,
-    pub(crate) counters: Counters,
-    /// The access-time clock slots keep.
-    pub(crate) clock: Clock,
-    pub(crate) mem_limit_bytes: AtomicU64,
+    cfg: Config,
     /// Fault-free mode: how long (µs) a write that found no resident pool page waits for the
     /// reserve's keeper before it fails (0: it fails at once).
     reserve_wait_us: AtomicU64,
@@ -65,43 +65,6 @@ pub struct Store {
     pub(crate) recomp: Option<Recompressor>,
     /// Every context's request latency histograms (`latency.rs`).
     latency: latency::Registry,
-}
-
-/// Per-worker scratch: a compression context and buffers, so that the I/O path takes no lock
-/// for compression and does not allocate. Not shared: one per thread.
-pub struct Context {
-    pub(crate) comp: Box<dyn BackendContext>,
-    /// Decodes pages recompression re-encoded (`compress/strong.rs`); only in a store with
-    /// recompression (made resident with the context, which takes a few milliseconds).
-    pub(crate) strong: Option<StrongDecoder>,
-    pub(crate) cbuf: Box<[u8]>,
-    pub(crate) page: Box<[u8]>,
-    /// A backing record being written: header, then payload; also where a page promoted
-    /// from the cold tier is compressed (`policy::maybe_promote`).
-    pub(crate) rec: Box<[u8]>,
-    /// Reads from the backing device: a single record, or a run of records (up to
-    /// `MAX_RUN_BYTES`), in the aligned blocks an O_DIRECT read covers. Made resident at its
-    /// full size when the store has a backing device (about 1 MiB), empty otherwise.
-    pub(crate) read: ReadBuf,
-    /// Cache mode: origin reads and writes, aligned for O_DIRECT (`Cache::io_buf_bytes`);
-    /// empty otherwise.
-    pub(crate) origin: AlignedBuf,
-    /// This context's request latency histograms, registered with the store (`latency.rs`).
-    lat: Arc<latency::ThreadLatency>,
-}
-
-/// What `fetch` left to do after releasing the slot lock.
-pub(crate) enum Fetched<'a> {
-    Done,
-    /// `ctx.cbuf[..len]` holds bytes encoded by `codec` to decode into the output, with
-    /// `dict` if the codec needs one (taken under the slot lock: `recompress/dict.rs`).
-    Compressed {
-        len: usize,
-        codec: Codec,
-        dict: Option<Arc<Dict>>,
-    },
-    /// The page is a record on the backing device, its segment pinned: for `backing::read`.
-    Backing(Pending<'a>),
 }
 
 impl Store {
@@ -158,20 +121,14 @@ impl Store {
     }
 
     fn build(cfg: Config, backing: Option<Backing>, cache: Option<Cache>) -> Result<Store, StoreError> {
-        let num_pages = cfg.disksize_bytes / PAGE;
-        let os = |what: &str, e: std::io::Error| {
+        let os = |(what, e): (&str, std::io::Error)| {
             // A refused start leaves no backing file it created behind.
             if let Some(b) = &backing {
                 b.abandon();
             }
             StoreError::Config(format!("cannot reserve {what}: {e}"))
         };
-        let slots = ZeroedSlice::new(num_pages as usize).map_err(|e| os("the slot table", e))?;
-        // Address space for the pool: room for every slot raw plus fragmentation; only
-        // touched pages cost memory.
-        let capacity = (num_pages * 2 + 16384).min(u32::MAX as u64 - 3) as u32;
-        let limit_pages = cfg.mem_limit_bytes.div_ceil(PAGE);
-        let pool = ZsPool::new(capacity, limit_pages).map_err(|e| os("pool address space", e))?;
+        let ram = Ram::new(cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes).map_err(os)?;
         let recomp = match &cfg.recompress {
             Some(r) => Some(Recompressor::new(r.clone()).map_err(|e| {
                 if let Some(b) = &backing {
@@ -190,29 +147,15 @@ impl Store {
                 page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
             });
         }
-        Ok(Store {
-            slots,
-            pool,
-            backend,
-            num_pages,
-            counters: Counters::default(),
-            clock: Clock::new(),
-            mem_limit_bytes: AtomicU64::new(cfg.mem_limit_bytes),
-            reserve_wait_us: AtomicU64::new(0),
-            backing,
-            cache,
-            recomp,
-            latency: latency::Registry::default(),
-            cfg,
-        })
+        Ok(Store { ram, backend, reserve_wait_us: AtomicU64::new(0), backing, cache, recomp, latency: latency::Registry::default(), cfg })
     }
 
     pub fn disksize_bytes(&self) -> u64 {
-        self.num_pages * PAGE
+        self.ram.num_pages() * PAGE
     }
 
     pub fn num_pages(&self) -> u64 {
-        self.num_pages
+        self.ram.num_pages()
     }
 
     pub fn config(&self) -> &Config {
@@ -227,23 +170,15 @@ impl Store {
         if let Some(b) = &self.backing {
             b.dev.prepare_reader();
         }
-        Context {
-            comp: self.backend.new_context(),
-            strong: self.recomp.is_some().then(StrongDecoder::new),
-            cbuf: resident_bytes(MAX_COMPRESSED_BYTES).into_boxed_slice(),
-            page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
+        Context::new(
+            self.backend.new_context(),
+            self.recomp.is_some(),
             // Room for a compressor's worst case too: promotion compresses into it.
-            rec: resident_bytes(RECORD_HEADER + MAX_COMPRESSED_BYTES).into_boxed_slice(),
-            read: match self.backing {
-                Some(_) => ReadBuf::new(MAX_RUN_BYTES as usize),
-                None => ReadBuf::empty(),
-            },
-            origin: match &self.cache {
-                Some(c) => AlignedBuf::new(c.io_buf_bytes()),
-                None => AlignedBuf::empty(),
-            },
-            lat: self.latency.register(),
-        }
+            RECORD_HEADER + MAX_COMPRESSED_BYTES,
+            self.backing.as_ref().map(|_| MAX_RUN_BYTES as usize),
+            self.cache.as_ref().map(Cache::io_buf_bytes),
+            self.latency.register(),
+        )
     }
 
     /// The request latency histograms of [`Store::read`] and [`Store::write`], summed over
@@ -271,7 +206,7 @@ impl Store {
     fn read_bytes(&self, ctx: &mut Context, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.check_range(offset, buf.len() as u64)?;
         if let Some(c) = &self.cache {
-            return c.read(self, ctx, offset, buf);
+            return c.read(&self.ram, ctx, offset, buf);
         }
         let mut done = 0usize;
         while done < buf.len() {
@@ -311,7 +246,7 @@ impl Store {
     fn write_bytes(&self, ctx: &mut Context, offset: u64, data: &[u8]) -> Result<(), StoreError> {
         self.check_range(offset, data.len() as u64)?;
         if let Some(c) = &self.cache {
-            return c.write(self, ctx, offset, data);
+            return c.write(&self.ram, ctx, offset, data);
         }
         let mut done = 0usize;
         while done < data.len() {
@@ -333,7 +268,7 @@ impl Store {
     pub fn discard(&self, offset: u64, len: u64) -> Result<(), StoreError> {
         self.check_range(offset, len)?;
         if let Some(c) = &self.cache {
-            return c.discard(self, offset, len);
+            return c.discard(&self.ram, offset, len);
         }
         let first = offset.div_ceil(PAGE);
         let end = (offset + len) / PAGE;
@@ -348,7 +283,7 @@ impl Store {
     pub fn write_zeroes(&self, ctx: &mut Context, offset: u64, len: u64) -> Result<(), StoreError> {
         self.check_range(offset, len)?;
         if let Some(c) = &self.cache {
-            return c.write_zeroes(self, ctx, offset, len);
+            return c.write_zeroes(&self.ram, ctx, offset, len);
         }
         let end = offset + len;
         let mut pos = offset;
@@ -377,7 +312,7 @@ impl Store {
     /// already reached it: write-through), and an error is an I/O error for the client.
     pub fn flush(&self) -> Result<(), StoreError> {
         match &self.cache {
-            Some(c) => c.flush(self),
+            Some(c) => c.flush(&self.ram),
             None => Ok(()),
         }
     }
@@ -424,7 +359,7 @@ impl Store {
 
     /// What page `index` holds, for [`Store::block_status`].
     fn allocation(&self, index: u64) -> Allocation {
-        let slot = &self.slots[index as usize];
+        let slot = &self.ram.slots()[index as usize];
         match slot.peek().kind {
             Kind::Empty => Allocation::Hole,
             // The fill word is `data`, read only under the lock (rule 1); the kind may have
@@ -444,7 +379,7 @@ impl Store {
 
     /// Counts a request a front end rejected before it reached the store.
     pub fn note_invalid_io(&self) {
-        Counters::inc(&self.counters.invalid_io);
+        Counters::inc(&self.ram.counters().invalid_io);
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), StoreError> {
@@ -463,11 +398,11 @@ impl Store {
     pub fn write_page(&self, ctx: &mut Context, index: u64, page: &[u8]) -> Result<(), StoreError> {
         assert_eq!(page.len(), PAGE_SIZE);
         if let Some(c) = &self.cache {
-            return c.write(self, ctx, index * PAGE, page);
+            return c.write(&self.ram, ctx, index * PAGE, page);
         }
-        Counters::inc(&self.counters.num_writes);
+        Counters::inc(&self.ram.counters().num_writes);
         let entry = match self.encode(ctx, index, page) {
-            Err(StoreError::NoSpace { .. }) if self.pool.compactable_pages() > 0 => {
+            Err(StoreError::NoSpace { .. }) if self.ram.pool().compactable_pages() > 0 => {
                 // Fragmentation, not data, filled the pool: compact once and retry.
                 self.compact();
                 self.encode(ctx, index, page)
@@ -478,10 +413,10 @@ impl Store {
             Err(e @ StoreError::NoSpace { .. }) => self.encode_awaiting_reserve(ctx, index, page).unwrap_or(Err(e)),
             r => r,
         };
-        let entry = entry.inspect_err(|_| Counters::inc(&self.counters.failed_writes))?;
+        let entry = entry.inspect_err(|_| Counters::inc(&self.ram.counters().failed_writes))?;
         let old = {
-            let mut g = self.slots[index as usize].lock();
-            g.touch(self.clock.tick());
+            let mut g = self.ram.slots()[index as usize].lock();
+            g.touch(self.ram.tick());
             g.replace(entry)
         };
         self.installed(entry, old);
@@ -499,7 +434,7 @@ impl Store {
         let wait = Duration::from_micros(self.reserve_wait_us.load(Relaxed));
         let start = Instant::now();
         let mut last = None;
-        while !wait.is_zero() && start.elapsed() < wait && self.pool.may_refill() {
+        while !wait.is_zero() && start.elapsed() < wait && self.ram.pool().may_refill() {
             std::thread::sleep(Duration::from_millis(1));
             match self.encode(ctx, index, page) {
                 Err(e @ StoreError::NoSpace { .. }) => last = Some(Err(e)),
@@ -513,13 +448,13 @@ impl Store {
     pub fn read_page(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
         assert_eq!(out.len(), PAGE_SIZE);
         if let Some(c) = &self.cache {
-            return c.read(self, ctx, index * PAGE, out);
+            return c.read(&self.ram, ctx, index * PAGE, out);
         }
         let r = match self.lock_and_fetch(ctx, index, out) {
             Fetched::Backing(p) => read::read_one_and_promote(&self.mover(), self.backing(), ctx, p, out),
             fetched => self.finish(ctx, index, fetched, out),
         };
-        r.inspect_err(|_| Counters::inc(&self.counters.failed_reads))
+        r.inspect_err(|_| Counters::inc(&self.ram.counters().failed_reads))
     }
 
     /// Reads whole pages `first..` into `out` (a multiple of a page), with a backing device:
@@ -530,7 +465,7 @@ impl Store {
     fn read_pages(&self, ctx: &mut Context, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
         let mut result = Ok(());
         let mut fail = |e: StoreError| {
-            Counters::inc(&self.counters.failed_reads);
+            Counters::inc(&self.ram.counters().failed_reads);
             if result.is_ok() {
                 result = Err(e);
             }
@@ -556,11 +491,11 @@ impl Store {
 
     /// A read's visit to slot `index`: counts it, records the access, and fetches the page
     /// under the slot lock.
-    fn lock_and_fetch(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Fetched<'_> {
-        Counters::inc(&self.counters.num_reads);
-        let mut g = self.slots[index as usize].lock();
+    fn lock_and_fetch(&self, ctx: &mut Context, index: u64, out: &mut [u8]) -> Fetched<Pending<'_>> {
+        Counters::inc(&self.ram.counters().num_reads);
+        let mut g = self.ram.slots()[index as usize].lock();
         let last_access = g.ac_time();
-        g.touch(self.clock.tick());
+        g.touch(self.ram.tick());
         self.fetch(&g, index, last_access, ctx, out)
     }
 
@@ -568,12 +503,12 @@ impl Store {
     pub fn discard_page(&self, index: u64) {
         if let Some(c) = &self.cache {
             // The error is counted and logged (`origin_errors`); the page is dropped anyway.
-            let _ = c.discard(self, index * PAGE, PAGE);
+            let _ = c.discard(&self.ram, index * PAGE, PAGE);
             return;
         }
-        let old = self.slots[index as usize].lock().replace(Entry::Empty);
+        let old = self.ram.slots()[index as usize].lock().replace(Entry::Empty);
         if old != Entry::Empty {
-            Counters::inc(&self.counters.notify_free);
+            Counters::inc(&self.ram.counters().notify_free);
             self.mover().release(old);
         }
     }
@@ -581,10 +516,10 @@ impl Store {
     /// Read-modify-write of part of a page, under the slot lock from start to end, so that two
     /// partial writes to one page cannot lose each other's bytes.
     fn update_page(&self, ctx: &mut Context, index: u64, modify: impl FnOnce(&mut [u8])) -> Result<(), StoreError> {
-        Counters::inc(&self.counters.num_writes);
+        Counters::inc(&self.ram.counters().num_writes);
         let mut page = std::mem::take(&mut ctx.page);
         let r = (|| {
-            let mut g = self.slots[index as usize].lock();
+            let mut g = self.ram.slots()[index as usize].lock();
             // The backing read (if any) is done under the slot lock (slot.rs rule 4), without
             // promotion, which would take the lock again.
             match self.fetch(&g, index, g.ac_time(), ctx, &mut page) {
@@ -593,42 +528,30 @@ impl Store {
             }
             modify(&mut page);
             let entry = self.encode(ctx, index, &page)?;
-            g.touch(self.clock.tick());
+            g.touch(self.ram.tick());
             let old = g.replace(entry);
             drop::<SlotGuard>(g);
             self.installed(entry, old);
             Ok(())
         })();
         ctx.page = page;
-        r.inspect_err(|_| Counters::inc(&self.counters.failed_writes))
+        r.inspect_err(|_| Counters::inc(&self.ram.counters().failed_writes))
     }
 
-    /// Turns a page into an entry: a fill word, or a new pool object (compressed or raw).
-    /// Takes no slot lock; the caller installs the entry.
+    /// Turns a page into an entry: the RAM layer's checks and allocation ([`Ram::classify`],
+    /// [`Ram::alloc`]), with the backing tier's two branches: an incompressible page goes to
+    /// the device if the user wants those there, and a page the pool cannot take (memory
+    /// limit) overflows to it. Takes no slot lock; the caller installs the entry.
     fn encode(&self, ctx: &mut Context, index: u64, page: &[u8]) -> Result<Entry, StoreError> {
-        if let Some(fill) = same_filled(page) {
-            return Ok(Entry::Same(fill));
+        let e = self.ram.classify(&mut *ctx.comp, &mut ctx.cbuf, page);
+        if let Encoded::Huge(raw) = e {
+            if self.backing.as_ref().is_some_and(|b| b.cfg.incompressible) {
+                return self.overflow(&mut ctx.rec, index, raw);
+            }
         }
-        let owner = index as u32;
-        let clen = ctx.comp.compress(page, &mut ctx.cbuf).filter(|&n| n <= self.cfg.huge_threshold_bytes && n < PAGE_SIZE - 8);
-        let r = match clen {
-            Some(n) => {
-                self.pool.alloc(&ctx.cbuf[..n], owner).map(|handle| Entry::Compressed { handle, len: n as u16, codec: Codec::PRIMARY })
-            }
-            None if self.backing.as_ref().is_some_and(|b| b.cfg.incompressible) => {
-                return self.overflow(&mut ctx.rec, index, page);
-            }
-            None => self.pool.alloc(page, owner).map(|handle| Entry::Huge { handle }),
-        };
-        match r {
+        match self.ram.alloc(index, e) {
             Ok(entry) => Ok(entry),
-            Err(_) if self.backing.as_ref().is_some_and(|b| !b.in_ram()) => {
-                let payload = match clen {
-                    Some(n) => &ctx.cbuf[..n],
-                    None => page,
-                };
-                self.overflow(&mut ctx.rec, index, payload)
-            }
+            Err(_) if self.backing.as_ref().is_some_and(|b| !b.in_ram()) => self.overflow(&mut ctx.rec, index, e.payload()),
             Err(PoolFull { used_bytes, limit_bytes }) => Err(StoreError::NoSpace { used_bytes, limit_bytes }),
         }
     }
@@ -641,67 +564,42 @@ impl Store {
         let rec = &mut rec[..RECORD_HEADER + payload.len()];
         rec[RECORD_HEADER..].copy_from_slice(payload);
         let loc = b.write_record(index, rec)?;
-        Counters::inc(&self.counters.bd_writes);
+        Counters::inc(&self.ram.counters().bd_writes);
         Counters::inc(&b.ctr.overflow_pages);
         Ok(Entry::Backing { loc, len: payload.len() as u16, codec: Codec::PRIMARY })
     }
 
-    /// Copies what slot `g` (slot `index`, last accessed at `last_access`) holds into `out`,
-    /// or its compressed bytes into `ctx.cbuf`, under the slot lock; for a page on the backing
-    /// device, pins its record.
-    pub(crate) fn fetch(&self, g: &SlotGuard<'_>, index: u64, last_access: u16, ctx: &mut Context, out: &mut [u8]) -> Fetched<'_> {
-        match g.entry() {
-            Entry::Empty => out.fill(0),
-            Entry::Same(w) => fill_same(out, w),
-            Entry::Compressed { handle, len, codec } => {
-                // SAFETY: we hold the owner's slot lock and the handle is the slot's live object.
-                unsafe { self.pool.read(handle, &mut ctx.cbuf[..len as usize]) };
-                return Fetched::Compressed { len: len as usize, codec, dict: self.dict_of(codec) };
-            }
-            // SAFETY: as above.
-            Entry::Huge { handle } => unsafe { self.pool.read(handle, out) },
-            Entry::Backing { loc, len, codec } => {
-                // Under the slot lock the record is live, so its segment cannot be reused
-                // before the pin is dropped (slot.rs rule 7).
-                let pin = self.backing().space.pin(loc);
-                let dict = self.dict_of(codec);
-                return Fetched::Backing(Pending { index, loc, len, codec, dict, last_access, pin });
-            }
-        }
-        Fetched::Done
+    /// [`Ram::fetch`] for slot `g` (slot `index`, last accessed at `last_access`): a page on
+    /// the backing device has its record pinned for `backing::read`.
+    fn fetch(&self, g: &SlotGuard<'_>, index: u64, last_access: u16, ctx: &mut Context, out: &mut [u8]) -> Fetched<Pending<'_>> {
+        self.ram.fetch(g, ctx, out, |r| {
+            // Under the slot lock the record is live, so its segment cannot be reused
+            // before the pin is dropped (slot.rs rule 7).
+            let pin = self.backing().space.pin(r.loc);
+            Pending { index, loc: r.loc, len: r.len, codec: r.codec, dict: r.dict, last_access, pin }
+        })
     }
 
     /// Completes a read of a page in RAM after the slot lock is released.
-    pub(crate) fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched, out: &mut [u8]) -> Result<(), StoreError> {
-        match fetched {
-            Fetched::Done => Ok(()),
-            Fetched::Compressed { len, codec, dict } => {
-                crate::compress::decode(&mut *ctx.comp, ctx.strong.as_mut(), codec, dict.as_deref(), &ctx.cbuf[..len], out)
-                    .map_err(|reason| StoreError::Corrupt { index, reason })
-            }
-            Fetched::Backing(_) => unreachable!("pages on the backing device are read by backing::read"),
-        }
-    }
-
-    /// The dictionary a page of `codec` needs, for a reader holding the page's slot lock (so
-    /// that the dictionary is in its table place: `recompress/dict.rs`). `None` for the other
-    /// codecs: the common case costs one comparison.
-    fn dict_of(&self, codec: Codec) -> Option<Arc<Dict>> {
-        let place = codec.dict()?;
-        self.recomp.as_ref()?.dicts.get(place)
+    fn finish(&self, ctx: &mut Context, index: u64, fetched: Fetched<Pending<'_>>, out: &mut [u8]) -> Result<(), StoreError> {
+        self.ram.finish(ctx, index, fetched, out)
     }
 
     /// Statistics and freeing after a request replaced a slot's entry `old` with `new`.
     fn installed(&self, new: Entry, old: Entry) {
-        let mv = self.mover();
-        mv.account(new, true);
-        mv.release(old);
+        self.mover().replaced(new, old);
     }
 
-    /// The interface through which the backing tier and compaction move pages (`mover.rs`).
-    pub(crate) fn mover(&self) -> Mover<'_> {
-        let dicts = self.recomp.as_ref().map(|r| &r.dicts);
-        Mover::new(&self.slots, &self.pool, &self.counters, self.backing.as_ref(), &self.clock, &self.mem_limit_bytes, dicts)
+    /// The interface through which the backing tier, recompression and compaction move pages
+    /// (`ram/mover.rs`).
+    fn mover(&self) -> Mover<'_> {
+        self.ram.mover(self.backing.as_ref().map(|b| b as &dyn Records))
+    }
+
+    /// The RAM layer, for the crate's unit tests.
+    #[cfg(test)]
+    pub(crate) fn ram(&self) -> &Ram {
+        &self.ram
     }
 
     /// The backing tier, for paths only a `BACKING` entry or a configured device leads to.
@@ -714,7 +612,7 @@ impl Store {
     /// Compacts the pool: moves objects out of sparse zspages and gives their pages back.
     /// Returns the number of pages released. Safe to run while I/O is in flight.
     pub fn compact(&self) -> u64 {
-        self.mover().compact()
+        self.ram.compact()
     }
 
     /// Moves the coldest pages to the backing device when pool memory is above the high
@@ -769,16 +667,16 @@ impl Store {
     /// not woken again by every allocation), and without a backing device or a memory limit.
     pub fn arm_writeback_wakeup(&self) -> bool {
         let Some(b) = &self.backing else { return false };
-        let Some((high, _)) = backing::watermark_bytes(b, self.mem_limit_bytes.load(Relaxed)) else { return false };
+        let Some((high, _)) = backing::watermark_bytes(b, self.ram.mem_limit_bytes()) else { return false };
         let mark = high / PAGE;
-        let w = self.pool.high_watch();
+        let w = self.ram.pool().high_watch();
         w.watch(mark);
-        if self.pool.total_pages() > mark {
+        if self.ram.pool().total_pages() > mark {
             return false;
         }
         w.rearm();
         // An allocation that crossed between the check and the re-arming woke nobody.
-        self.pool.total_pages() <= mark
+        self.ram.pool().total_pages() <= mark
     }
 
     /// One step of background work for a front end's maintenance thread, called every
@@ -788,7 +686,7 @@ impl Store {
     /// back: evictions free objects all over the zspages, and only compaction turns those
     /// holes into free pages (`docs/cache.md`).
     pub fn maintain(&self, elapsed: Duration) -> MaintenanceReport {
-        if self.cache.is_some() && self.pool.compactable_pages() > 0 {
+        if self.cache.is_some() && self.ram.pool().compactable_pages() > 0 {
             self.compact();
         }
         let Some(b) = &self.backing else { return MaintenanceReport::default() };
@@ -803,7 +701,7 @@ impl Store {
     pub fn recompress_step(&self, elapsed: Duration) -> RecompressReport {
         let Some(r) = &self.recomp else { return RecompressReport::default() };
         let rep = crate::recompress::step(&self.mover(), r, elapsed, None, || self.context());
-        if rep.done > 0 && self.pool.compactable_pages() > 0 {
+        if rep.done > 0 && self.ram.pool().compactable_pages() > 0 {
             self.compact();
         }
         rep
@@ -850,12 +748,12 @@ impl Store {
     /// that waits in the kernel's reclaim here blocks no request. Under `mlockall` they stay
     /// resident. Bounded by the memory limit. Returns how many pages were added.
     pub fn prefault(&self, pages: u64) -> u64 {
-        self.pool.prefault(pages)
+        self.ram.pool().prefault(pages)
     }
 
     /// Free pool pages that are resident (the reserve left; `mem_reserve_free` in stats).
     pub fn reserve_free_pages(&self) -> u64 {
-        self.pool.resident_free_pages()
+        self.ram.pool().resident_free_pages()
     }
 
     /// Makes the calling thread the reserve's watcher: the pool allocation (a write's, or a
@@ -864,20 +762,20 @@ impl Store {
     /// until the reserve is used instead of polling it; the wake-up is one futex call on the
     /// I/O path, which allocates nothing and takes no lock.
     pub fn watch_reserve(&self, low_pages: u64) {
-        self.pool.low_watch().watch(low_pages)
+        self.ram.pool().low_watch().watch(low_pages)
     }
 
     /// The watcher is about to look at the reserve: the next allocation under the mark wakes
     /// it again. Call before each look, then park.
     pub fn rearm_reserve_watch(&self) {
-        self.pool.low_watch().rearm()
+        self.ram.pool().low_watch().rearm()
     }
 
     /// Fault-free mode: the write path takes only resident pool pages (see
     /// [`Store::prefault`]) and fails with `NoSpace` rather than fault in a new page. For swap
     /// servers, whose page faults under memory pressure can wait on their own I/O.
     pub fn set_fault_free(&self, on: bool) {
-        self.pool.set_fault_free(on)
+        self.ram.pool().set_fault_free(on)
     }
 
     /// In fault-free mode, how long a write that finds no resident pool page waits for the
@@ -889,26 +787,25 @@ impl Store {
 
     /// Pages that [`Store::compact`] could release now (an estimate).
     pub fn compactable_pages(&self) -> u64 {
-        self.pool.compactable_pages()
+        self.ram.pool().compactable_pages()
     }
 
     /// Changes the memory limit (bytes; 0 = none). Lowering it below current use does not
     /// evict anything; new allocations fail until use drops.
     pub fn set_mem_limit(&self, bytes: u64) {
-        self.mem_limit_bytes.store(bytes, Relaxed);
-        self.pool.set_limit_pages(bytes.div_ceil(PAGE));
+        self.ram.set_mem_limit(bytes);
     }
 
     /// Resets `mem_used_max` to the current use (zram's `mem_used_max` reset).
     pub fn reset_mem_used_max(&self) {
-        self.pool.reset_max();
+        self.ram.pool().reset_max();
     }
 
     /// Moves the access-time clock forward by `secs` seconds, as if that much time had passed
     /// (tests and benchmarks age pages without sleeping; front ends never call it).
     #[doc(hidden)]
     pub fn advance_clock(&self, secs: u64) {
-        self.clock.advance(secs);
+        self.ram.advance_clock(secs);
     }
 
     /// A snapshot of the statistics.
@@ -919,17 +816,17 @@ impl Store {
             space_bytes: b.space.segments_in_use() * b.space.seg_bytes,
             mem_bytes: b.dev.mem_bytes(),
         });
-        self.counters.snapshot(Gauges {
+        self.ram.counters().snapshot(Gauges {
             disksize: self.disksize_bytes(),
             comp_algorithm: self.cfg.algorithm.name(),
-            mem_limit: self.mem_limit_bytes.load(Relaxed),
-            pool_pages: self.pool.total_pages(),
-            pool_max_pages: self.pool.max_pages(),
-            pages_compacted: self.pool.pages_compacted(),
-            reserve_free_pages: self.pool.resident_free_pages(),
-            slot_table_bytes: self.slots.bytes() as u64,
+            mem_limit: self.ram.mem_limit_bytes(),
+            pool_pages: self.ram.pool().total_pages(),
+            pool_max_pages: self.ram.pool().max_pages(),
+            pages_compacted: self.ram.pool().pages_compacted(),
+            reserve_free_pages: self.ram.pool().resident_free_pages(),
+            slot_table_bytes: self.ram.slot_table_bytes() as u64,
             backing,
-            recompress: self.recomp.as_ref().map(|r| RecompressGauges { counters: &r.ctr, dicts: r.dicts.summary() }),
+            recompress: self.recomp.as_ref().map(|r| RecompressGauges { counters: &r.ctr, dicts: self.ram.dicts().summary() }),
         })
     }
 }
@@ -983,74 +880,5 @@ impl Iterator for Extents<'_> {
         }
         self.pos = (next * PAGE).min(self.end);
         Some(Extent { len_bytes: self.pos - start, allocation })
-    }
-}
-
-/// Fills `out` (a page) with the word `w` repeated: the inverse of [`same_filled`]. A word of
-/// one repeated byte (zero pages, most same-filled pages) is a memset; any other word is
-/// written once and then doubled by copies.
-///
-/// Both are done by memset and memcpy rather than by a loop over words so that the fuzz build
-/// stays fast: there every iteration of a Rust loop calls the coverage hook, and the word loop
-/// this replaced was a tenth of `cache_ops`' time.
-fn fill_same(out: &mut [u8], w: u64) {
-    let bytes = w.to_ne_bytes();
-    if w == u64::from_ne_bytes([bytes[0]; 8]) {
-        out.fill(bytes[0]);
-        return;
-    }
-    out[..8].copy_from_slice(&bytes);
-    let mut done = 8;
-    while done < out.len() {
-        let more = done.min(out.len() - done);
-        out.copy_within(..more, done);
-        done += more;
-    }
-}
-
-/// The fill word if every 8-byte word of `page` is the same (zero pages included).
-///
-/// A page is one word repeated exactly when it equals itself shifted by a word, so after the
-/// cheap check of the last word against the first (most pages that are not same-filled differ
-/// there) this is one memcmp, not a loop (see [`fill_same`] on loops in the fuzz build).
-pub(crate) fn same_filled(page: &[u8]) -> Option<u64> {
-    debug_assert!(page.len() >= 8 && page.len() % 8 == 0, "a page is whole words");
-    let first = u64::from_ne_bytes(page[..8].try_into().expect("8 bytes"));
-    let last = u64::from_ne_bytes(page[page.len() - 8..].try_into().expect("8 bytes"));
-    (last == first && page[8..] == page[..page.len() - 8]).then_some(first)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn same_filled_finds_one_differing_byte_anywhere() {
-        let w = 0x0123_4567_89ab_cdefu64;
-        let mut page = vec![0u8; PAGE_SIZE];
-        fill_same(&mut page, w);
-        assert_eq!(same_filled(&page), Some(w));
-        for at in [0, 7, 8, 9, 2047, 2048, PAGE_SIZE - 9, PAGE_SIZE - 8, PAGE_SIZE - 1] {
-            page[at] ^= 1;
-            assert_eq!(same_filled(&page), None, "byte {at} changed");
-            page[at] ^= 1;
-        }
-        // A page with a period other than 8 bytes is not one word repeated.
-        let mut page: Vec<u8> = (0..PAGE_SIZE).map(|i| (i % 16) as u8).collect();
-        assert_eq!(same_filled(&page), None);
-        page.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 4) as u8);
-        assert_eq!(same_filled(&page), Some(u64::from_ne_bytes([0, 1, 2, 3, 0, 1, 2, 3])));
-    }
-
-    #[test]
-    fn fill_same_is_the_inverse_of_same_filled() {
-        // Zero, one repeated byte, and words whose bytes differ (one of them differing only in
-        // its last byte, which the memset path must not take for a repeated byte).
-        for w in [0, u64::MAX, 0x5a5a_5a5a_5a5a_5a5a, 0x0123_4567_89ab_cdef, 0x5a5a_5a5a_5a5a_5a5b, 0xff] {
-            let mut page = vec![0xEEu8; PAGE_SIZE];
-            fill_same(&mut page, w);
-            assert_eq!(same_filled(&page), Some(w), "word {w:#x}");
-            assert!(page.chunks_exact(8).all(|c| c == w.to_ne_bytes()), "word {w:#x}");
-        }
     }
 }

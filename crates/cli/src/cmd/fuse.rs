@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::session::{ServerArgs, Session};
 use crate::failure::Failure;
-use crate::frontend::{modprobe, Frontend};
+use crate::frontend::Frontend;
 use crate::log;
 use crate::store_args::StoreArgs;
 
@@ -55,25 +55,6 @@ pub struct FuseArgs {
     /// the log line "fuse transport" says which.
     #[arg(long)]
     pub io_uring: bool,
-}
-
-/// Whether this machine can run the FUSE front end (FUSE, loop, losetup), loading the
-/// modules if needed; the error says what is missing.
-pub fn kernel_support() -> Result<(), String> {
-    if compcache_fuse::kernel_support().is_err() {
-        modprobe("fuse");
-    }
-    compcache_fuse::kernel_support()?;
-    if !Path::new("/dev/loop-control").exists() {
-        modprobe("loop");
-    }
-    if !Path::new("/dev/loop-control").exists() {
-        return Err("no loop devices: no /dev/loop-control (modprobe loop; CONFIG_BLK_DEV_LOOP)".into());
-    }
-    match Command::new("losetup").arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(()),
-        _ => Err("no losetup (util-linux; apt-get install mount)".into()),
-    }
 }
 
 /// A private directory for the mount: /run/compcache/fuse-<pid>, mode 0700.
@@ -175,7 +156,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     if unsafe { libc::geteuid() } != 0 {
         return Err(Failure::new("compcache fuse needs root (mount, losetup, mlock)"));
     }
-    kernel_support().map_err(Failure::new)?;
+    crate::frontend::fuse_kernel_support().map_err(Failure::new)?;
     let session = Session::start(&args.store, &args.server, Frontend::Fuse)?;
     let store = Arc::clone(&session.store);
     let dir = make_mount_dir()?;

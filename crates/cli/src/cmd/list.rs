@@ -8,6 +8,7 @@
 //! is skipped. The swap priority comes from /proc/swaps.
 
 use crate::failure::Failure;
+use crate::metrics::name_of;
 use crate::paths;
 use crate::table::{self, Align};
 use crate::target;
@@ -156,17 +157,6 @@ fn columns(wanted: &[String]) -> Result<Vec<&'static Column>, Failure> {
             })
         })
         .collect()
-}
-
-/// The NAME of a device: its block device (swap servers put it in `export_name`), else its NBD
-/// socket or TCP address.
-pub fn name_of(answer: &Value) -> Option<String> {
-    let d = answer.get("device")?;
-    let s = |k: &str| d.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
-    match d.get("frontend").and_then(Value::as_str) {
-        Some("ublk" | "nbd" | "fuse") => s("export_name"),
-        _ => s("nbd_socket").or_else(|| s("nbd_tcp")).or_else(|| s("export_name")),
-    }
 }
 
 /// The priority of `dev` in /proc/swaps' text, if it is swap: matched by canonical path or

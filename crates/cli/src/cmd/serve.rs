@@ -4,6 +4,7 @@
 use crate::backing::{spawn_writeback, StartGuard};
 use crate::failure::Failure;
 use crate::log;
+use crate::metrics::port_or_address;
 use crate::paths;
 use crate::private_file;
 use crate::process::{self, StopSignals};
@@ -16,7 +17,7 @@ use compcache_nbd::tls::{self, TlsOptions};
 use compcache_nbd::{Export, Server, ServerOptions};
 use compcache_store::{Config, Store};
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
@@ -304,17 +305,6 @@ fn tls_options(args: &Args, tcp: Option<SocketAddr>) -> Result<Option<TlsOptions
 /// `--listen`: `PORT` (on 127.0.0.1) or `ADDR:PORT`.
 fn parse_listen(text: &str) -> Result<SocketAddr, Failure> {
     port_or_address("--listen", text, 10809)
-}
-
-/// A TCP address flag (`--listen`, `--metrics`): `PORT` alone means 127.0.0.1:PORT, else
-/// `ADDR:PORT`; the error shows `example` as the port to give.
-pub(crate) fn port_or_address(flag: &str, text: &str, example: u16) -> Result<SocketAddr, Failure> {
-    match text.parse::<u16>() {
-        Ok(port) => Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)),
-        Err(_) => text
-            .parse::<SocketAddr>()
-            .map_err(|_| Failure::usage(format!("{flag} {text}: give a port ({example}) or an address and port (127.0.0.1:{example})"))),
-    }
 }
 
 fn spawn(name: &str, tx: mpsc::Sender<Event>, f: impl FnOnce() -> Event + Send + 'static) {

@@ -69,7 +69,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     } else {
         // As `list` names it: the block device of a swap server, the NBD socket (or TCP
         // address) of `serve`.
-        let name = crate::cmd::list::name_of(&answer).unwrap_or_else(|| "?".into());
+        let name = crate::metrics::name_of(&answer).unwrap_or_else(|| "?".into());
         let uses = uses_of(&answer);
         let shown = |k: &str| args.all || used(&uses, k);
         print!("{}", table(&name, origin, stats, &shown));

@@ -98,14 +98,7 @@ pub fn swapoff(dev: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Where compcache swap is enabled from: a block device node of the device's own number named
-/// `/dev/zram-compcache-<device>`. /proc/swaps shows the name swapon was given, and systemd,
-/// choosing where to write a hibernation image when `resume=` is not set, skips exactly the
-/// swap partitions whose name starts with `/dev/zram` (src/shared/hibernate-util.c,
-/// `read_swap_entries`): with this name compcache swap, which lives in RAM, is never chosen, as
-/// zram is not. (With `resume=` set, systemd uses only that device.) docs/swap.md,
-/// "Hibernation".
-pub const HIBERNATION_SAFE_PREFIX: &str = "/dev/zram-compcache-";
+pub use crate::paths::HIBERNATION_SAFE_PREFIX;
 
 /// The hibernation-safe name of `dev` ([`HIBERNATION_SAFE_PREFIX`]).
 pub fn swap_alias(dev: &Path) -> std::path::PathBuf {

@@ -7,7 +7,7 @@
 use super::log::BatchError;
 use super::{Backing, Maint};
 use crate::error::StoreError;
-use crate::mover::{Mover, Unchanged};
+use crate::ram::mover::{Mover, Unchanged};
 use crate::slot::{Entry, Mark};
 use crate::stats::Counters;
 

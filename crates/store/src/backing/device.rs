@@ -64,6 +64,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+pub use crate::buf::ReadBuf;
+
 /// What the backing tier needs from a device.
 ///
 /// Contract: `write_at` returns only once the bytes are in the device's file (for a file: in
@@ -470,54 +472,6 @@ fn remove_if_same(path: &Path, file: &File) -> io::Result<bool> {
 
 /// O_DIRECT alignment of offsets, lengths and buffers.
 const ALIGN: u64 = 4096;
-const ALIGN_BYTES: usize = ALIGN as usize;
-
-/// Scratch memory for device reads, so that a request's read allocates nothing: one per
-/// worker (the store's `Context` keeps it), made once with room for the largest read the
-/// worker issues. An O_DIRECT read fills the aligned blocks around the bytes asked for and
-/// returns those bytes as a slice of it (no second copy); other reads use its start.
-pub struct ReadBuf {
-    /// Room for `max_bytes` read at any offset: the aligned span around them (at most
-    /// `max_bytes` rounded up plus one block) and up to one block to reach alignment.
-    mem: Box<[u8]>,
-}
-
-impl ReadBuf {
-    /// Room for a read of up to `max_bytes` at any offset, every page of it written once so
-    /// that it is resident now: freshly allocated memory may be untouched zero pages, which
-    /// the first read would fault in (in the I/O path, where a fault may wait in reclaim).
-    pub fn new(max_bytes: usize) -> ReadBuf {
-        ReadBuf { mem: super::resident_bytes(Self::mem_bytes(max_bytes)).into_boxed_slice() }
-    }
-
-    /// No room: for a store without a backing device (grows on first use if ever used).
-    pub fn empty() -> ReadBuf {
-        ReadBuf { mem: Box::default() }
-    }
-
-    /// The largest read it serves without allocating.
-    pub fn max_bytes(&self) -> usize {
-        (self.mem.len() / ALIGN_BYTES).saturating_sub(2) * ALIGN_BYTES
-    }
-
-    fn mem_bytes(max_bytes: usize) -> usize {
-        max_bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES + 2 * ALIGN_BYTES
-    }
-
-    /// Makes room for `len` bytes: allocates only when the owner sized it too small (which a
-    /// fault-free caller must not do).
-    fn ensure(&mut self, len: usize) {
-        if len > self.max_bytes() {
-            *self = ReadBuf { mem: vec![0u8; Self::mem_bytes(len)].into_boxed_slice() };
-        }
-    }
-
-    /// `n` bytes at the first aligned address; `n <= max_bytes() + ALIGN`.
-    fn aligned(&mut self, n: usize) -> &mut [u8] {
-        let shift = self.mem.as_ptr().align_offset(ALIGN_BYTES);
-        &mut self.mem[shift..shift + n]
-    }
-}
 
 /// Reads `len` bytes at `offset` through O_DIRECT: the aligned blocks around them into
 /// `scratch`; returns the bytes asked for.

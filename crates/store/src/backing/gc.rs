@@ -16,7 +16,7 @@ use super::batch::{flush_batch, Purpose};
 use super::log::HEADER;
 use super::{Backing, Maint};
 use crate::error::StoreError;
-use crate::mover::Mover;
+use crate::ram::mover::Mover;
 use crate::slot::{Entry, Kind};
 
 /// Segments with at most this share of live bytes are always collected.

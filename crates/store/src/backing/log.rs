@@ -109,7 +109,7 @@ impl Batch {
     /// An empty batch with room for a full one, every page of it resident (see
     /// `resident_bytes`): `BATCH_BYTES` plus one more record, and `BATCH_ITEMS` items.
     pub fn reserved() -> Batch {
-        let mut buf = super::resident_bytes(BATCH_BYTES + HEADER + PAGE_SIZE);
+        let mut buf = crate::buf::resident_bytes(BATCH_BYTES + HEADER + PAGE_SIZE);
         buf.clear();
         // A filler with nonzero bytes in every item, so that every page is written.
         let filler = Item { index: u64::MAX, old: Entry::Empty, len: 0, off: usize::MAX, loc: u64::MAX, gen: u64::MAX, poison: true };

@@ -67,10 +67,11 @@ use parking_lot::Mutex;
 use zstd::zstd_safe::{get_error_name, CCtx, CParameter, DCtx, DDict};
 
 use super::device::BackingDevice;
-use crate::recompress::dict::fastcover;
+use crate::compress::dict::fastcover;
 
-/// Bytes per compressed block.
-pub const BLOCK_BYTES: u64 = 64 << 10;
+/// Bytes per compressed block (declared with the configuration, which checks segment sizes
+/// against it).
+pub use crate::config::COLD_BLOCK_BYTES as BLOCK_BYTES;
 /// Data written before the dictionary is trained (576 pages).
 pub const DICT_SAMPLE_BYTES: u64 = 576 * 4096;
 /// Estimated bytes per allocation beyond its rounded length: malloc's header and the two

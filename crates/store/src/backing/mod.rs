@@ -79,7 +79,7 @@ use std::time::Duration;
 
 use crate::config::BackingConfig;
 use crate::error::StoreError;
-use crate::mover::Mover;
+use crate::ram::mover::{Mover, Records};
 use crate::stats::BackingCounters;
 pub(crate) use device::trusted_link_to_block_device;
 pub use device::{BackingDevice, DeviceOptions, FileDevice, ReadBuf};
@@ -159,15 +159,11 @@ pub(crate) fn maintain(mv: &Mover<'_>, b: &Backing, elapsed: Duration) -> Mainte
     MaintenanceReport { writeback, gc }
 }
 
-/// A buffer of `bytes` whose every page has been written, so that it is resident now (under
-/// the swap servers' `mlockall`, for good). Freshly allocated memory may be untouched zero
-/// pages that the first use would fault in; where that first use holds a slot lock or serves a
-/// request, the fault could wait in reclaim (docs/swap.md, "Memory pressure"). The fill is not
-/// zero so that it cannot become a `calloc`.
-pub(crate) fn resident_bytes(bytes: usize) -> Vec<u8> {
-    let mut v = vec![0xa5u8; bytes];
-    std::hint::black_box(&mut v);
-    v
+/// How the mover frees a record (`ram/mover.rs`, which does not import this tier).
+impl Records for Backing {
+    fn free(&self, loc: u64, len: u16) {
+        Backing::free(self, loc, len)
+    }
 }
 
 impl Backing {

@@ -31,7 +31,7 @@ use super::read::Pending;
 use super::space::GC_RESERVE_SEGMENTS;
 use super::{Backing, Maint};
 use crate::error::StoreError;
-use crate::mover::{Mover, Unchanged};
+use crate::ram::mover::{Mover, Unchanged};
 use crate::slot::{Entry, Kind, Mark};
 use crate::PAGE_SIZE;
 
@@ -99,7 +99,7 @@ pub(crate) struct RawPages {
 impl RawPages {
     /// Decodes the payload copied into `cbuf` (`len` bytes of `entry`, with `dict` if its
     /// codec names one) into `page`.
-    fn decode(&mut self, entry: Entry, len: usize, dict: Option<&crate::recompress::dict::Dict>) -> Result<(), String> {
+    fn decode(&mut self, entry: Entry, len: usize, dict: Option<&crate::compress::dict::Dict>) -> Result<(), String> {
         match entry {
             Entry::Huge { .. } => {
                 self.page.copy_from_slice(&self.cbuf[..PAGE_SIZE]);
@@ -211,7 +211,7 @@ fn write_back_coldest(mv: &Mover<'_>, b: &Backing, m: &mut Maint, want: u64, min
                 None => Some(batch.push(index, seen.entry, seen.stored_bytes, false)),
                 Some(r) => {
                     // The dictionary is taken under the slot lock, as a reader takes it: a
-                    // version a slot names is not freed (recompress/dict.rs).
+                    // version a slot names is not freed (compress/dict.rs).
                     dict = seen.entry.codec().dict().and_then(|place| mv.dict(place));
                     Some(&mut r.cbuf[..seen.stored_bytes])
                 }

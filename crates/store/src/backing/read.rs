@@ -17,14 +17,14 @@ use super::log::HEADER;
 use super::policy::maybe_promote;
 use super::space::Pin;
 use super::Backing;
+use crate::compress::dict::Dict;
 use crate::compress::strong::StrongDecoder;
 use crate::compress::{BackendContext, Codec};
+use crate::context::Context;
 use crate::error::StoreError;
-use crate::mover::Mover;
-use crate::recompress::dict::Dict;
+use crate::ram::mover::Mover;
 use crate::slot::Entry;
 use crate::stats::Counters;
-use crate::store::Context;
 use crate::PAGE_SIZE;
 
 /// Most bytes one `pread` of adjacent backing records may cover.
@@ -41,7 +41,7 @@ pub(crate) struct Pending<'a> {
     /// Payload bytes of the record (compressed length, or `PAGE_SIZE` for a raw page).
     pub len: u16,
     /// How the payload is encoded, and the dictionary it needs (taken under the slot lock,
-    /// `recompress/dict.rs`).
+    /// `compress/dict.rs`).
     pub codec: Codec,
     pub dict: Option<Arc<Dict>>,
     /// The slot's access time before this read touched it (promotion compares against it).

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU16, AtomicU64};
 use serde::{Deserialize, Serialize};
 
 use super::Backing;
-use crate::config::BackingConfig;
+use crate::config::{check_watermarks, BackingConfig};
 
 /// Changes to writeback's tunables; `None` leaves one as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,14 +73,6 @@ impl Limit {
 
 fn pack(high: u8, low: u8) -> u16 {
     u16::from(high) << 8 | u16::from(low)
-}
-
-/// The rule the configuration and every change follow.
-pub(crate) fn check_watermarks(high: u8, low: u8) -> Result<(), String> {
-    if !(1..=100).contains(&high) || low >= high {
-        return Err(format!("writeback watermarks high {high}% low {low}%: need 0 <= low < high <= 100"));
-    }
-    Ok(())
 }
 
 impl Tunables {

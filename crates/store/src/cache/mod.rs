@@ -2,9 +2,12 @@
 //! block device or disk image of the device's size (`docs/cache.md`).
 //!
 //! `Store`'s byte-granular methods branch here once at the top when the store has an origin;
-//! everything else (slots, pool, compressors, statistics, every front end) is the store's. In
-//! cache mode an `Empty` slot means "not cached: ask the origin", and `Same(0)` is a cached
-//! page of zeroes.
+//! everything else (compressors, statistics, every front end) is the store's. Cache mode
+//! reaches slots and pool only through the RAM layer (`ram/`), as every tier does: it encodes
+//! with [`Ram::classify`] and [`Ram::alloc`] (the write path's checks, written once), reads
+//! with [`Ram::fetch`] and [`Ram::finish`], hands every entry it takes out of a slot to the
+//! mover to be freed, and never calls the pool itself. In cache mode an `Empty` slot means
+//! "not cached: ask the origin", and `Same(0)` is a cached page of zeroes.
 //!
 //! One job per file: `origin.rs` the origin device, `policy.rs` eviction (S3-FIFO),
 //! `stripes.rs` the range locks, `readahead.rs` the stream table; this file the read, write,
@@ -46,12 +49,13 @@ mod stripes;
 
 pub use origin::{origin_size, AlignedBuf, FileOrigin, OriginDevice};
 
-use crate::compress::Codec;
+use std::convert::Infallible;
+
+use crate::context::Context;
 use crate::error::StoreError;
+use crate::ram::{Encoded, Ram, Record};
 use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::Counters;
-use crate::store::{same_filled, Context, Store};
-use crate::zspool::Handle;
 use crate::{PAGE, PAGE_SIZE};
 use policy::{Policy, Queue};
 use readahead::Streams;
@@ -123,8 +127,8 @@ impl Cache {
         (ctx.origin.capacity() / PAGE_SIZE) as u64
     }
 
-    fn origin_error(&self, s: &Store, op: &'static str, offset: u64, e: std::io::Error) -> StoreError {
-        let n = s.counters.origin_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    fn origin_error(&self, ram: &Ram, op: &'static str, offset: u64, e: std::io::Error) -> StoreError {
+        let n = ram.counters().origin_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let err = StoreError::Origin { origin: self.origin.describe(), op, offset, reason: e.to_string() };
         if n < LOG_FIRST || n % LOG_EVERY == 0 {
             compcache_log::error("compcache", &format!("{err} [origin error {} so far]", n + 1));
@@ -136,51 +140,51 @@ impl Cache {
 
     /// Reads `buf.len()` bytes at `offset` (inside the device): hits from the slots, runs of
     /// misses from the origin with readahead (rules 1, 2, 5).
-    pub fn read(&self, s: &Store, ctx: &mut Context, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    pub fn read(&self, ram: &Ram, ctx: &mut Context, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         if buf.is_empty() {
             return Ok(());
         }
         let (first, end) = (offset / PAGE, (offset + buf.len() as u64).div_ceil(PAGE));
         let mut i = first;
         while i < end {
-            Counters::inc(&s.counters.num_reads);
-            if self.hit(s, ctx, i, offset, buf).inspect_err(|_| Counters::inc(&s.counters.failed_reads))? {
+            Counters::inc(&ram.counters().num_reads);
+            if self.hit(ram, ctx, i, offset, buf).inspect_err(|_| Counters::inc(&ram.counters().failed_reads))? {
                 i += 1;
                 continue;
             }
             let max = MAX_MISS_PAGES.min(Self::io_pages(ctx));
             let mut j = i + 1;
-            while j < end && j - i < max && s.slots[j as usize].peek().kind == Kind::Empty {
-                Counters::inc(&s.counters.num_reads);
+            while j < end && j - i < max && ram.slots()[j as usize].peek().kind == Kind::Empty {
+                Counters::inc(&ram.counters().num_reads);
                 j += 1;
             }
-            self.miss(s, ctx, i, j, offset, buf).inspect_err(|_| Counters::inc(&s.counters.failed_reads))?;
+            self.miss(ram, ctx, i, j, offset, buf).inspect_err(|_| Counters::inc(&ram.counters().failed_reads))?;
             i = j;
         }
         Ok(())
     }
 
     /// Serves page `index` of a read from the cache if it is there.
-    fn hit(&self, s: &Store, ctx: &mut Context, index: u64, offset: u64, buf: &mut [u8]) -> Result<bool, StoreError> {
+    fn hit(&self, ram: &Ram, ctx: &mut Context, index: u64, offset: u64, buf: &mut [u8]) -> Result<bool, StoreError> {
         let sp = span(offset, buf.len(), index);
         let whole = sp.len == PAGE_SIZE;
         let mut page = std::mem::take(&mut ctx.page);
         let out: &mut [u8] = if whole { &mut buf[sp.buf_from..sp.buf_from + PAGE_SIZE] } else { &mut page };
         let r = (|| {
-            let mut g = s.slots[index as usize].lock();
+            let mut g = ram.slots()[index as usize].lock();
             if g.entry() == Entry::Empty {
                 return Ok(false);
             }
             // A cache store has no backing device, so what `fetch` leaves is done in RAM.
-            let fetched = s.fetch(&g, index, g.ac_time(), ctx, out);
+            let fetched = ram.fetch(&g, ctx, out, no_record);
             let first_use = policy::on_hit(&mut g);
-            g.touch(s.clock.tick());
+            g.touch(ram.tick());
             drop::<SlotGuard>(g);
-            Counters::inc(&s.counters.cache_hits);
+            Counters::inc(&ram.counters().cache_hits);
             if first_use {
-                Counters::inc(&s.counters.readahead_used);
+                Counters::inc(&ram.counters().readahead_used);
             }
-            s.finish(ctx, index, fetched, out)?;
+            ram.finish(ctx, index, fetched, out)?;
             Ok(true)
         })();
         if matches!(r, Ok(true)) && !whole {
@@ -192,29 +196,29 @@ impl Cache {
 
     /// Reads missed pages `first..end` (and readahead after them) from the origin under their
     /// stripes, hands the request its bytes and inserts every page that is still not cached.
-    fn miss(&self, s: &Store, ctx: &mut Context, first: u64, end: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn miss(&self, ram: &Ram, ctx: &mut Context, first: u64, end: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let room = Self::io_pages(ctx) - (end - first);
         // A window is at most a sixteenth of the budget: read ahead, then evicted before the
         // reader gets there, it would be read twice (and push out the main queue).
-        let budget_pages = s.mem_limit_bytes.load(std::sync::atomic::Ordering::Relaxed) / PAGE;
+        let budget_pages = ram.mem_limit_bytes() / PAGE;
         let max = match budget_pages {
             0 => self.readahead_max_pages,
             b => self.readahead_max_pages.min(b / READAHEAD_BUDGET_SHARE),
         };
         let ra = self.streams.on_miss(first, end, max, |window| {
             // Up to the device's end and the buffer's room, and only pages not cached.
-            let limit = window.min(room).min(s.num_pages - end);
-            (0..limit).take_while(|&k| s.slots[(end + k) as usize].peek().kind == Kind::Empty).count() as u64
+            let limit = window.min(room).min(ram.num_pages() - end);
+            (0..limit).take_while(|&k| ram.slots()[(end + k) as usize].peek().kind == Kind::Empty).count() as u64
         });
         let n = end + ra - first;
         let _stripes = self.stripes.lock(first, end + ra);
         let mut io = std::mem::replace(&mut ctx.origin, AlignedBuf::empty());
         let r = (|| {
             let bytes = io.bytes_mut((n * PAGE) as usize);
-            self.origin.read_at(bytes, first * PAGE).map_err(|e| self.origin_error(s, "read", first * PAGE, e))?;
-            Counters::inc(&s.counters.origin_reads);
-            Counters::add(&s.counters.origin_read_bytes, n * PAGE);
-            Counters::add(&s.counters.cache_misses, end - first);
+            self.origin.read_at(bytes, first * PAGE).map_err(|e| self.origin_error(ram, "read", first * PAGE, e))?;
+            Counters::inc(&ram.counters().origin_reads);
+            Counters::add(&ram.counters().origin_read_bytes, n * PAGE);
+            Counters::add(&ram.counters().cache_misses, end - first);
             for index in first..end + ra {
                 let page = &bytes[((index - first) * PAGE) as usize..][..PAGE_SIZE];
                 if index < end {
@@ -222,8 +226,8 @@ impl Cache {
                     buf[sp.buf_from..sp.buf_from + sp.len].copy_from_slice(&page[sp.in_page..sp.in_page + sp.len]);
                 }
                 let readahead = index >= end;
-                if self.insert(s, ctx, index, page, readahead) && readahead {
-                    Counters::inc(&s.counters.readahead_pages);
+                if self.insert(ram, ctx, index, page, readahead) && readahead {
+                    Counters::inc(&ram.counters().readahead_pages);
                 }
             }
             Ok(())
@@ -234,28 +238,26 @@ impl Cache {
 
     /// Caches `page` (the origin's page `index`, read under its stripe) if the slot is still
     /// empty (rule 3). Skipped when the memory budget has no room. True if inserted.
-    fn insert(&self, s: &Store, ctx: &mut Context, index: u64, page: &[u8], readahead: bool) -> bool {
-        let Some(new) = self.encode(s, ctx, index, page) else { return false };
-        let mut g = s.slots[index as usize].lock();
+    fn insert(&self, ram: &Ram, ctx: &mut Context, index: u64, page: &[u8], readahead: bool) -> bool {
+        let Some(new) = self.encode(ram, ctx, index, page) else { return false };
+        let mut g = ram.slots()[index as usize].lock();
         if g.entry() != Entry::Empty {
             drop::<SlotGuard>(g);
-            free_unpublished(s, new);
+            ram.free_unpublished(new);
             return false;
         }
         g.replace(new);
         let (queue, _) = policy::on_install(&mut g, Entry::Empty, new, readahead);
-        g.touch(s.clock.tick());
+        g.touch(ram.tick());
         drop::<SlotGuard>(g);
-        self.installed(s, index, new, Entry::Empty, queue);
+        self.installed(ram, index, new, Entry::Empty, queue);
         true
     }
 
     /// Statistics, freeing and queueing after `new` replaced `old` in slot `index`.
-    fn installed(&self, s: &Store, index: u64, new: Entry, old: Entry, queue: Option<Queue>) {
-        let mv = s.mover();
-        mv.account(new, true);
-        mv.release(old);
-        Counters::inc(&s.counters.cache_inserts);
+    fn installed(&self, ram: &Ram, index: u64, new: Entry, old: Entry, queue: Option<Queue>) {
+        ram.mover(None).replaced(new, old);
+        Counters::inc(&ram.counters().cache_inserts);
         if let Some(q) = queue {
             self.policy.push(index, q);
         }
@@ -263,56 +265,47 @@ impl Cache {
 
     /// Turns a page into an entry: a fill word, or a pool object made room for by eviction.
     /// `None` if the budget has no room even after eviction (and compaction).
-    fn encode(&self, s: &Store, ctx: &mut Context, index: u64, page: &[u8]) -> Option<Entry> {
-        if let Some(fill) = same_filled(page) {
-            return Some(Entry::Same(fill));
+    fn encode(&self, ram: &Ram, ctx: &mut Context, index: u64, page: &[u8]) -> Option<Entry> {
+        match ram.classify(&mut *ctx.comp, &mut ctx.cbuf, page) {
+            Encoded::Same(fill) => Some(Entry::Same(fill)),
+            e => self.alloc_evicting(ram, e, index),
         }
-        let clen = ctx.comp.compress(page, &mut ctx.cbuf).filter(|&n| n <= s.cfg.huge_threshold_bytes && n < PAGE_SIZE - 8);
-        let payload = match clen {
-            Some(n) => &ctx.cbuf[..n],
-            None => page,
-        };
-        let handle = self.alloc_evicting(s, payload, index)?;
-        Some(match clen {
-            Some(n) => Entry::Compressed { handle, len: n as u16, codec: Codec::PRIMARY },
-            None => Entry::Huge { handle },
-        })
     }
 
-    /// Allocates `payload` in the pool, evicting (S3-FIFO) while the budget is full; compacts
-    /// when evictions stop lowering the pool's pages (freed objects leave holes in zspages of
-    /// other size classes, which only compaction turns into free pages).
-    fn alloc_evicting(&self, s: &Store, payload: &[u8], index: u64) -> Option<Handle> {
+    /// Allocates `e` in the pool, evicting (S3-FIFO) while the budget is full; compacts when
+    /// evictions stop lowering the pool's pages (freed objects leave holes in zspages of other
+    /// size classes, which only compaction turns into free pages).
+    fn alloc_evicting(&self, ram: &Ram, e: Encoded<'_>, index: u64) -> Option<Entry> {
         for _ in 0..EVICT_ROUNDS {
-            if let Ok(h) = s.pool.alloc(payload, index as u32) {
-                return Some(h);
+            if let Ok(entry) = ram.alloc(index, e) {
+                return Some(entry);
             }
-            let before = s.pool.total_pages();
-            let evicted = self.policy.evict(&s.slots, &s.mover(), EVICT_BATCH);
-            if s.pool.total_pages() >= before && s.pool.compactable_pages() > 0 {
-                s.compact();
+            let before = ram.pool().total_pages();
+            let evicted = self.policy.evict(ram.slots(), &ram.mover(None), EVICT_BATCH);
+            if ram.pool().total_pages() >= before && ram.pool().compactable_pages() > 0 {
+                ram.compact();
             } else if evicted == 0 {
                 break;
             }
         }
-        s.pool.alloc(payload, index as u32).ok()
+        ram.alloc(index, e).ok()
     }
 
     // --- write, write-zeroes, discard, flush -----------------------------------------------
 
     /// Writes `data` at `offset` through to the origin, then updates the cache (rules 4, 6).
-    pub fn write(&self, s: &Store, ctx: &mut Context, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+    pub fn write(&self, ram: &Ram, ctx: &mut Context, offset: u64, data: &[u8]) -> Result<(), StoreError> {
         if data.is_empty() {
             return Ok(());
         }
         let (first, end) = (offset / PAGE, (offset + data.len() as u64).div_ceil(PAGE));
         let _stripes = self.stripes.lock(first, end);
-        self.put(s, ctx, first, end, offset, data.len(), Src::Data(data))
+        self.put(ram, ctx, first, end, offset, data.len(), Src::Data(data))
     }
 
     /// Zeroes `offset..offset + len`: whole pages with the origin's own zeroing (cached as
     /// `Same(0)`, which costs no memory), partial pages read-modify-written.
-    pub fn write_zeroes(&self, s: &Store, ctx: &mut Context, offset: u64, len: u64) -> Result<(), StoreError> {
+    pub fn write_zeroes(&self, ram: &Ram, ctx: &mut Context, offset: u64, len: u64) -> Result<(), StoreError> {
         if len == 0 {
             return Ok(());
         }
@@ -320,46 +313,46 @@ impl Cache {
         let (wf, we) = (offset.div_ceil(PAGE), (offset + len) / PAGE);
         let _stripes = self.stripes.lock(first, end);
         if wf >= we {
-            return self.put(s, ctx, first, end, offset, len as usize, Src::Zeroes);
+            return self.put(ram, ctx, first, end, offset, len as usize, Src::Zeroes);
         }
         if first < wf {
-            self.put(s, ctx, first, wf, offset, len as usize, Src::Zeroes)?;
+            self.put(ram, ctx, first, wf, offset, len as usize, Src::Zeroes)?;
         }
-        Counters::add(&s.counters.num_writes, we - wf);
+        Counters::add(&ram.counters().num_writes, we - wf);
         if let Err(e) = self.origin.write_zeroes(wf * PAGE, (we - wf) * PAGE) {
-            self.drop_range(s, wf, we);
-            Counters::inc(&s.counters.failed_writes);
-            return Err(self.origin_error(s, "write-zeroes", wf * PAGE, e));
+            self.drop_range(ram, wf, we);
+            Counters::inc(&ram.counters().failed_writes);
+            return Err(self.origin_error(ram, "write-zeroes", wf * PAGE, e));
         }
         for index in wf..we {
-            self.update(s, index, Some(Entry::Same(0)));
+            self.update(ram, index, Some(Entry::Same(0)));
         }
         if we < end {
-            self.put(s, ctx, we, end, offset, len as usize, Src::Zeroes)?;
+            self.put(ram, ctx, we, end, offset, len as usize, Src::Zeroes)?;
         }
         Ok(())
     }
 
     /// Discards the whole pages inside `offset..offset + len` on the origin and drops them
     /// from the cache (partial pages are left as they are, as the store's discard does).
-    pub fn discard(&self, s: &Store, offset: u64, len: u64) -> Result<(), StoreError> {
+    pub fn discard(&self, ram: &Ram, offset: u64, len: u64) -> Result<(), StoreError> {
         let (wf, we) = (offset.div_ceil(PAGE), (offset + len) / PAGE);
         if wf >= we {
             return Ok(());
         }
         let _stripes = self.stripes.lock(wf, we);
         let r = self.origin.discard(wf * PAGE, (we - wf) * PAGE);
-        let dropped = self.drop_range(s, wf, we);
-        Counters::add(&s.counters.notify_free, dropped);
-        r.map_err(|e| self.origin_error(s, "discard", wf * PAGE, e))
+        let dropped = self.drop_range(ram, wf, we);
+        Counters::add(&ram.counters().notify_free, dropped);
+        r.map_err(|e| self.origin_error(ram, "discard", wf * PAGE, e))
     }
 
     /// FLUSH (and the second half of FUA): every completed write is durable on the origin.
     /// Counted in `origin_syncs` once the origin's sync returned (a failed one in
     /// `origin_errors`).
-    pub fn flush(&self, s: &Store) -> Result<(), StoreError> {
-        self.origin.sync().map_err(|e| self.origin_error(s, "sync", 0, e))?;
-        Counters::inc(&s.counters.origin_syncs);
+    pub fn flush(&self, ram: &Ram) -> Result<(), StoreError> {
+        self.origin.sync().map_err(|e| self.origin_error(ram, "sync", 0, e))?;
+        Counters::inc(&ram.counters().origin_syncs);
         Ok(())
     }
 
@@ -367,18 +360,18 @@ impl Cache {
     /// buffer is assembled whole (partial pages read first, rule 6), written to the origin,
     /// then stored in the slots.
     #[allow(clippy::too_many_arguments)]
-    fn put(&self, s: &Store, ctx: &mut Context, first: u64, end: u64, offset: u64, len: usize, src: Src<'_>) -> Result<(), StoreError> {
+    fn put(&self, ram: &Ram, ctx: &mut Context, first: u64, end: u64, offset: u64, len: usize, src: Src<'_>) -> Result<(), StoreError> {
         let mut io = std::mem::replace(&mut ctx.origin, AlignedBuf::empty());
         let chunk = Self::io_pages_of(&io);
         let mut r = Ok(());
         let mut a = first;
         while a < end && r.is_ok() {
             let b = (a + chunk).min(end);
-            r = self.put_chunk(s, ctx, io.bytes_mut(((b - a) * PAGE) as usize), a, b, offset, len, src);
+            r = self.put_chunk(ram, ctx, io.bytes_mut(((b - a) * PAGE) as usize), a, b, offset, len, src);
             a = b;
         }
         ctx.origin = io;
-        r.inspect_err(|_| Counters::inc(&s.counters.failed_writes))
+        r.inspect_err(|_| Counters::inc(&ram.counters().failed_writes))
     }
 
     fn io_pages_of(io: &AlignedBuf) -> u64 {
@@ -388,7 +381,7 @@ impl Cache {
     #[allow(clippy::too_many_arguments)]
     fn put_chunk(
         &self,
-        s: &Store,
+        ram: &Ram,
         ctx: &mut Context,
         bytes: &mut [u8],
         a: u64,
@@ -397,12 +390,12 @@ impl Cache {
         len: usize,
         src: Src<'_>,
     ) -> Result<(), StoreError> {
-        Counters::add(&s.counters.num_writes, b - a);
+        Counters::add(&ram.counters().num_writes, b - a);
         for index in a..b {
             let page = &mut bytes[((index - a) * PAGE) as usize..][..PAGE_SIZE];
             let sp = span(offset, len, index);
             if sp.len < PAGE_SIZE {
-                self.current_page(s, ctx, index, page)?;
+                self.current_page(ram, ctx, index, page)?;
             }
             match src {
                 Src::Data(d) => page[sp.in_page..sp.in_page + sp.len].copy_from_slice(&d[sp.buf_from..sp.buf_from + sp.len]),
@@ -410,66 +403,66 @@ impl Cache {
             }
         }
         if let Err(e) = self.origin.write_at(bytes, a * PAGE) {
-            self.drop_range(s, a, b);
-            return Err(self.origin_error(s, "write", a * PAGE, e));
+            self.drop_range(ram, a, b);
+            return Err(self.origin_error(ram, "write", a * PAGE, e));
         }
-        Counters::inc(&s.counters.origin_writes);
-        Counters::add(&s.counters.origin_write_bytes, (b - a) * PAGE);
+        Counters::inc(&ram.counters().origin_writes);
+        Counters::add(&ram.counters().origin_write_bytes, (b - a) * PAGE);
         for index in a..b {
-            let new = self.encode(s, ctx, index, &bytes[((index - a) * PAGE) as usize..][..PAGE_SIZE]);
-            self.update(s, index, new);
+            let new = self.encode(ram, ctx, index, &bytes[((index - a) * PAGE) as usize..][..PAGE_SIZE]);
+            self.update(ram, index, new);
         }
         Ok(())
     }
 
     /// The current contents of page `index` (its stripe held): from the cache, else the origin.
-    fn current_page(&self, s: &Store, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
-        let g = s.slots[index as usize].lock();
+    fn current_page(&self, ram: &Ram, ctx: &mut Context, index: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        let g = ram.slots()[index as usize].lock();
         if g.entry() != Entry::Empty {
-            let fetched = s.fetch(&g, index, g.ac_time(), ctx, out);
+            let fetched = ram.fetch(&g, ctx, out, no_record);
             drop::<SlotGuard>(g);
-            return s.finish(ctx, index, fetched, out);
+            return ram.finish(ctx, index, fetched, out);
         }
         drop::<SlotGuard>(g);
-        self.origin.read_at(out, index * PAGE).map_err(|e| self.origin_error(s, "read", index * PAGE, e))?;
-        Counters::inc(&s.counters.origin_reads);
-        Counters::add(&s.counters.origin_read_bytes, PAGE);
+        self.origin.read_at(out, index * PAGE).map_err(|e| self.origin_error(ram, "read", index * PAGE, e))?;
+        Counters::inc(&ram.counters().origin_reads);
+        Counters::add(&ram.counters().origin_read_bytes, PAGE);
         Ok(())
     }
 
     /// Replaces slot `index`'s page with `new` (the origin's page now, its stripe held), or
     /// empties the slot when `new` is `None` (no room in the budget: never stale, rule 4).
-    fn update(&self, s: &Store, index: u64, new: Option<Entry>) {
+    fn update(&self, ram: &Ram, index: u64, new: Option<Entry>) {
         let Some(new) = new else {
-            self.drop_range(s, index, index + 1);
+            self.drop_range(ram, index, index + 1);
             return;
         };
-        let mut g = s.slots[index as usize].lock();
+        let mut g = ram.slots()[index as usize].lock();
         let old = g.replace(new);
         let (queue, wasted) = policy::on_install(&mut g, old, new, false);
-        g.touch(s.clock.tick());
+        g.touch(ram.tick());
         drop::<SlotGuard>(g);
         if wasted {
-            Counters::inc(&s.counters.readahead_wasted);
+            Counters::inc(&ram.counters().readahead_wasted);
         }
-        self.installed(s, index, new, old, queue);
+        self.installed(ram, index, new, old, queue);
     }
 
     /// Empties the slots of pages `first..end` (their stripes held); returns how many held a
     /// page.
-    fn drop_range(&self, s: &Store, first: u64, end: u64) -> u64 {
+    fn drop_range(&self, ram: &Ram, first: u64, end: u64) -> u64 {
         let mut dropped = 0;
         for index in first..end {
-            let mut g = s.slots[index as usize].lock();
+            let mut g = ram.slots()[index as usize].lock();
             let old = g.replace(Entry::Empty);
             let wasted = old != Entry::Empty && policy::on_drop(&mut g);
             drop::<SlotGuard>(g);
             if wasted {
-                Counters::inc(&s.counters.readahead_wasted);
+                Counters::inc(&ram.counters().readahead_wasted);
             }
             if old != Entry::Empty {
                 dropped += 1;
-                s.mover().release(old);
+                ram.mover(None).release(old);
             }
         }
         dropped
@@ -485,11 +478,7 @@ impl Cache {
     }
 }
 
-/// Frees a pool object made for a slot that turned out to be taken (never published).
-fn free_unpublished(s: &Store, e: Entry) {
-    if let Entry::Compressed { handle, .. } | Entry::Huge { handle } = e {
-        // SAFETY: the object was allocated by `encode` and never stored in a slot, so no
-        // reader can reach it and this is its one free.
-        unsafe { s.pool.free(handle) };
-    }
+/// What [`Ram::fetch`] does with a page on a backing device: a store in cache mode has none.
+fn no_record(_: Record) -> Infallible {
+    unreachable!("a store in cache mode has no backing device")
 }

@@ -30,6 +30,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
+pub use crate::buf::AlignedBuf;
 use crate::error::StoreError;
 use crate::PAGE;
 
@@ -352,45 +353,3 @@ fn reopen_direct(file: &File) -> Option<File> {
 
 /// O_DIRECT alignment of buffers, offsets and lengths.
 const ALIGN: usize = 4096;
-
-/// Scratch memory aligned for O_DIRECT: a worker's origin buffer (the store's `Context` keeps
-/// one in cache mode), resident when made, so that a request's origin I/O allocates nothing.
-pub struct AlignedBuf {
-    mem: Box<[u8]>,
-}
-
-impl AlignedBuf {
-    /// Room for `bytes` (rounded up to whole pages) at an aligned address.
-    pub fn new(bytes: usize) -> AlignedBuf {
-        AlignedBuf { mem: crate::backing::resident_bytes(bytes.div_ceil(ALIGN) * ALIGN + ALIGN).into_boxed_slice() }
-    }
-
-    /// None: a store without an origin.
-    pub fn empty() -> AlignedBuf {
-        AlignedBuf { mem: Box::default() }
-    }
-
-    /// The bytes it holds at an aligned address.
-    pub fn capacity(&self) -> usize {
-        self.mem.len().saturating_sub(ALIGN)
-    }
-
-    /// The first `n` aligned bytes; `n <= capacity()`.
-    pub fn bytes_mut(&mut self, n: usize) -> &mut [u8] {
-        let shift = self.mem.as_ptr().align_offset(ALIGN);
-        &mut self.mem[shift..shift + n]
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aligned_buffers_are_aligned() {
-        let mut b = AlignedBuf::new(5000);
-        assert_eq!(b.capacity(), 8192);
-        assert_eq!(b.bytes_mut(8192).as_ptr() as usize % ALIGN, 0);
-        assert_eq!(AlignedBuf::empty().capacity(), 0);
-    }
-}

@@ -49,7 +49,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use crate::mover::Mover;
+use crate::ram::mover::Mover;
 use crate::slot::{Entry, Slot, SlotGuard};
 use crate::stats::Counters;
 

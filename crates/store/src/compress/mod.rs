@@ -2,6 +2,7 @@
 //! shared by every worker (algorithm, level); each worker thread owns a [`BackendContext`] with
 //! its scratch state, so compression takes no lock. Backends are one small file each.
 
+pub mod dict;
 mod lz4;
 pub(crate) mod strong;
 mod zstd;
@@ -82,7 +83,7 @@ impl FromStr for Algorithm {
 /// How a stored payload is encoded, as its slot records it (4 bits, `slot.rs`): with the
 /// store's own algorithm ([`Codec::PRIMARY`], what every write uses), with the recompression
 /// codec (zstd at the recompression level, [`Codec::STRONG`]), or with that codec and one of
-/// [`Codec::DICT_VERSIONS`] dictionary versions (`recompress/dict.rs`). Raw and same-filled
+/// [`Codec::DICT_VERSIONS`] dictionary versions (`compress/dict.rs`). Raw and same-filled
 /// pages are slot kinds of their own and have no codec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) struct Codec(u8);
@@ -150,7 +151,7 @@ pub(crate) fn decode(
     primary: &mut dyn BackendContext,
     strong: Option<&mut strong::StrongDecoder>,
     codec: Codec,
-    dict: Option<&crate::recompress::dict::Dict>,
+    dict: Option<&dict::Dict>,
     src: &[u8],
     out: &mut [u8],
 ) -> Result<(), String> {

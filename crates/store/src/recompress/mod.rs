@@ -21,7 +21,7 @@
 //!    `cpu_percent` of the time since the last step.
 //!
 //! A page written again is encoded by the write path with the store's own codec: recompression
-//! never touches the I/O path. Readers decode whatever codec a slot names (`store.rs`).
+//! never touches the I/O path. Readers decode whatever codec a slot names (`ram/mod.rs`).
 //!
 //! Dictionaries (`dict.rs`): with [`DictSource::Train`], one idle compressed page in every
 //! `pages stored / dict_samples` is kept as a sample (nothing is recompressed before the first
@@ -51,7 +51,8 @@
 //! independent of the backing tier's maintenance mutex: writeback and recompression may copy
 //! the same page, and the first to install wins (slot.rs rule 8).
 
-pub mod dict;
+/// The dictionaries are the codec's (`compress/dict.rs`); here under their old name too.
+pub use crate::compress::dict;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -63,10 +64,10 @@ use serde::{Deserialize, Serialize};
 use crate::compress::strong::StrongEncoder;
 use crate::compress::{Codec, MAX_COMPRESSED_BYTES};
 use crate::config::{DictSource, RecompressConfig};
-use crate::mover::{Mover, Unchanged};
+use crate::context::Context;
+use crate::ram::mover::{Mover, Unchanged};
 use crate::slot::{Kind, Mark};
-use crate::stats::Counters;
-use crate::store::Context;
+use crate::stats::{Counters, RecompressCounters};
 use crate::PAGE_SIZE;
 use dict::{Dict, Dicts};
 
@@ -95,7 +96,6 @@ pub(crate) struct Recompressor {
     /// As configured at start; the tunables below may change while the device runs.
     pub cfg: RecompressConfig,
     pub tune: Tuning,
-    pub dicts: Dicts,
     pub ctr: RecompressCounters,
     state: Mutex<Option<State>>,
     /// The administrator's dictionary, read when the store was made (`DictSource::File`);
@@ -198,32 +198,6 @@ impl Recompressor {
             },
         }
     }
-}
-
-/// Recompression's counters (statistics `recompress_*`, `dict_*`).
-#[derive(Default, Debug)]
-pub(crate) struct RecompressCounters {
-    /// Pages re-encoded and installed.
-    pub done: AtomicU64,
-    /// Pages re-encoded and kept as they were (did not save enough).
-    pub rejected: AtomicU64,
-    /// Pages rewritten (or moved) while being re-encoded: the result was dropped.
-    pub raced: AtomicU64,
-    /// Bytes saved by installs (old stored size minus new), summed.
-    pub saved_bytes: AtomicU64,
-    /// CPU time spent in steps, ns (this thread's clock).
-    pub cpu_ns: AtomicU64,
-    /// Steps skipped because the device was busy.
-    pub busy_skips: AtomicU64,
-    /// Dictionaries installed (trained or given).
-    pub dicts_installed: AtomicU64,
-    /// Dictionaries trained but not installed (too little gain, or training failed).
-    pub dicts_refused: AtomicU64,
-    /// The current dictionary's version (0: none) and its gain at training (per mille), and the
-    /// gain measured since (per mille, over the drift window; 0 until measured).
-    pub dict_version: AtomicU64,
-    pub dict_gain_permille: AtomicU64,
-    pub dict_measured_permille: AtomicU64,
 }
 
 /// What one step did.
@@ -345,7 +319,7 @@ impl Recompressor {
             paused: AtomicBool::new(false),
             retrain: AtomicBool::new(false),
         };
-        Ok(Recompressor { cfg, tune, dicts: Dicts::new(), ctr: RecompressCounters::default(), state: Mutex::new(None), given_dict })
+        Ok(Recompressor { cfg, tune, ctr: RecompressCounters::default(), state: Mutex::new(None), given_dict })
     }
 }
 
@@ -383,7 +357,7 @@ pub(crate) fn step(
     });
     if st.current.is_none() {
         if let Some(bytes) = &r.given_dict {
-            rep.dict_installed = install(r, st, bytes.clone(), 0);
+            rep.dict_installed = install(r, mv.dicts(), st, bytes.clone(), 0);
         }
     }
     let c = mv.counters();
@@ -413,7 +387,7 @@ pub(crate) fn step(
         scan(mv, r, st, start, &mut rep);
         rep.settled = st.quiet >= mv.num_slots();
     }
-    r.dicts.free_unused(c, st.current.as_ref().map(|(p, _)| *p));
+    mv.dicts().free_unused(|codec| Counters::get(&c.codec_pages[codec.index()]), st.current.as_ref().map(|(p, _)| *p));
     let used = thread_cpu_ns() - start;
     st.budget_ns -= used;
     Counters::add(&r.ctr.cpu_ns, used.max(0) as u64);
@@ -472,7 +446,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
         if sampling && first && st.trainer.as_ref().is_some_and(|t| t.visited > n) {
             // A whole pass without enough samples (a device with few pages): train on what
             // there is (`train` refuses too few), and recompress without waiting any more.
-            train(r, st, rep);
+            train(r, mv.dicts(), st, rep);
             st.quiet = 0;
             continue;
         }
@@ -499,7 +473,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
         // only this thread frees dictionaries (`dict.rs`).
         let old_len = match old {
             crate::slot::Entry::Compressed { len, codec, .. } => {
-                let dict = codec.dict().and_then(|place| r.dicts.get(place));
+                let dict = codec.dict().and_then(|place| mv.dict(place));
                 let ctx = &mut st.ctx;
                 let src = &ctx.cbuf[..len as usize];
                 if crate::compress::decode(&mut *ctx.comp, ctx.strong.as_mut(), codec, dict.as_deref(), src, &mut ctx.page).is_err() {
@@ -521,7 +495,7 @@ fn scan(mv: &Mover<'_>, r: &Recompressor, st: &mut State, start: i64, rep: &mut 
             if t.full() {
                 // Trained as soon as the samples are in, so that the pages after them get the
                 // dictionary.
-                train(r, st, rep);
+                train(r, mv.dicts(), st, rep);
             }
         }
         if !candidate {
@@ -574,7 +548,7 @@ fn compressed_pages(c: &Counters) -> u64 {
     Counters::get(&c.pages_stored).saturating_sub(Counters::get(&c.same_pages) + Counters::get(&c.huge_pages) + Counters::get(&c.bd_count))
 }
 
-fn kind_of(seen: &crate::mover::Seen) -> Kind {
+fn kind_of(seen: &crate::ram::mover::Seen) -> Kind {
     match seen.entry {
         crate::slot::Entry::Compressed { .. } => Kind::Compressed,
         crate::slot::Entry::Huge { .. } => Kind::Huge,
@@ -607,7 +581,7 @@ fn encode(st: &mut State) -> (Codec, Option<usize>) {
 }
 
 /// Trains a dictionary on the samples and installs it if it pays.
-fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
+fn train(r: &Recompressor, dicts: &Dicts, st: &mut State, rep: &mut RecompressReport) {
     let t = st.trainer.as_mut().expect("training needs a trainer");
     // A replacement must beat the current dictionary on the same held-out pages: otherwise a
     // population no dictionary fits well (several programs' pages) would be retrained and
@@ -628,7 +602,7 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
             if d.gain_permille >= r.cfg.min_dict_gain_permille
                 && current.is_none_or(|c| d.gain_permille >= c + MIN_DICT_IMPROVEMENT_PERMILLE) =>
         {
-            rep.dict_installed = install(r, st, d.bytes, d.gain_permille);
+            rep.dict_installed = install(r, dicts, st, d.bytes, d.gain_permille);
             if rep.dict_installed.is_none() {
                 Counters::inc(&r.ctr.dicts_refused);
             }
@@ -652,7 +626,7 @@ fn train(r: &Recompressor, st: &mut State, rep: &mut RecompressReport) {
 
 /// Installs `bytes` as the next dictionary version and makes it current. `None` if every
 /// table place is still in use or the dictionary does not load.
-fn install(r: &Recompressor, st: &mut State, bytes: Vec<u8>, gain: u32) -> Option<u64> {
+fn install(r: &Recompressor, dicts: &Dicts, st: &mut State, bytes: Vec<u8>, gain: u32) -> Option<u64> {
     let version = st.next_version;
     let dict = match Dict::new(bytes) {
         Ok(d) => d,
@@ -663,9 +637,9 @@ fn install(r: &Recompressor, st: &mut State, bytes: Vec<u8>, gain: u32) -> Optio
         }
     };
     st.enc.set_dict(Some(&dict.bytes)).ok()?;
-    let place = r.dicts.install(dict)?;
+    let place = dicts.install(dict)?;
     st.next_version += 1;
-    st.current = Some((place, r.dicts.get(place).expect("just installed")));
+    st.current = Some((place, dicts.get(place).expect("just installed")));
     if let Some(t) = &mut st.trainer {
         (t.with, t.without, t.measured, t.since, t.retrain, t.refused_at) = (0, 0, 0, 0, false, None);
     }
@@ -731,10 +705,9 @@ mod tests {
             assert_eq!(page, record_page(i), "page {i}");
         }
         // Another dictionary in the place the pages name: every such page is an error.
-        let r = s.recomp.as_ref().unwrap();
         let samples: Vec<Vec<u8>> = (9000..9200).map(|i| record_page(i).into_iter().rev().collect()).collect();
         let other = zstd::dict::from_samples(&samples, 8192).unwrap();
-        r.dicts.replace(0, Dict::new(other).unwrap());
+        s.ram().dicts().replace(0, Dict::new(other).unwrap());
         let (mut errors, mut good) = (0, 0);
         for i in 0..256 {
             match s.read_page(&mut ctx, i, &mut page) {

@@ -13,7 +13,9 @@
 //! lock (see the locking rules in `slot.rs`).
 //!
 //! # Contract
-//! The pool does not know about slots. Its callers guarantee:
+//! The pool does not know about slots. Its one user, the RAM layer (`ram/mod.rs` and
+//! `ram/mover.rs`: the only code that allocates, reads or frees an object; the facade sees
+//! only the pool's gauges and knobs, through `Ram::pool`), guarantees:
 //! 1. An object's bytes are read ([`ZsPool::read`]) only while the caller holds the lock of
 //!    the slot that owns it, and freed ([`ZsPool::free`]) at most once, by its owner.
 //! 2. During [`ZsPool::compact`], the `relocate` callback holds the owner's slot lock while it

@@ -2,7 +2,7 @@
 //! them (its config.rs), on a machine with `ram` MiB of RAM (MemTotal) and the `set!`
 //! variables:
 //!
-//! - `zram-size`: an expression (`expr.rs`), default `min(ram / 2, 4096)`; negative is an
+//! - `zram-size`: an expression (`crate::expr`), default `min(ram / 2, 4096)`; negative is an
 //!   error; the MiB become whole bytes (truncated, as zram-generator does), and 0 bytes means
 //!   no device (zram-generator discards devices of size 0); the bytes are rounded up to whole
 //!   pages, as the kernel's disksize is;
@@ -25,8 +25,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use super::expr::{eval_with, Vars};
 use super::Section;
+use crate::expr::{eval_with, Vars};
 
 /// zram-generator's default `zram-size`.
 pub const DEFAULT_SIZE_EXPR: &str = "min(ram / 2, 4096)";

@@ -12,8 +12,8 @@
 //!   is not UTF-8 or not an expression is an error (zram-generator then fails as a whole);
 //! - any other `op!` and any plain `key = value` there are warned about and ignored.
 
-use super::expr::{eval_with, Vars};
 use super::ini::Entry;
+use crate::expr::{eval_with, Vars};
 
 /// What a program printed, and how it ended.
 pub struct ProgramOutput {

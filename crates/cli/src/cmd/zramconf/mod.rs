@@ -7,8 +7,9 @@
 //! - `directives.rs`: the global section's `set!VAR = program` lines;
 //! - this file: the `[zramN]` sections of every file merged key by key (later files win),
 //!   obsolete key names renamed, compcache's own keys kept apart, in [`load`];
-//! - `expr.rs`: the size expressions; `device.rs`: one section into what compcache makes of
-//!   it; `cmdline.rs`: the `systemd.zram=` kernel switch.
+//! - `crate::expr` (`src/expr.rs`, a floor below every command, since the size flags take
+//!   the same expressions): the size expressions; `device.rs`: one section into what
+//!   compcache makes of it; `cmdline.rs`: the `systemd.zram=` kernel switch.
 //!
 //! Pure except for reading the files and running `set!` programs (through the runner the
 //! caller passes). docs/swap.md has the key-by-key table of what compcache does with each key.
@@ -16,16 +17,15 @@
 pub mod cmdline;
 pub mod device;
 pub mod directives;
-pub mod expr;
 pub mod ini;
 pub mod paths;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use crate::expr::Vars;
 pub use device::{interpret, Device, DEFAULT_PRIORITY, DEFAULT_SIZE_EXPR};
 pub use directives::{run_with_sh, ProgramOutput};
-pub use expr::{eval, Vars};
 
 /// The keys compcache adds to zram-generator's: read from compcache's own file
 /// (`/etc/compcache/compcache.conf` and the other places `paths::COMPCACHE` names), never from

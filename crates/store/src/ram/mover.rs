@@ -1,8 +1,10 @@
 //! The mover: the one internal interface through which code that moves pages between places
-//! (the backing tier's writeback, GC and promotion; pool compaction; later cache mode and
-//! recompression) reaches the slot table and the pool. Besides the RAM path in `store.rs`, this
-//! file is the only code that touches both, so the pool contract (`zspool/mod.rs`) and the
-//! movers' rule (slot.rs rule 8) are kept here and nowhere else.
+//! (the backing tier's writeback, GC and promotion; pool compaction; cache mode's eviction;
+//! recompression) reaches the slot table and the pool. Part of the RAM layer: with `mod.rs`
+//! (the RAM half of the request paths), this file is the only code that touches both, so the
+//! pool contract (`zspool/mod.rs`) and the movers' rule (slot.rs rule 8) are kept here and
+//! nowhere else. It knows no tier: a `BACKING` entry's record is freed through [`Records`],
+//! which the backing tier implements.
 //!
 //! # Contract
 //! A move has three steps, and the slot lock is held only inside each call, never between:
@@ -31,15 +33,15 @@
 //! clears both, so a page rewritten during a move is never overwritten by the stale copy, and
 //! of two movers that copied the same page only the first to install succeeds.
 //!
-//! Statistics follow the entries: [`Mover::install`] and the RAM path account the new entry
-//! and un-account the old one in the same step (`stats.rs`).
+//! Statistics follow the entries: [`Mover::install`], and [`Mover::replaced`] after a
+//! request's swap (the store's and cache mode's), account the new entry and un-account the old
+//! one in the same step (`stats.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-use crate::backing::Backing;
+use crate::compress::dict::{Dict, Dicts};
 use crate::compress::Codec;
-use crate::recompress::dict::{Dict, Dicts};
 use crate::slot::{Entry, Hint, Mark, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zspool::ZsPool;
@@ -50,6 +52,8 @@ const TICK_SECS: u64 = 1;
 
 /// The oldest age a slot's access time can tell (`config::MAX_IDLE_SECS`).
 pub(crate) const MAX_AGE_SECS: u64 = u16::MAX as u64 * TICK_SECS;
+// The configuration's bound on idle ages (a lower floor) is this figure, written there again.
+const _: () = assert!(MAX_AGE_SECS == crate::config::MAX_IDLE_SECS);
 
 /// The coarse clock whose ticks slots keep as their access time (16 bits, so ages are modulo
 /// 2^16 ticks).
@@ -71,6 +75,14 @@ impl Clock {
     pub fn advance(&self, secs: u64) {
         self.offset.fetch_add(secs / TICK_SECS, Relaxed);
     }
+}
+
+/// Where the records of `BACKING` entries live (the backing tier, a floor above): the mover
+/// frees a record through it and knows nothing else of the tier.
+pub(crate) trait Records: Sync {
+    /// Frees the record at `loc` holding `len` payload bytes, of an entry just taken out of its
+    /// slot (pool contract 2 for records: once).
+    fn free(&self, loc: u64, len: u16);
 }
 
 /// How [`Mover::install`] knows that a slot was not rewritten since its page was copied out
@@ -97,17 +109,18 @@ pub(crate) struct Seen {
     pub rejected: bool,
 }
 
-/// A view of the store for movers; see the module docs for the contract. Cheap to make (a few
-/// references): `Store::mover` makes one per call.
+/// A view of the RAM layer for movers; see the module docs for the contract. Cheap to make (a
+/// few references): `Ram::mover` makes one per call.
 pub(crate) struct Mover<'a> {
     slots: &'a [Slot],
     pool: &'a ZsPool,
     counters: &'a Counters,
-    backing: Option<&'a Backing>,
+    records: Option<&'a dyn Records>,
     clock: &'a Clock,
     mem_limit_bytes: &'a AtomicU64,
-    /// Recompression's dictionaries, for movers that decode (the cold tier's writeback).
-    dicts: Option<&'a Dicts>,
+    /// The dictionaries, for movers that decode (the cold tier's writeback) and for
+    /// recompression, which fills them.
+    dicts: &'a Dicts,
 }
 
 impl<'a> Mover<'a> {
@@ -115,19 +128,24 @@ impl<'a> Mover<'a> {
         slots: &'a [Slot],
         pool: &'a ZsPool,
         counters: &'a Counters,
-        backing: Option<&'a Backing>,
+        records: Option<&'a dyn Records>,
         clock: &'a Clock,
         mem_limit_bytes: &'a AtomicU64,
-        dicts: Option<&'a Dicts>,
+        dicts: &'a Dicts,
     ) -> Mover<'a> {
-        Mover { slots, pool, counters, backing, clock, mem_limit_bytes, dicts }
+        Mover { slots, pool, counters, records, clock, mem_limit_bytes, dicts }
     }
 
     /// The dictionary in `place`, for decoding a page whose codec names it. Call under the
     /// lock of a slot that names it (in `copy_out`'s callback): only then is it that page's
-    /// (recompress/dict.rs).
+    /// (compress/dict.rs).
     pub fn dict(&self, place: usize) -> Option<std::sync::Arc<Dict>> {
-        self.dicts.and_then(|d| d.get(place))
+        self.dicts.get(place)
+    }
+
+    /// The dictionary table, for recompression (which installs and frees its versions).
+    pub fn dicts(&self) -> &'a Dicts {
+        self.dicts
     }
 
     pub fn num_slots(&self) -> u64 {
@@ -278,8 +296,15 @@ impl<'a> Mover<'a> {
             // one free of a live object and nobody can reach it any more.
             Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(handle) },
             Entry::Empty | Entry::Same(_) => {}
-            Entry::Backing { loc, len, .. } => self.backing.expect("BACKING entries exist only with a backing device").free(loc, len),
+            Entry::Backing { loc, len, .. } => self.records.expect("BACKING entries exist only with a backing device").free(loc, len),
         }
+    }
+
+    /// After a request (or cache mode's insert) swapped `new` into a slot under its lock and
+    /// took `old` out: accounts the new entry and frees the old one ([`Mover::release`]).
+    pub fn replaced(&self, new: Entry, old: Entry) {
+        self.account(new, true);
+        self.release(old);
     }
 
     /// Adds (`add`) or removes an entry's share of the statistics.
@@ -308,7 +333,7 @@ impl<'a> Mover<'a> {
                 upd(&c.bd_count, 1);
                 upd(&c.bd_bytes, len as u64);
                 // A raw page on the device has no codec; an encoded one keeps its dictionary
-                // in use (`recompress/dict.rs`).
+                // in use (`compress/dict.rs`).
                 if (len as usize) < PAGE_SIZE {
                     upd(&c.codec_pages[codec.index()], 1);
                     upd(&c.codec_bytes[codec.index()], len as u64);

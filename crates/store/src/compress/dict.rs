@@ -5,7 +5,7 @@
 //! A place holds a dictionary from [`Dicts::install`] until [`Dicts::free_unused`] drops it,
 //! and `free_unused` drops it only when no slot uses it: the per-codec page count
 //! (`Counters::codec_pages`, kept by `Mover::account` in the same step as every entry change,
-//! the new entry counted before the old one is released) is zero, and it is not the place
+//! the new entry counted before the old one is released; recompression passes it in) is zero, and it is not the place
 //! recompression is installing into. Both run on the recompression thread only (under its
 //! mutex), so no install of a new user can race a free. Hence: a reader that finds a slot with
 //! a dictionary codec under the slot lock always finds that place filled with the dictionary
@@ -25,7 +25,6 @@ use zstd::zstd_safe::DDict;
 
 use crate::compress::strong::StrongEncoder;
 use crate::compress::{strong, Codec, MAX_COMPRESSED_BYTES};
-use crate::stats::Counters;
 use crate::PAGE_SIZE;
 
 /// A dictionary trained by zstd's trainer (`ZDICT_trainFromBuffer`) on pages, and its gain.
@@ -198,15 +197,15 @@ impl Dicts {
         Some(place)
     }
 
-    /// Drops every dictionary no page uses, except the one in `keep` (the current one).
-    /// Returns how many it dropped. Recompression thread only.
-    pub fn free_unused(&self, counters: &Counters, keep: Option<usize>) -> u64 {
+    /// Drops every dictionary no page uses (`pages_of` a dictionary codec is 0), except the one
+    /// in `keep` (the current one). Returns how many it dropped. Recompression thread only.
+    pub fn free_unused(&self, pages_of: impl Fn(Codec) -> u64, keep: Option<usize>) -> u64 {
         let mut freed = 0;
         for (place, lock) in self.places.iter().enumerate() {
             if Some(place) == keep || lock.read().is_none() {
                 continue;
             }
-            if Counters::get(&counters.codec_pages[Codec::with_dict(place).index()]) == 0 {
+            if pages_of(Codec::with_dict(place)) == 0 {
                 lock.write().take();
                 freed += 1;
             }
@@ -244,17 +243,19 @@ mod tests {
 
     #[test]
     fn a_dictionary_lives_while_pages_use_it() {
+        use crate::stats::Counters;
         let counters = Counters::default();
+        let pages_of = |c: Codec| Counters::get(&counters.codec_pages[c.index()]);
         let dicts = Dicts::new();
         let bytes = trained();
         let place = dicts.install(Dict::new(bytes.clone()).unwrap()).unwrap();
         let users = &counters.codec_pages[Codec::with_dict(place).index()];
         Counters::inc(users);
-        assert_eq!(dicts.free_unused(&counters, None), 0, "a page uses it");
+        assert_eq!(dicts.free_unused(pages_of, None), 0, "a page uses it");
         let held = dicts.get(place).expect("installed");
         Counters::sub(users, 1);
-        assert_eq!(dicts.free_unused(&counters, Some(place)), 0, "the current one is kept");
-        assert_eq!(dicts.free_unused(&counters, None), 1);
+        assert_eq!(dicts.free_unused(pages_of, Some(place)), 0, "the current one is kept");
+        assert_eq!(dicts.free_unused(pages_of, None), 1);
         assert!(dicts.get(place).is_none());
         assert_eq!(&*held.bytes, &bytes[..], "a reader's Arc outlives the table's");
         assert_eq!(dicts.summary(), DictsSummary::default());
