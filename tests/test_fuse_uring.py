@@ -75,7 +75,7 @@ def test_fio_verifies_through_io_uring(fuse_uring, fuse_server, tmp_path, monkey
         started.append(s)
         return s
 
-    fio_on_loop(start, tmp_path)
+    fio_on_loop(start, tmp_path, [])
     log = started[0].log()
     assert "fuse transport: io_uring" in log, log
     served = answered_through_uring(log)
