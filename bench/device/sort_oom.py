@@ -32,6 +32,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO)
+from bench.device.fio_loop import ZramTarget  # noqa: E402
 LOCK = "/run/lock/compcache-host-swap.lock"
 CG_ROOT = "/sys/fs/cgroup/memory"
 
@@ -58,20 +60,16 @@ def make_text(path, mib, seed=30):
             written += len(chunk)
 
 
-class Zram:
+class Zram(ZramTarget):
+    """fio_loop's zram device of our own (hot_add, lz4; reset and hot_remove), as swap."""
     name = "zram lz4"
 
     def __init__(self, size):
-        self.size, self.index, self.dev, self.on = size, None, None, False
+        super().__init__(size)
+        self.dev, self.on = None, False
 
     def start(self):
-        with open("/sys/class/zram-control/hot_add") as f:
-            self.index = int(f.read())
-        self.dev = f"/dev/zram{self.index}"
-        with open(f"/sys/block/zram{self.index}/comp_algorithm", "w") as f:
-            f.write("lz4")
-        with open(f"/sys/block/zram{self.index}/disksize", "w") as f:
-            f.write(str(self.size))
+        super().start()
         sh(["mkswap", self.dev])
         sh(["swapon", "-p", "32767", self.dev])
         self.on = True
@@ -79,13 +77,7 @@ class Zram:
     def stop(self):
         if self.on:
             sh(["swapoff", self.dev], check=False)
-        if self.index is not None:
-            with contextlib.suppress(OSError):
-                with open(f"/sys/block/zram{self.index}/reset", "w") as f:
-                    f.write("1")
-            with contextlib.suppress(OSError):
-                with open("/sys/class/zram-control/hot_remove", "w") as f:
-                    f.write(str(self.index))
+        super().stop()
 
 
 class Compcache:
