@@ -211,6 +211,9 @@ pub struct Held<'a> {
     pub negotiated: Negotiated,
 }
 
+/// What [`mount_held`] calls with the descriptors to hold.
+pub type Hold<'h> = dyn FnMut(&Held<'_>) -> io::Result<()> + 'h;
+
 /// As [`mount`], for a connection a successor can take over ([`take_over`]): `hold` gets every
 /// descriptor requests will be read from, and what INIT agreed, before the first request is
 /// read; if it fails, nothing is served and the mount is taken down. Always the classic
@@ -231,12 +234,7 @@ pub fn mount_held(
     Ok(m)
 }
 
-fn mount_inner(
-    store: Arc<Store>,
-    mountpoint: &Path,
-    opts: &Options,
-    hold: Option<&mut dyn FnMut(&Held<'_>) -> io::Result<()>>,
-) -> io::Result<Mounted> {
+fn mount_inner(store: Arc<Store>, mountpoint: &Path, opts: &Options, hold: Option<&mut Hold<'_>>) -> io::Result<Mounted> {
     use fuser::MountOption as M;
     let mut filesystem = InitFs::new(opts.max_request_bytes, opts.max_background);
     let negotiated = filesystem.negotiated();

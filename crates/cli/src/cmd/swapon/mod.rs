@@ -23,9 +23,11 @@
 mod container;
 mod foreground;
 mod own_keys;
+mod restart;
 mod server;
 mod settings;
 mod state;
+mod supervisor;
 
 use std::path::{Path, PathBuf};
 
@@ -38,9 +40,12 @@ use crate::frontend::{Frontend, Wanted};
 use crate::log;
 use crate::store_args::StoreArgs;
 use crate::units::human;
+pub use restart::{run_restart, RestartArgs};
 use server::{stop_server, ServerProcess};
 use settings::{plan, Planned, Settings};
 use state::SwapState;
+pub use supervisor::{run_supervisor, SupervisorArgs};
+use supervisor::{Output, Supervisor};
 
 /// Set up a compressed RAM swap device in one step (mkswap and swapon included).
 #[derive(clap::Args, Debug)]
@@ -187,7 +192,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     }
     // In the foreground the stop signals are this process's to handle: blocked before any
     // thread or child exists, collected by `foreground::supervise`.
-    let signals = if args.foreground { Some(crate::process::StopSignals::block()?) } else { None };
+    let signals = if args.foreground { Some(crate::process::StopSignals::block_with_handover()?) } else { None };
     let mut failed = Vec::new();
     let mut report = Vec::new();
     for p in planned {
@@ -269,8 +274,34 @@ fn set_up(
     report: Option<&mut Vec<serde_json::Value>>,
 ) -> Result<(), Failure> {
     let frontend = Frontend::choose(s.frontend).map_err(Failure::new)?;
-    let (server, dev) = ServerProcess::start(frontend, s, &s.reserve, foreground.is_some())?;
-    let state = SwapState::new(dev.clone(), frontend, server.pid(), server.log().to_path_buf());
+    let (server, dev) = match (frontend, foreground.is_some()) {
+        // In the foreground, swapon is the FUSE server's supervisor itself (supervisor.rs),
+        // forwarding what the server stores to systemd's store.
+        (Frontend::Fuse, true) => {
+            let args = server::server_args(frontend, s, &s.reserve);
+            let sup = Supervisor::start(server::installed_exe()?, args, Output::Inherit, std::env::var_os("NOTIFY_SOCKET"))?;
+            let dev = sup.device.clone();
+            (foreground::Server::Supervised(Box::new(sup)), dev)
+        }
+        _ => {
+            let (p, dev) = ServerProcess::start(frontend, s, &s.reserve, foreground.is_some())?;
+            (foreground::Server::Plain(p), dev)
+        }
+    };
+    let state = match &server {
+        foreground::Server::Plain(p) => {
+            let mut st = SwapState::new(dev.clone(), frontend, p.pid(), p.log().to_path_buf());
+            if let Some((pid, held)) = p.supervisor() {
+                (st.supervisor, st.takeover) = (pid, held);
+            }
+            st
+        }
+        foreground::Server::Supervised(sup) => {
+            let mut st = SwapState::new(dev.clone(), frontend, sup.server_pid(), PathBuf::from(server::JOURNAL));
+            (st.supervisor, st.takeover) = (std::process::id(), sup.holds_connection());
+            st
+        }
+    };
     state.save()?;
     // Swap is enabled through the hibernation-safe name, so that systemd never writes a
     // hibernation image to it (swapdev::HIBERNATION_SAFE_PREFIX); the device's own name if
@@ -321,7 +352,7 @@ fn set_up(
     if let Some(signals) = foreground {
         return foreground::supervise(server, &state, &status, signals);
     }
-    // The server runs on, re-parented to init; `compcache swapoff` stops it.
+    // The server (or its supervisor) runs on, re-parented to init; `compcache swapoff` stops it.
     server.detach();
     Ok(())
 }
