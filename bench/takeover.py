@@ -12,10 +12,7 @@ kernel holds until the successor serves it. Prints per kill the time from the ki
 return, and the supervisor's own figure (its log: from seeing the death to the successor's
 READY), then p50 and max of both; `compcache swapoff` at the end.
 
-When the store's state does not outlive its process in this build (`Store::state_fd` is None)
-the device is set up with COMPCACHE_TEST_TAKEOVER_SHIM=1 (crates/cli/src/survival.rs: the
-successor gets an empty store), which times the same mechanics; the output says so. A
-measurement, not a test (tests/test_takeover.py asserts the behaviour).
+A measurement, not a test (tests/test_takeover.py asserts the behaviour).
 """
 import argparse
 import json
@@ -65,16 +62,11 @@ def main():
     binary = os.path.abspath(a.bin)
     env = dict(os.environ)
     dev = swapon(binary, a.size, env)
-    shim = False
-    if not records()[dev]["takeover"]:
-        subprocess.run([binary, "swapoff", dev], env=env, capture_output=True)
-        env["COMPCACHE_TEST_TAKEOVER_SHIM"] = "1"
-        shim = True
-        dev = swapon(binary, a.size, env)
     rec = records()[dev]
-    print(f"{binary}: {dev}, supervisor pid {rec['supervisor']}"
-          + (" (TEST SHIM: the store's state does not survive in this build; mechanics only)" if shim else ""))
+    print(f"{binary}: {dev}, supervisor pid {rec['supervisor']}")
     try:
+        if not rec["takeover"]:
+            sys.exit("the device's store does not outlive its server: nothing to time")
         subprocess.run(["swapoff", "/dev/zram-compcache-" + os.path.basename(dev)], check=True)
         buf = mmap.mmap(-1, 4096)
         fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)

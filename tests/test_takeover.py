@@ -5,11 +5,11 @@ docs/swap.md, "When the server dies").
 descriptors; a successor started with `--takeover` serves the same FUSE connection and has the
 kernel send the requests in flight again (FUSE_NOTIFY_RESEND).
 
-- the mechanics: O_DIRECT readers and writers on the loop device (taken out of swap first, see
-  below) while the server is SIGKILLed five times and `compcache restart` replaces it with a
-  different build installed at the same path: no request fails, each successor is a new
-  process of the binary at that path, and `compcache swapoff` leaves no mount, loop device,
-  process or /run state;
+- O_DIRECT readers and writers on the loop device (taken out of swap: kernel swapoff), each
+  page tagged when written and checked when read, while the server is SIGKILLed five times and
+  `compcache restart` replaces it with a different build installed at the same path: no request
+  fails, no page is wrong, each successor is a new process of the binary at that path, and
+  `compcache swapoff` leaves no mount, loop device, process or /run state;
 - a successor that refuses the state (a binary that exits TAKEOVER_REFUSED, 78): the supervisor
   pauses, growing, keeps the descriptors, and the device's users wait rather than fail; once a
   compcache that can read the state is installed again, the waiting read is served;
@@ -17,14 +17,9 @@ kernel send the requests in flight again (FUSE_NOTIFY_RESEND).
   error, never data;
 - the kernel swaps a workload whose every page is checked (tools/scan -V, in a memory cgroup
   three times smaller than it) to the device while its server is SIGKILLed several times and
-  restarted once to a different build: the workload exits 0. This one needs a store whose state
-  outlives its process (`Store::state_fd`); until the store has it, it is skipped with that
-  reason.
+  restarted once to a different build: the workload exits 0.
 
-The first three run with COMPCACHE_TEST_TAKEOVER_SHIM=1 (crates/cli/src/survival.rs): a test
-switch with which a successor gets an EMPTY store of the right size, so they test the
-mechanics, not the data. That is why they take the device out of swap (kernel swapoff) before
-using it: a page the host swapped out to it would be lost at the first kill.
+The first three take the device out of swap (kernel swapoff) to use it as a plain block device.
 
 Everything set up is torn down in `finally` (swapoff; else the recorded supervisor and server
 killed by PID, the loop device detached, the mount detached). Needs root, /dev/fuse, losetup,
@@ -41,14 +36,16 @@ import subprocess
 import threading
 import time
 import mmap
+import struct
 
 import pytest
 
-from conftest import REPO, need, need_memory_cgroup, remove_cgroup, run, wait_for, write
+from conftest import REPO, need, need_memory_cgroup, remove_cgroup, run, swap_used_kib, wait_for, write
 from test_fuse import HOST_SWAP_LOCK, host_swap_lock, mounted, need_fuse  # noqa: F401
 
 MiB = 1 << 20
-SHIM = {"COMPCACHE_TEST_TAKEOVER_SHIM": "1"}
+PAGE = 4096
+ZERO_PAGE = bytes(PAGE)
 STATE_DIR = "/run/compcache/swap"
 
 
@@ -163,34 +160,56 @@ class Device:
 
 
 class Traffic:
-    """Threads doing O_DIRECT 4-64 KiB reads and writes at random offsets of `dev` until
-    stopped; every error is kept."""
+    """Threads doing O_DIRECT reads and writes of 1-16 pages at random offsets of `dev`, each
+    in its own region (past the first MiB, where mkswap's header is), until stopped. Every page
+    written carries a tag (thread, counter) and every page read is compared with the last tag
+    written there (zeros if none): errors and wrong pages are kept."""
 
     def __init__(self, dev, size, threads=4):
-        self.dev, self.size, self.stop_flag = dev, size, threading.Event()
-        self.errors, self.done = [], 0
+        self.dev, self.stop_flag = dev, threading.Event()
+        self.region = (size - MiB) // threads // PAGE * PAGE
+        self.errors, self.done, self.checked = [], 0, 0
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(threads)]
         for t in self.threads:
             t.start()
 
-    def run(self, seed):
-        rng = random.Random(seed)
-        buf = mmap.mmap(-1, 64 << 10)
+    def run(self, me):
+        rng = random.Random(me)
+        base = MiB + me * self.region
+        pages = self.region // PAGE
+        want = {}
+        counter = 0
+        buf = mmap.mmap(-1, 16 * PAGE)
         fd = os.open(self.dev, os.O_RDWR | os.O_DIRECT)
         try:
             while not self.stop_flag.is_set():
-                n = rng.choice((4096, 16384, 65536))
-                off = rng.randrange(0, self.size - n, 4096)
-                view = memoryview(buf)[:n]
+                n = rng.choice((1, 4, 16))
+                first = rng.randrange(0, pages - n)
+                view = memoryview(buf)[:n * PAGE]
                 try:
                     if rng.random() < 0.5:
-                        os.pwritev(fd, [view], off)
+                        tags = []
+                        for k in range(n):
+                            counter += 1
+                            tag = struct.pack("<II", me, counter) * (PAGE // 8)
+                            buf[k * PAGE:(k + 1) * PAGE] = tag
+                            tags.append(tag)
+                        os.pwritev(fd, [view], base + first * PAGE)
+                        for k, tag in enumerate(tags):
+                            want[first + k] = tag
                     else:
-                        os.preadv(fd, [view], off)
+                        os.preadv(fd, [view], base + first * PAGE)
+                        for k in range(n):
+                            got = bytes(buf[k * PAGE:(k + 1) * PAGE])
+                            if got != want.get(first + k, ZERO_PAGE):
+                                with self.lock:
+                                    self.errors.append(f"wrong data in page {base // PAGE + first + k}")
+                        with self.lock:
+                            self.checked += n
                 except OSError as e:
                     with self.lock:
-                        self.errors.append(f"{off}+{n}: {e}")
+                        self.errors.append(f"{base + first * PAGE}+{n * PAGE}: {e}")
                 with self.lock:
                     self.done += 1
         finally:
@@ -228,7 +247,7 @@ def test_kills_and_a_restart_to_another_build_fail_no_request(builds):
     dev = None
     with host_swap_lock():
         try:
-            dev = Device(exe, SHIM)
+            dev = Device(exe, {})
             rec = dev.first
             assert rec["supervisor"] and rec["takeover"], rec
             dev.out_of_swap()
@@ -250,7 +269,8 @@ def test_kills_and_a_restart_to_another_build_fail_no_request(builds):
             served = traffic.count()
             wait_for(lambda: traffic.count() > served + 100, "requests served by the restarted server")
             errors = traffic.stop()
-            assert not errors, f"{len(errors)} failed requests, e.g. {errors[:5]}\n{dev.log()}"
+            assert not errors, f"{len(errors)} failed requests or wrong pages, e.g. {errors[:5]}\n{dev.log()}"
+            print(f"{traffic.count()} requests, {traffic.checked} pages read back and checked")
             log = dev.log()
             print("\n".join(l for l in log.splitlines() if "successor" in l or "took" in l or "hand" in l))
             assert log.count("starting a successor") >= 5 and "handed over" in log, log
@@ -274,7 +294,7 @@ def test_a_refused_state_keeps_the_device_waiting_not_failing(builds):
     dev = None
     with host_swap_lock():
         try:
-            dev = Device(exe, SHIM)
+            dev = Device(exe, {})
             dev.out_of_swap()
             with open(exe + ".refusing", "w") as f:
                 f.write("#!/bin/sh\necho 'compcache: cannot take the device over: the state has layout 99' >&2\nexit 78\n")
@@ -317,7 +337,7 @@ def test_supervisor_gone_too_means_io_errors_not_data(builds):
     dev = None
     with host_swap_lock():
         try:
-            dev = Device(exe, SHIM)
+            dev = Device(exe, {})
             dev.out_of_swap()
             rec = dev.record()
             os.kill(rec["supervisor"], signal.SIGKILL)
@@ -352,19 +372,19 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
     with host_swap_lock():
         try:
             dev = Device(exe, {}, size="512M")
-            if not dev.first["takeover"]:
-                pytest.skip("the store's state does not outlive its process in this build (Store::state_fd is None): "
-                            "a successor would have no pages to serve")
+            assert dev.first["takeover"], "the store's state does not outlive its server"
             cgroup = os.path.join(cg_parent, f"compcache-takeover-{os.getpid()}")
             os.mkdir(cgroup)
             write(os.path.join(cgroup, "memory.max" if cg_version == 2 else "memory.limit_in_bytes"), 64 * MiB)
             procs = os.path.join(cgroup, "cgroup.procs")
             proc = subprocess.Popen([scan, "-V", "-v", "-m", "cyclic", "-w", "192", "6"], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: write(procs, os.getpid()))
+            swapped_kib = []
             for i in range(6):
                 time.sleep(2)
                 if proc.poll() is not None:
                     break
+                swapped_kib.append(swap_used_kib(dev.alias))
                 if i == 3:
                     install(other, exe)
                     run([exe, "restart", dev.dev], timeout=180)
@@ -373,6 +393,8 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
             out, _ = proc.communicate(timeout=900)
             print(out[-3000:])
             assert proc.returncode == 0 and "verify=ok" in out and "mismatches=0" in out, out[-3000:]
+            print(f"KiB in swap on the device at each kill or restart: {swapped_kib}")
+            assert max(swapped_kib, default=0) > 0, "nothing was swapped to the device"
             p = dev.swapoff()
             assert p.returncode == 0, p.stderr
             assert dev.leftovers() == []
