@@ -125,6 +125,60 @@ impl Supervisor {
         }
     }
 
+    /// Adopts a device from descriptors a supervisor before this one stored in systemd's store
+    /// (`held`, handed back as LISTEN_FDS when systemd restarted the unit): the server still
+    /// running, `old_server`, is asked to hand over (SIGUSR2) and awaited, then a successor is
+    /// started with the descriptors. The device it serves.
+    pub(super) fn adopt(
+        exe: PathBuf,
+        args: Vec<OsString>,
+        held: Vec<(String, OwnedFd)>,
+        systemd: Option<OsString>,
+        old_server: u32,
+    ) -> Result<Supervisor, Failure> {
+        if old_server != 0 && super::server::alive(old_server) {
+            log::info(&format!("asking the running server (pid {old_server}) to hand over"));
+            // SAFETY: kill with a pid and a signal number; the pid is the device's recorded
+            // server, checked alive just now.
+            unsafe { libc::kill(old_server as libc::pid_t, libc::SIGUSR2) };
+            let start = Instant::now();
+            while super::server::alive(old_server) {
+                if start.elapsed() > Duration::from_secs(60) {
+                    return Err(Failure::new(format!("the running server (pid {old_server}) did not hand over within a minute")));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+        let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
+        let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let mut s = Supervisor {
+            exe,
+            args,
+            output: Output::Inherit,
+            socket,
+            held,
+            systemd,
+            child: None,
+            pidfd: None,
+            device: PathBuf::new(),
+            deaths: VecDeque::new(),
+            pause: Duration::ZERO,
+            started: Vec::new(),
+        };
+        match s.spawn(true) {
+            Ok(dev) => {
+                s.device = dev;
+                s.drain();
+                Ok(s)
+            }
+            Err(status) => Err(Failure::new(format!(
+                "the successor did not take the device over ({}); its descriptors stay in systemd's store",
+                describe(status)
+            ))),
+        }
+    }
+
     /// The running server's pid (0 while none runs).
     pub(super) fn server_pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
