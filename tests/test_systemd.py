@@ -9,6 +9,7 @@ the FUSE front end (the one this host has; root).
 - SIGTERM while the system shuts down (`systemctl is-system-running` says `stopping`; a
   `systemctl` of the test's, first in PATH, says it): swap and server stay, exit 0; the test
   takes them down with `compcache swapoff`;
+- SIGUSR2 (the unit's ExecReload): the server hands over to a successor;
 - the server killed: swapon, its supervisor, starts a successor that takes the device over
   (the store's state and the FUSE connection survive the server; swapon stored the
   connection's descriptors in "systemd"'s store, FDSTORE=1, which this test's socket keeps);
@@ -219,7 +220,13 @@ def test_a_killed_server_is_taken_over(fg, tmp_path):
     wait_for(lambda: compcache_devices()[dev]["pid"] != state["pid"], "a successor", timeout=60)
     assert p.poll() is None, log_of(tmp_path)
     assert "/dev/zram-compcache-" + os.path.basename(dev) in swaps(), "the device stays swap"
-    p2 = run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
+    run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
+    # systemctl reload (ExecReload: SIGUSR2 to swapon): the server is handed over.
+    before = compcache_devices()[dev]["pid"]
+    os.kill(p.pid, signal.SIGUSR2)
+    wait_for(lambda: compcache_devices()[dev]["pid"] != before, "the reloaded server", timeout=60)
+    assert "ended (handed over)" in log_of(tmp_path), log_of(tmp_path)
+    run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
     os.kill(p.pid, signal.SIGTERM)
     assert notify.next().get("STOPPING") == "1"
     assert p.wait(timeout=TIMEOUT) == 0, log_of(tmp_path)

@@ -27,7 +27,8 @@ pub struct RestartArgs {
 }
 
 pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
-    let states = if args.devices.is_empty() { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(d)).collect() };
+    let every = args.devices.is_empty();
+    let states = if every { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(d)).collect() };
     if states.is_empty() {
         println!("compcache: no compcache swap devices");
         return Ok(());
@@ -35,6 +36,11 @@ pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
     let mut failed = Vec::new();
     for path in states {
         let state = SwapState::load(&path)?;
+        if every && !(state.frontend == Frontend::Fuse && state.supervisor != 0 && state.takeover) {
+            // Without names, the devices that cannot be handed over keep their server.
+            println!("compcache: restart {}: skipped, its server cannot be replaced ({})", state.device.display(), why_not(&state));
+            continue;
+        }
         match restart_one(&state, &path) {
             Ok(new) => println!("compcache: restart {}: server pid {} handed over to pid {new}", state.device.display(), state.pid),
             Err(e) => {
@@ -49,20 +55,20 @@ pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
     }
 }
 
+/// Why `state`'s server cannot be handed over.
+fn why_not(state: &SwapState) -> String {
+    if state.frontend != Frontend::Fuse || state.supervisor == 0 {
+        return format!("its {} server has no supervisor: only a FUSE device set up by swapon can be restarted", state.frontend);
+    }
+    "its store's state does not outlive the server (a backing device, the cold tier), so a successor could not take it over; \
+     `compcache swapoff` and `swapon` change the binary"
+        .into()
+}
+
 /// Hands `state`'s device over; the new server's pid.
 fn restart_one(state: &SwapState, record: &std::path::Path) -> Result<u32, String> {
-    if state.frontend != Frontend::Fuse || state.supervisor == 0 {
-        return Err(format!(
-            "its {} server has no supervisor: only a FUSE device set up by this version's swapon can be restarted",
-            state.frontend
-        ));
-    }
-    if !state.takeover {
-        return Err(
-            "its store's state does not outlive the server, so a successor could not take it over; restarting would lose every page \
-                    (`compcache swapoff` and `swapon` to change the binary)"
-                .into(),
-        );
+    if state.frontend != Frontend::Fuse || state.supervisor == 0 || !state.takeover {
+        return Err(why_not(state));
     }
     // SAFETY: kill with a pid and a signal number.
     if unsafe { libc::kill(state.pid as libc::pid_t, libc::SIGUSR2) } != 0 {
