@@ -9,7 +9,8 @@ the FUSE front end (the one this host has; root).
 - SIGTERM while the system shuts down (`systemctl is-system-running` says `stopping`; a
   `systemctl` of the test's, first in PATH, says it): swap and server stay, exit 0; the test
   takes them down with `compcache swapoff`;
-- SIGUSR2 (the unit's ExecReload): the server hands over to a successor;
+- `compcache restart --supervisor MAINPID` (the unit's ExecReload) and SIGUSR2 to swapon: the
+  server hands over to a successor, each time;
 - the server killed: swapon, its supervisor, starts a successor that takes the device over
   (the store's state and the FUSE connection survive the server; swapon stored the
   connection's descriptors in "systemd"'s store, FDSTORE=1, which this test's socket keeps);
@@ -208,7 +209,7 @@ def test_at_shutdown_the_swap_and_server_stay(fg, tmp_path, compcache_bin):
     assert "zram-compcache" not in swaps()
 
 
-def test_a_killed_server_is_taken_over(fg, tmp_path):
+def test_a_killed_server_is_taken_over(fg, tmp_path, compcache_bin):
     go, notify = fg
     p, dev = go()
     notify.drain()
@@ -221,11 +222,15 @@ def test_a_killed_server_is_taken_over(fg, tmp_path):
     assert p.poll() is None, log_of(tmp_path)
     assert "/dev/zram-compcache-" + os.path.basename(dev) in swaps(), "the device stays swap"
     run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
-    # systemctl reload (ExecReload: SIGUSR2 to swapon): the server is handed over.
+    # systemctl reload (ExecReload: compcache restart --supervisor $MAINPID): handed over.
+    before = compcache_devices()[dev]["pid"]
+    r = run([compcache_bin, "restart", "--supervisor", str(p.pid)], timeout=TIMEOUT)
+    assert f"restart {dev}: server pid {before} handed over" in r.stdout, r.stdout
+    assert "ended (handed over)" in log_of(tmp_path), log_of(tmp_path)
+    # SIGUSR2 to swapon does the same.
     before = compcache_devices()[dev]["pid"]
     os.kill(p.pid, signal.SIGUSR2)
-    wait_for(lambda: compcache_devices()[dev]["pid"] != before, "the reloaded server", timeout=60)
-    assert "ended (handed over)" in log_of(tmp_path), log_of(tmp_path)
+    wait_for(lambda: compcache_devices()[dev]["pid"] != before, "the server handed over on SIGUSR2", timeout=60)
     run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
     os.kill(p.pid, signal.SIGTERM)
     assert notify.next().get("STOPPING") == "1"

@@ -24,11 +24,27 @@ pub struct RestartArgs {
     /// device `compcache swapon` set up].
     #[arg(value_name = "DEVICE")]
     pub devices: Vec<PathBuf>,
+
+    /// The device supervised by this process (`swapon --foreground`'s pid: the unit's
+    /// `ExecReload=compcache restart --supervisor $MAINPID`) instead of named ones.
+    #[arg(long, value_name = "PID", conflicts_with = "devices")]
+    pub supervisor: Option<u32>,
 }
 
 pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
-    let every = args.devices.is_empty();
-    let states = if every { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(d)).collect() };
+    let every = args.devices.is_empty() && args.supervisor.is_none();
+    let states: Vec<PathBuf> = match args.supervisor {
+        Some(pid) => {
+            let mine: Vec<PathBuf> =
+                SwapState::all().into_iter().filter(|p| SwapState::load(p).is_ok_and(|s| s.supervisor == pid)).collect();
+            if mine.is_empty() {
+                return Err(Failure::new(format!("no device is supervised by pid {pid}")));
+            }
+            mine
+        }
+        None if every => SwapState::all(),
+        None => args.devices.iter().map(|d| SwapState::path_for(d)).collect(),
+    };
     if states.is_empty() {
         println!("compcache: no compcache swap devices");
         return Ok(());
