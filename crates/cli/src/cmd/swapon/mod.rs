@@ -455,6 +455,10 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
             remove_swap_alias(&dev);
             stop_server(&state)?;
             server::clean_up_after_fuse(&state);
+            // A server that was killed left its control socket.
+            if !server::alive(state.pid) {
+                let _ = std::fs::remove_file(&state.control);
+            }
             Ok(())
         })();
         match result {
