@@ -110,6 +110,8 @@ pub fn run(data: &[u8]) {
     drop((ctx, store));
 
     let mut anything = false;
+    // Slots a damaged journal record names (never locked afterwards).
+    let mut named = [false; PAGES as usize];
     for _ in 0..16 {
         let region = b.u8();
         if region == 0xff {
@@ -119,8 +121,12 @@ pub fn run(data: &[u8]) {
         match region % 5 {
             // A slot's lock and mover bits (63, 59, 58, 57): derived.
             0 => {
-                let at = r.slots + (off % PAGES as usize) * 16;
-                let meta = pread_u64(&fd, at) | ((val as u64 & 0b1000_1110) << 56);
+                let s = off % PAGES as usize;
+                let at = r.slots + s * 16;
+                // Not the lock bit of a slot a damaged record names: that would make the
+                // record authoritative (a real one is written only under the lock).
+                let bits = if named[s] { val as u64 & 0b0000_1110 } else { val as u64 & 0b1000_1110 };
+                let meta = pread_u64(&fd, at) | (bits << 56);
                 pwrite(&fd, at, &meta.to_ne_bytes());
             }
             // A descriptor's `inuse`, `list_prev` or `list_next` (not `next`, not `free_head`).
@@ -142,6 +148,7 @@ pub fn run(data: &[u8]) {
                         if meta >> 63 == 1 {
                             0 // that slot is locked: a record for it is authoritative
                         } else {
+                            named[s as usize] = true;
                             s + 1
                         }
                     }
