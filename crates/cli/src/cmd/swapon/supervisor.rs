@@ -88,8 +88,7 @@ pub(super) struct Supervisor {
     pidfd: Option<OwnedFd>,
     /// The device the server serves.
     pub(super) device: PathBuf,
-    deaths: VecDeque<Instant>,
-    pause: Duration,
+    backoff: Backoff,
     /// Every server this supervisor started: only their messages are taken.
     started: Vec<u32>,
 }
@@ -111,8 +110,7 @@ impl Supervisor {
             child: None,
             pidfd: None,
             device: PathBuf::new(),
-            deaths: VecDeque::new(),
-            pause: Duration::ZERO,
+            backoff: Backoff::default(),
             started: Vec::new(),
         };
         match s.spawn(false) {
@@ -162,8 +160,7 @@ impl Supervisor {
             child: None,
             pidfd: None,
             device: PathBuf::new(),
-            deaths: VecDeque::new(),
-            pause: Duration::ZERO,
+            backoff: Backoff::default(),
             started: Vec::new(),
         };
         match s.spawn(true) {
@@ -357,7 +354,7 @@ impl Supervisor {
     /// returned).
     fn revive(&mut self, mut status: Option<ExitStatus>, seen: Instant, signals: &StopSignals, record: &Path) -> Option<i32> {
         loop {
-            let pause = self.pause_after(status);
+            let pause = self.backoff.after(status.and_then(|s| s.code()), Instant::now());
             log::warning(&format!(
                 "the fuse server of {} ended ({}); {}",
                 self.device.display(),
@@ -387,9 +384,7 @@ impl Supervisor {
                         (seen.elapsed().saturating_sub(pause)).as_secs_f64() * 1e3,
                     ));
                     self.drain();
-                    // A successor is up: the next death starts from no pause (a crash loop is
-                    // caught by the death count).
-                    self.pause = Duration::ZERO;
+                    self.backoff.up();
                     update_record(record, self.server_pid());
                     return None;
                 }
@@ -399,26 +394,6 @@ impl Supervisor {
                 }
             }
         }
-    }
-
-    /// The pause before the next successor after a server ended with `status`.
-    fn pause_after(&mut self, status: Option<ExitStatus>) -> Duration {
-        let now = Instant::now();
-        self.deaths.push_back(now);
-        while self.deaths.front().is_some_and(|t| now.duration_since(*t) > DEATH_WINDOW) {
-            self.deaths.pop_front();
-        }
-        let code = status.and_then(|s| s.code());
-        let refused = code == Some(TAKEOVER_REFUSED);
-        if code == Some(HANDED_OVER) {
-            self.deaths.pop_back();
-            return Duration::ZERO;
-        }
-        if refused || self.deaths.len() > DEATHS_BEFORE_PAUSE {
-            self.pause = (self.pause * 2).clamp(PAUSE_FIRST, PAUSE_MAX);
-            return self.pause;
-        }
-        Duration::ZERO
     }
 
     /// Sleeps until the server exits, a notify message comes, or `timeout` passes.
@@ -458,6 +433,41 @@ impl Supervisor {
         if let Some(c) = self.child.take() {
             std::mem::forget(c);
         }
+    }
+}
+
+/// When to start the next successor (module docs): at once, except after a refusal of the
+/// state or in a crash loop (more than [`DEATHS_BEFORE_PAUSE`] deaths within
+/// [`DEATH_WINDOW`]), when the pause doubles from [`PAUSE_FIRST`] up to [`PAUSE_MAX`].
+#[derive(Debug, Default)]
+struct Backoff {
+    deaths: VecDeque<Instant>,
+    pause: Duration,
+}
+
+impl Backoff {
+    /// The pause before the successor of a server that ended at `now` with exit `code` (None:
+    /// killed by a signal, or it never reported).
+    fn after(&mut self, code: Option<i32>, now: Instant) -> Duration {
+        if code == Some(HANDED_OVER) {
+            // Asked for: no death.
+            return Duration::ZERO;
+        }
+        self.deaths.push_back(now);
+        while self.deaths.front().is_some_and(|t| now.duration_since(*t) > DEATH_WINDOW) {
+            self.deaths.pop_front();
+        }
+        if code == Some(TAKEOVER_REFUSED) || self.deaths.len() > DEATHS_BEFORE_PAUSE {
+            self.pause = (self.pause * 2).clamp(PAUSE_FIRST, PAUSE_MAX);
+            return self.pause;
+        }
+        Duration::ZERO
+    }
+
+    /// A successor is up: the next death starts from no pause (a crash loop is caught by the
+    /// death count).
+    fn up(&mut self) {
+        self.pause = Duration::ZERO;
     }
 }
 
@@ -556,5 +566,33 @@ pub fn run_supervisor(args: SupervisorArgs) -> Result<(), Failure> {
         Watch::Lost(why) => {
             Err(Failure::new(format!("{}: {why}; the device's pages are gone (`compcache swapoff` cleans up)", sup.device.display())))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn successors_start_at_once_unless_refused_or_in_a_crash_loop() {
+        let mut b = Backoff::default();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        // Kills and hand-overs: at once, five deaths in the window are not yet a loop.
+        for i in 0..5 {
+            assert_eq!(b.after(None, t0 + s(i)), Duration::ZERO, "death {i}");
+            assert_eq!(b.after(Some(HANDED_OVER), t0 + s(i)), Duration::ZERO, "a hand-over is no death");
+        }
+        // The sixth within ten seconds: a crash loop, 1 s, then doubling.
+        assert_eq!(b.after(Some(101), t0 + s(5)), s(1));
+        assert_eq!(b.after(None, t0 + s(6)), s(2));
+        b.up();
+        // Deaths spread out: the window forgets the old ones, the pause starts again at none.
+        assert_eq!(b.after(None, t0 + s(60)), Duration::ZERO);
+        // A refused state pauses at once, doubling to a minute, while no successor comes up.
+        let got: Vec<u64> = (0..9).map(|i| b.after(Some(TAKEOVER_REFUSED), t0 + s(100 + 100 * i)).as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        b.up();
+        assert_eq!(b.after(Some(TAKEOVER_REFUSED), t0 + s(10_000)), s(1));
     }
 }
