@@ -8,6 +8,20 @@ use std::fmt;
 /// set up" from "swap is on", and neither 1 nor 2, which are errors.
 pub const STOOD_DOWN: i32 = 3;
 
+/// The exit code of a FUSE server that handed its device over (`compcache restart`, SIGUSR2):
+/// it stopped without taking anything down, for its supervisor to start the successor at once.
+pub const HANDED_OVER: i32 = 75;
+
+/// The exit code of a successor that cannot use the state it was handed (the store refuses it,
+/// another layout, a descriptor missing): its supervisor keeps the descriptors and tries again
+/// only after a pause that grows (docs/swap.md, "When the server dies").
+pub const TAKEOVER_REFUSED: i32 = 78;
+
+/// A failure with exit code `code` and a message.
+pub fn with_code(code: i32, message: impl Into<String>) -> Failure {
+    Failure { message: message.into(), code }
+}
+
 #[derive(Debug)]
 pub struct Failure {
     message: String,

@@ -6,6 +6,7 @@ mod backing;
 mod cmd;
 mod expr;
 mod failure;
+mod fdstore;
 mod frontend;
 mod log;
 mod maintenance;
@@ -40,6 +41,10 @@ enum Command {
     Compact(cmd::compact::Args),
     Swapon(cmd::swapon::SwaponArgs),
     Swapoff(cmd::swapon::SwapoffArgs),
+    Restart(cmd::swapon::RestartArgs),
+    /// The supervisor of a FUSE swap server (started by `compcache swapon`).
+    #[command(hide = true)]
+    SwapSupervisor(cmd::swapon::SupervisorArgs),
     Ublk(cmd::device::UblkArgs),
     NbdAttach(cmd::device::NbdAttachArgs),
     Fuse(cmd::fuse::FuseArgs),
@@ -61,6 +66,8 @@ fn main() {
         Command::Compact(a) => cmd::compact::run(a),
         Command::Swapon(a) => cmd::swapon::run_swapon(a),
         Command::Swapoff(a) => cmd::swapon::run_swapoff(a),
+        Command::Restart(a) => cmd::swapon::run_restart(a),
+        Command::SwapSupervisor(a) => cmd::swapon::run_supervisor(a),
         Command::Ublk(a) => cmd::device::run_ublk(a),
         Command::NbdAttach(a) => cmd::device::run_nbd_attach(a),
         Command::Fuse(a) => cmd::fuse::run_fuse(a),

@@ -32,6 +32,17 @@ unsafe impl Sync for StopSignals {}
 impl StopSignals {
     /// Blocks the stop signals; call before any thread exists.
     pub fn block() -> Result<StopSignals, Failure> {
+        Self::block_with(false)
+    }
+
+    /// The stop signals and SIGUSR2, the request to hand the device over to a successor
+    /// (`compcache restart`): for FUSE servers and their supervisors. Call before any thread
+    /// exists.
+    pub fn block_with_handover() -> Result<StopSignals, Failure> {
+        Self::block_with(true)
+    }
+
+    fn block_with(handover: bool) -> Result<StopSignals, Failure> {
         // SAFETY: `set` and `old` are plain C structs; `set` is initialised by sigemptyset
         // before any other use and `old` is only written by sigaction (a null new action
         // changes nothing). pthread_sigmask only reads `set`. No Rust invariant depends on
@@ -45,6 +56,9 @@ impl StopSignals {
             let hup_ignored = libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN;
             if !hup_ignored {
                 libc::sigaddset(&mut set, libc::SIGHUP);
+            }
+            if handover {
+                libc::sigaddset(&mut set, libc::SIGUSR2);
             }
             let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             (set, rc)
@@ -96,6 +110,7 @@ pub fn signal_name(sig: i32) -> &'static str {
         libc::SIGINT => "SIGINT",
         libc::SIGTERM => "SIGTERM",
         libc::SIGHUP => "SIGHUP",
+        libc::SIGUSR2 => "SIGUSR2",
         _ => "signal",
     }
 }

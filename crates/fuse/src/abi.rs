@@ -55,6 +55,14 @@ pub const FUSE_URING_OP_IN_OUT_SZ: usize = 128;
 /// payload to be at least max(this, max_write, max_pages * PAGE_SIZE).
 pub const FUSE_MIN_READ_BUFFER: usize = 8192;
 
+/// `FUSE_NOTIFY_RESEND` (Linux 6.9+, protocol 7.40): the notification, sent as a reply header
+/// with `unique` 0 and this code in `error`, that moves every request read but not answered
+/// (the processing queues of all the connection's descriptors) back to the input queue.
+pub const FUSE_NOTIFY_RESEND: i32 = 7;
+/// `FUSE_UNIQUE_RESEND`: set in `unique` of a request the kernel sent again after
+/// [`FUSE_NOTIFY_RESEND`]. The reply must carry the `unique` as read, this bit included.
+pub const FUSE_UNIQUE_RESEND: u64 = 1 << 63;
+
 /// `struct fuse_in_header`: at the start of every request (in `in_out` of the ring header).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -40,10 +40,17 @@
 //! dropped. A thread ends when the connection does (ENODEV: unmounted or aborted).
 //!
 //! Locking: each thread's descriptor, buffer and context are its own; the store is shared.
+//!
+//! Handing over ([`Threads::quiesce`], `compcache restart`): the threads stop taking requests
+//! and those in flight are answered; a request read after that is left unanswered in its
+//! descriptor's processing queue, where the successor's `FUSE_NOTIFY_RESEND` finds it
+//! (crate::takeover). The gate is two counters: a thread counts itself busy, then looks at
+//! `stopping`; the handing-over thread sets `stopping`, then waits for busy to reach zero
+//! (both sequentially consistent, so a request is either answered or left, never half).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -62,9 +69,33 @@ pub struct Threads {
     threads: Vec<JoinHandle<io::Result<()>>>,
     /// The spin window in force ([`Wait::window`]).
     pub spin: Duration,
+    gate: Arc<Gate>,
+}
+
+/// Whether the threads still take requests, and how many are answering one (module docs,
+/// "Handing over").
+#[derive(Default)]
+struct Gate {
+    stopping: AtomicBool,
+    busy: AtomicUsize,
 }
 
 impl Threads {
+    /// Stops taking requests and waits (up to `timeout`) until every request a thread has
+    /// started on is answered. Returns whether none is left. Threads that read a request
+    /// afterwards leave it unanswered for a successor and sleep until the process exits.
+    pub fn quiesce(&self, timeout: Duration) -> bool {
+        self.gate.stopping.store(true, Ordering::SeqCst);
+        let start = Instant::now();
+        while self.gate.busy.load(Ordering::SeqCst) != 0 {
+            if start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+
     /// Whether any thread still serves (false once the connection has ended).
     pub fn alive(&self) -> bool {
         self.threads.iter().any(|t| !t.is_finished())
@@ -182,19 +213,28 @@ fn set_policy(policy: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-/// Starts `threads` threads serving the connection of `session` (a `/dev/fuse` descriptor whose
-/// INIT was answered), waiting for requests as `spin` says ([`Wait`]). Returns once every
-/// thread has its buffer and is about to read its first request: whatever a thread's start
-/// costs (its stack, its first allocation) is paid before the device is used.
-pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize, spin: Duration) -> io::Result<Threads> {
+/// `threads` descriptors of the connection of `session` (a `/dev/fuse` descriptor whose INIT
+/// was answered), one per serving thread ([`clone_fd`]).
+pub fn clone_fds(session: BorrowedFd<'_>, threads: usize) -> io::Result<Vec<OwnedFd>> {
+    (0..threads.max(1)).map(|_| clone_fd(session)).collect()
+}
+
+/// Starts one thread per descriptor of `fds` (descriptors of one connection whose INIT was
+/// answered), waiting for requests as `spin` says ([`Wait`]). Returns once every thread has
+/// its buffer and is about to read its first request: whatever a thread's start costs (its
+/// stack, its first allocation) is paid before the device is used.
+pub fn start(fds: Vec<OwnedFd>, dev: Arc<Device>, spin: Duration) -> io::Result<Threads> {
     let bytes = buffer_bytes(dev.max_request);
-    let n = threads.max(1);
+    let n = fds.len();
+    if n == 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no /dev/fuse descriptor to serve"));
+    }
     let wait = Arc::new(Wait::new(spin));
+    let gate = Arc::new(Gate::default());
     // A bounded channel's buffer is made here, so a thread's `send` allocates nothing.
     let (ready, up) = std::sync::mpsc::sync_channel::<()>(n);
     let mut handles = Vec::with_capacity(n);
-    for i in 0..n {
-        let fd = clone_fd(session)?;
+    for (i, fd) in fds.into_iter().enumerate() {
         // Written (0x5a) so that the pages exist now, then locked: nothing on the I/O path
         // faults or allocates (the swap server also runs under mlockall).
         let buf = vec![0x5au8; bytes].into_boxed_slice();
@@ -205,12 +245,13 @@ pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize, spin: Du
         let ctx = dev.store.context();
         let dev = Arc::clone(&dev);
         let wait = Arc::clone(&wait);
+        let gate = Arc::clone(&gate);
         let ready = ready.clone();
         let t = std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || {
             let rejects = Rejects::new("compcache-fuse");
             let _ = ready.send(());
             drop(ready);
-            serve(&fd, &dev, buf, ctx, &rejects, &wait)
+            serve(&fd, &dev, buf, ctx, &rejects, &wait, &gate)
         })?;
         handles.push(t);
     }
@@ -218,12 +259,12 @@ pub fn start(session: BorrowedFd<'_>, dev: Arc<Device>, threads: usize, spin: Du
     for _ in 0..n {
         up.recv().map_err(|_| io::Error::other("a FUSE thread ended before serving"))?;
     }
-    Ok(Threads { threads: handles, spin: wait.window() })
+    Ok(Threads { threads: handles, spin: wait.window(), gate })
 }
 
 /// A descriptor of the same connection: `FUSE_DEV_IOC_CLONE` on a fresh `/dev/fuse`, else (a
 /// kernel before 4.5) a `dup`.
-fn clone_fd(session: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+pub fn clone_fd(session: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let fresh = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
     let src = session.as_raw_fd() as u32;
     // SAFETY: FUSE_DEV_IOC_CLONE reads one u32 (the descriptor to clone) from the pointer,
@@ -274,7 +315,7 @@ fn answer(dev: &Device, ctx: &mut Context, rejects: &Rejects, buf: &mut [u8], n:
 }
 
 /// One thread: read a request, answer it, write the reply; until the connection ends.
-fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context, rejects: &Rejects, wait: &Wait) -> io::Result<()> {
+fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context, rejects: &Rejects, wait: &Wait, gate: &Gate) -> io::Result<()> {
     // When this thread last answered a request (the spin window's start).
     let mut answered: Option<Instant> = None;
     loop {
@@ -293,12 +334,26 @@ fn serve(fd: &OwnedFd, dev: &Device, mut buf: Box<[u8]>, mut ctx: Context, rejec
                 _ => return Err(io::Error::new(e.kind(), format!("reading /dev/fuse: {e}"))),
             }
         }
-        let Some((unique, at, result)) = answer(dev, &mut ctx, rejects, &mut buf, n as usize) else { continue };
-        let (error, body) = match result {
-            Ok(len) => (0, &buf[at..at + len]),
-            Err(errno) => (-errno, &buf[at..at]),
+        gate.busy.fetch_add(1, Ordering::SeqCst);
+        if gate.stopping.load(Ordering::SeqCst) {
+            // Handing over: this request stays unanswered, for the successor to be sent again.
+            gate.busy.fetch_sub(1, Ordering::SeqCst);
+            loop {
+                std::thread::park();
+            }
+        }
+        let answered_ok = match answer(dev, &mut ctx, rejects, &mut buf, n as usize) {
+            None => Ok(true),
+            Some((unique, at, result)) => {
+                let (error, body) = match result {
+                    Ok(len) => (0, &buf[at..at + len]),
+                    Err(errno) => (-errno, &buf[at..at]),
+                };
+                reply(fd, unique, error, body, rejects)
+            }
         };
-        if !reply(fd, unique, error, body, rejects)? {
+        gate.busy.fetch_sub(1, Ordering::SeqCst);
+        if !answered_ok? {
             return Ok(());
         }
         answered = (!wait.window.is_zero()).then(Instant::now);
@@ -456,6 +511,22 @@ mod tests {
         let max = t.dev.max_request;
         let rd = abi::ReadIn { offset: 0, size: max as u32, ..abi::ReadIn::default() };
         assert_eq!(t.send(op::READ, 2, abi::bytes(&rd), &[]).unwrap().2, Ok(max));
+    }
+
+    #[test]
+    fn a_resent_request_is_answered_with_its_unique_as_read() {
+        // After FUSE_NOTIFY_RESEND the kernel sets FUSE_UNIQUE_RESEND in `unique` and matches
+        // the reply on the whole value (fuse_request_find).
+        let mut t = Thread::new();
+        let hdr = size_of::<abi::InHeader>();
+        let rd = abi::ReadIn { offset: 0, size: 4096, ..abi::ReadIn::default() };
+        let len = hdr + size_of::<abi::ReadIn>();
+        let unique = abi::FUSE_UNIQUE_RESEND | 0x1234;
+        let h = abi::InHeader { len: len as u32, opcode: op::READ, unique, nodeid: 2, ..abi::InHeader::default() };
+        t.buf[..hdr].copy_from_slice(abi::bytes(&h));
+        t.buf[hdr..len].copy_from_slice(abi::bytes(&rd));
+        let (got, _, r) = t.answer(len).unwrap();
+        assert_eq!((got, r), (unique, Ok(4096)));
     }
 
     #[test]

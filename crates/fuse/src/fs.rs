@@ -4,9 +4,15 @@
 //! never run and its other `Filesystem` methods are never called.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fuser::{Filesystem, InitFlags, KernelConfig, Request};
+
+use crate::takeover::Negotiated;
+
+/// The protocol minor fuser 0.18 answers INIT with (its `FUSE_KERNEL_MINOR_VERSION`, not
+/// public): the kernel speaks the lower of this and its own.
+const FUSER_MINOR: u32 = 40;
 
 /// The one file's name in the mount.
 pub const FILE_NAME: &str = "device";
@@ -23,11 +29,18 @@ pub struct InitFs {
     /// With FUSE over io_uring wanted ([`InitFs::want_io_uring`]): INIT asks for it and records
     /// here whether the kernel agreed.
     io_uring: Option<Arc<AtomicBool>>,
+    /// What INIT agreed, for a successor ([`Negotiated`]); set by `init`.
+    negotiated: Arc<Mutex<Option<Negotiated>>>,
 }
 
 impl InitFs {
     pub fn new(max_request: usize, max_background: u16) -> InitFs {
-        InitFs { max_request, max_background, io_uring: None }
+        InitFs { max_request, max_background, io_uring: None, negotiated: Arc::default() }
+    }
+
+    /// Where `init` records what was agreed.
+    pub fn negotiated(&self) -> Arc<Mutex<Option<Negotiated>>> {
+        Arc::clone(&self.negotiated)
     }
 
     /// Asks for `FUSE_OVER_IO_URING` at INIT; `granted` is set to whether the kernel agreed
@@ -53,11 +66,22 @@ impl Filesystem for InitFs {
             let _ = config.set_max_readahead(nearest);
         }
         // Asynchronous direct I/O: the loop driver's requests go out concurrently.
-        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        let mut flags = 0;
+        if config.add_capabilities(InitFlags::FUSE_ASYNC_DIO).is_ok() {
+            flags |= InitFlags::FUSE_ASYNC_DIO.bits();
+        }
         let _ = config.set_max_background(self.max_background);
         let _ = config.set_congestion_threshold(self.max_background / 4 * 3);
         if let Some(granted) = &self.io_uring {
-            granted.store(config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok(), Ordering::Release);
+            let ok = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok();
+            if ok {
+                flags |= InitFlags::FUSE_OVER_IO_URING.bits();
+            }
+            granted.store(ok, Ordering::Release);
+        }
+        let n = Negotiated { minor: config.kernel_abi().1.min(FUSER_MINOR), max_write: max, flags, max_background: self.max_background };
+        if let Ok(mut slot) = self.negotiated.lock() {
+            *slot = Some(n);
         }
         Ok(())
     }

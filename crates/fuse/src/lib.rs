@@ -17,7 +17,9 @@
 //!   [`Options::io_uring`] asks for it and the kernel offers it;
 //! - [`abi`]: the kernel structures both transports read and write;
 //! - [`fs`]: what the filesystem declares to the kernel at INIT;
-//! - this file: mounting, starting the transports, unmounting.
+//! - [`takeover`]: what a successor needs to serve a connection a dead server left (the INIT
+//!   record, `FUSE_NOTIFY_RESEND`);
+//! - this file: mounting, taking over, starting the transports, handing over, unmounting.
 //!
 //! ## fuser's part
 //! fuser (0.18, pure-Rust mount: `mount(2)` as root, else `fusermount3`; no libfuse linked)
@@ -28,20 +30,26 @@
 //! ([`classic`], [`uring`]: every buffer made, written and locked before the first request).
 //!
 //! ## Failure model
-//! The pages live in this process. When it dies the kernel aborts the FUSE connection: every
-//! request on the file fails (ENOTCONN), and through the loop device with an I/O error,
-//! never with stale data. The file is opened with `FOPEN_DIRECT_IO`, so the kernel keeps no
-//! page cache of it that could outlive the server.
+//! Mounted with [`mount`], the connection lives as long as this process: when it dies the
+//! kernel aborts it, every request on the file fails (ENOTCONN), and through the loop device
+//! with an I/O error, never with stale data. The file is opened with `FOPEN_DIRECT_IO`, so
+//! the kernel keeps no page cache of it that could outlive the server.
+//!
+//! Mounted with [`mount_held`], every descriptor requests are read from is first given to a
+//! holder that outlives the process; a successor takes the connection over with
+//! [`take_over`] (see [`takeover`]), and [`Mounted::hand_over`] ends a server without taking
+//! anything down.
 
 pub mod abi;
 pub mod answer;
 pub mod classic;
 pub mod fs;
 pub mod request;
+pub mod takeover;
 pub mod uring;
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,6 +57,7 @@ use std::sync::Arc;
 use compcache_store::Store;
 
 pub use fs::{InitFs, FILE_NAME};
+pub use takeover::Negotiated;
 
 /// How the filesystem is served.
 #[derive(Debug, Clone)]
@@ -108,10 +117,8 @@ pub struct Mounted {
     pub dir: PathBuf,
     /// The device file.
     pub file: PathBuf,
-    /// fuser's session: the connection's first descriptor and the mount. Never run; dropped
-    /// after the threads end, when its unmount-on-drop finds nothing left to unmount (while
-    /// the file is busy it cannot unmount either: fuser's `umount2` has no `MNT_DETACH`).
-    session: fuser::Session<InitFs>,
+    /// The connection's first descriptor (and, when this process mounted, the mount).
+    conn: Connection,
     /// The `/dev/fuse` threads.
     classic: classic::Threads,
     /// The io_uring queue threads, if the rings are up.
@@ -119,9 +126,48 @@ pub struct Mounted {
     /// How requests travel: "io_uring (N queues x D entries)" or "/dev/fuse" with the reason
     /// io_uring is not used when it was asked for.
     pub transport: String,
+    /// What INIT agreed (recorded by this process's INIT, or taken over).
+    pub negotiated: Negotiated,
+}
+
+/// The connection's first descriptor.
+enum Connection {
+    /// fuser's session: the descriptor and the mount. Never run; dropped after the threads
+    /// end, when its unmount-on-drop finds nothing left to unmount (while the file is busy it
+    /// cannot unmount either: fuser's `umount2` has no `MNT_DETACH`).
+    Mounted(fuser::Session<InitFs>),
+    /// A descriptor taken over from a predecessor (the mount is the predecessor's).
+    Adopted(OwnedFd),
+}
+
+impl Connection {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Connection::Mounted(s) => s.as_fd(),
+            Connection::Adopted(fd) => fd.as_fd(),
+        }
+    }
 }
 
 impl Mounted {
+    /// Hands the connection over to a successor: stops taking requests, waits (up to
+    /// `timeout`) for those in flight to be answered, and returns without unmounting or closing
+    /// anything; the caller exits the process next (the holder keeps the descriptors). A
+    /// request read meanwhile stays unanswered for the successor's resend. Returns whether
+    /// every request in flight was answered in time.
+    pub fn hand_over(self, timeout: std::time::Duration) -> bool {
+        let done = self.classic.quiesce(timeout);
+        // Neither fuser's unmount-on-drop nor the threads' descriptors may run their course:
+        // the process ends with everything as it is.
+        std::mem::forget(self);
+        done
+    }
+
+    /// The connection's first descriptor (`Mounted` keeps it open).
+    pub fn session_fd(&self) -> BorrowedFd<'_> {
+        self.conn.fd()
+    }
+
     /// Whether the filesystem is still served (false once it was unmounted).
     pub fn alive(&self) -> bool {
         self.classic.alive()
@@ -140,7 +186,7 @@ impl Mounted {
         if let Some(rings) = self.rings {
             rings.join();
         }
-        drop(self.session);
+        drop(self.conn);
         r
     }
 
@@ -152,10 +198,46 @@ impl Mounted {
 
 /// Mounts the filesystem on `mountpoint` (an existing empty directory) and serves it on
 /// `opts.threads` threads. Returns once the kernel's INIT was answered and every serving
-/// thread has its buffer: the file can be used.
+/// thread has its buffer: the file can be used. The connection dies with this process.
 pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result<Mounted> {
+    mount_inner(store, mountpoint, opts, None)
+}
+
+/// The descriptors a server reads requests from, to be held by someone that outlives it
+/// ([`mount_held`]), and what INIT agreed.
+pub struct Held<'a> {
+    /// The connection's first descriptor, then one per serving thread.
+    pub fds: Vec<BorrowedFd<'a>>,
+    pub negotiated: Negotiated,
+}
+
+/// What [`mount_held`] calls with the descriptors to hold.
+pub type Hold<'h> = dyn FnMut(&Held<'_>) -> io::Result<()> + 'h;
+
+/// As [`mount`], for a connection a successor can take over ([`take_over`]): `hold` gets every
+/// descriptor requests will be read from, and what INIT agreed, before the first request is
+/// read; if it fails, nothing is served and the mount is taken down. Always the classic
+/// transport (FUSE over io_uring cannot be taken over: [`takeover`]); `opts.io_uring` is
+/// answered in [`Mounted::transport`].
+pub fn mount_held(
+    store: Arc<Store>,
+    mountpoint: &Path,
+    opts: &Options,
+    hold: &mut dyn FnMut(&Held<'_>) -> io::Result<()>,
+) -> io::Result<Mounted> {
+    let classic_only = Options { io_uring: false, ..opts.clone() };
+    let mut m = mount_inner(store, mountpoint, &classic_only, Some(hold))?;
+    if opts.io_uring {
+        m.transport =
+            "/dev/fuse (FUSE over io_uring cannot be taken over by a successor; a server that can be serves through /dev/fuse)".into();
+    }
+    Ok(m)
+}
+
+fn mount_inner(store: Arc<Store>, mountpoint: &Path, opts: &Options, hold: Option<&mut Hold<'_>>) -> io::Result<Mounted> {
     use fuser::MountOption as M;
     let mut filesystem = InitFs::new(opts.max_request_bytes, opts.max_background);
+    let negotiated = filesystem.negotiated();
     let granted = Arc::new(AtomicBool::new(false));
     let mut transport = "/dev/fuse".to_string();
     if opts.io_uring {
@@ -169,8 +251,17 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
     config.mount_options = vec![M::FSName("compcache".into()), M::Subtype("compcache".into()), M::NoDev, M::NoSuid, M::NoExec, M::NoAtime];
     // Session::new mounts and answers INIT; nothing else is read until our threads start.
     let session = fuser::Session::new(filesystem, mountpoint, &config)?;
+    let negotiated = negotiated.lock().ok().and_then(|n| *n).ok_or_else(|| io::Error::other("the kernel's INIT was not answered"))?;
     let dev = Arc::new(answer::Device::new(store, opts.max_request_bytes));
-    let classic = match classic::start(session.as_fd(), Arc::clone(&dev), opts.threads, opts.spin) {
+    let started = classic::clone_fds(session.as_fd(), opts.threads).and_then(|fds| {
+        if let Some(hold) = hold {
+            let mut all = vec![session.as_fd()];
+            all.extend(fds.iter().map(|f| f.as_fd()));
+            hold(&Held { fds: all, negotiated })?;
+        }
+        classic::start(fds, Arc::clone(&dev), opts.spin)
+    });
+    let classic = match started {
         Ok(t) => t,
         Err(e) => {
             // Nothing serves the mount: take it down (the file is not in use yet).
@@ -196,7 +287,53 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &Options) -> io::Result
     if classic.spin.is_zero() && !opts.spin.is_zero() {
         transport += ", no polling for requests (no CAP_SYS_NICE to return a thread from SCHED_IDLE)";
     }
-    Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), session, classic, rings, transport })
+    let conn = Connection::Mounted(session);
+    Ok(Mounted { dir: mountpoint.to_path_buf(), file: mountpoint.join(FILE_NAME), conn, classic, rings, transport, negotiated })
+}
+
+/// A connection taken over: what [`take_over`] started, and whether the kernel sent the
+/// predecessor's unanswered requests again.
+pub struct TakenOver {
+    pub mounted: Mounted,
+    /// `FUSE_NOTIFY_RESEND`'s outcome: an error (EINVAL before Linux 6.9) means the requests
+    /// the predecessor had read but not answered are lost (their tasks wait until the
+    /// connection is aborted); new requests are served either way.
+    pub resend: io::Result<()>,
+}
+
+/// Serves the connection mounted on `mountpoint` by a predecessor: `fds` are the descriptors
+/// it held (the first one the connection's, then one per serving thread; every one of them is
+/// served), `negotiated` what its INIT agreed. Starts the classic threads, then asks the kernel
+/// to send every request read but not answered again ([`takeover::notify_resend`]).
+/// `opts.threads` and `opts.io_uring` are not used: one thread per descriptor, /dev/fuse.
+pub fn take_over(
+    store: Arc<Store>,
+    mountpoint: &Path,
+    mut fds: Vec<OwnedFd>,
+    negotiated: Negotiated,
+    opts: &Options,
+) -> io::Result<TakenOver> {
+    if fds.len() < 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} /dev/fuse descriptor(s) handed over: a connection's and at least one serving", fds.len()),
+        ));
+    }
+    let first = fds.remove(0);
+    // The buffers hold the largest request the kernel was told it may send.
+    let dev = Arc::new(answer::Device::new(store, negotiated.max_write as usize));
+    let classic = classic::start(fds, dev, opts.spin)?;
+    let resend = takeover::notify_resend(first.as_fd());
+    let mounted = Mounted {
+        dir: mountpoint.to_path_buf(),
+        file: mountpoint.join(FILE_NAME),
+        conn: Connection::Adopted(first),
+        classic,
+        rings: None,
+        transport: "/dev/fuse (taken over)".into(),
+        negotiated,
+    };
+    Ok(TakenOver { mounted, resend })
 }
 
 /// `umount2(dir, 0)`, or with `lazy` `MNT_DETACH`.

@@ -14,17 +14,34 @@
 //! statistics are written. Then the loop device is detached, the filesystem unmounted once
 //! the loop driver has let go of the file, the directory removed, and the backing device (if
 //! any) emptied. A start refused before the device is up removes a backing file it created.
+//!
+//! Supervised (docs/swap.md, "When the server dies"): when a holder is named (`NOTIFY_SOCKET`,
+//! swapon's supervisor or systemd) and the store's state outlives the process
+//! (`Store::state_fd`), the server first gives the holder the state's descriptor
+//! (`compcache-store`), a record of the mount (`compcache-fuse-init`: what INIT agreed, the
+//! mount directory) and every `/dev/fuse` descriptor it will read requests from
+//! (`compcache-fuse`), then serves (`compcache_fuse::mount_held`). A successor is started with
+//! `--takeover` and those descriptors (`LISTEN_FDS`): it recovers the store, serves the same
+//! connection (`compcache_fuse::take_over`, which has the kernel send the requests in flight
+//! again), finds the loop device on the file, and from then on is the server: its stop takes
+//! everything down as the first one's would. SIGUSR2 (`compcache restart`) hands over: stop
+//! taking requests, answer those in flight, exit with `HANDED_OVER` without taking anything
+//! down. A panic aborts the process, so that the supervisor sees it die.
 
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::session::{ServerArgs, Session};
-use crate::failure::Failure;
+use super::session::{Ending, ServerArgs, Session};
+use crate::failure::{with_code, Failure, HANDED_OVER, TAKEOVER_REFUSED};
 use crate::frontend::Frontend;
 use crate::log;
 use crate::store_args::StoreArgs;
+
+/// How long a server handing over waits for the requests in flight to be answered.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the loop driver may take to let go of the file after `losetup -d`.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,6 +72,90 @@ pub struct FuseArgs {
     /// the log line "fuse transport" says which.
     #[arg(long)]
     pub io_uring: bool,
+    /// Take over the device whose descriptors are handed to this process (LISTEN_FDS, from
+    /// swapon's supervisor or systemd's file descriptor store) instead of making a new one.
+    #[arg(long, hide = true)]
+    pub takeover: bool,
+}
+
+/// The names the server's descriptors are stored under.
+pub const FD_STORE: &str = "compcache-store";
+pub const FD_INIT: &str = "compcache-fuse-init";
+pub const FD_FUSE: &str = "compcache-fuse";
+
+/// What a successor gets: the store's state, the mount's record, the connection's descriptors.
+struct Handed {
+    state: OwnedFd,
+    negotiated: compcache_fuse::Negotiated,
+    dir: PathBuf,
+    fuse: Vec<OwnedFd>,
+}
+
+impl Handed {
+    /// The descriptors handed to this process, sorted by name; the error is one line.
+    fn take() -> Result<Handed, String> {
+        let fds = crate::fdstore::handed(false).map_err(|e| format!("the handed descriptors: {e}"))?;
+        let (mut state, mut record, mut fuse) = (None, None, Vec::new());
+        for (name, fd) in fds {
+            match name.as_str() {
+                FD_STORE => state = Some(fd),
+                FD_INIT => record = Some(fd),
+                FD_FUSE => fuse.push(fd),
+                // Another program's, or a later version's: not ours to use.
+                _ => {}
+            }
+        }
+        let state = state.ok_or_else(|| format!("no {FD_STORE} descriptor was handed over"))?;
+        let record = record.ok_or_else(|| format!("no {FD_INIT} descriptor was handed over"))?;
+        let text = read_record(record)?;
+        let mut lines = text.lines();
+        let negotiated = compcache_fuse::Negotiated::parse(lines.next().unwrap_or_default())?;
+        let dir = lines.find_map(|l| l.strip_prefix("dir=")).map(PathBuf::from).ok_or("the FUSE record has no dir= line")?;
+        Ok(Handed { state, negotiated, dir, fuse })
+    }
+}
+
+/// The mount's record for a successor: what INIT agreed and the mount directory, in a memfd.
+fn make_record(negotiated: &compcache_fuse::Negotiated, dir: &Path) -> std::io::Result<OwnedFd> {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    // SAFETY: memfd_create with a NUL-terminated name and flags; returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(c"compcache-fuse-init".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+    let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    writeln!(f, "{}\ndir={}", negotiated.to_line(), dir.display())?;
+    Ok(f.into())
+}
+
+fn read_record(fd: OwnedFd) -> Result<String, String> {
+    let mut buf = [0u8; 4096];
+    // SAFETY: pread into a live local buffer of its length; the offset is not moved, so every
+    // holder of the description reads the record whole.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(format!("reading the FUSE record: {}", std::io::Error::last_os_error()));
+    }
+    Ok(String::from_utf8_lossy(&buf[..n as usize]).into_owned())
+}
+
+/// The mount directory a stored `compcache-fuse-init` record names (a supervisor handed
+/// descriptors by systemd finds its device by it).
+pub fn record_dir(fd: std::os::fd::BorrowedFd<'_>) -> Result<PathBuf, String> {
+    let text = read_record(fd.try_clone_to_owned().map_err(|e| e.to_string())?)?;
+    text.lines().find_map(|l| l.strip_prefix("dir=")).map(PathBuf::from).ok_or_else(|| "the FUSE record has no dir= line".into())
+}
+
+/// The loop device whose backing file is `file` (a successor finds its predecessor's so).
+fn loop_on(file: &Path) -> Option<PathBuf> {
+    let want = file.to_string_lossy().into_owned();
+    let entries = std::fs::read_dir("/sys/block").ok()?;
+    entries.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("loop")).find_map(|n| {
+        let backing = std::fs::read_to_string(format!("/sys/block/{n}/loop/backing_file")).ok()?;
+        (backing.trim() == want).then(|| PathBuf::from(format!("/dev/{n}")))
+    })
 }
 
 /// A private directory for the mount: /run/compcache/fuse-<pid>, mode 0700.
@@ -157,24 +258,79 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         return Err(Failure::new("compcache fuse needs root (mount, losetup, mlock)"));
     }
     crate::frontend::fuse_kernel_support().map_err(Failure::new)?;
-    let session = Session::start(&args.store, &args.server, Frontend::Fuse)?;
+    // Before any thread exists (the environment is read and cleared).
+    let handed = match args.takeover {
+        true => Some(Handed::take().map_err(|e| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}")))?),
+        false => None,
+    };
+    let (state, handed) = match handed {
+        Some(h) => (Some(h.state), Some((h.negotiated, h.dir, h.fuse))),
+        None => (None, None),
+    };
+    let session = Session::start_with(&args.store, &args.server, Frontend::Fuse, state)?;
     let store = Arc::clone(&session.store);
-    let dir = make_mount_dir()?;
     let mut opts = compcache_fuse::Options::default();
     if let Some(t) = args.threads {
         opts.threads = t.max(1);
     }
     opts.io_uring = args.io_uring;
     opts.spin = Duration::from_micros(args.spin_us);
-    let mounted = match compcache_fuse::mount(Arc::clone(&store), &dir, &opts) {
-        Ok(m) => m,
-        Err(e) => {
-            let _ = std::fs::remove_dir(&dir);
-            return Err(Failure::new(format!("mounting the FUSE filesystem on {}: {e}", dir.display())));
+    // Held: every descriptor the connection is served on is kept by someone who outlives us.
+    let mut held = handed.is_some();
+    let (mounted, dir) = match handed {
+        Some((negotiated, dir, fuse)) => {
+            let taken = compcache_fuse::take_over(Arc::clone(&store), &dir, fuse, negotiated, &opts)
+                .map_err(|e| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: serving {}: {e}", dir.display())))?;
+            match &taken.resend {
+                Ok(()) => log::info("took the FUSE connection over; the kernel sent the requests in flight again (FUSE_NOTIFY_RESEND)"),
+                Err(e) => log::error(&format!(
+                    "took the FUSE connection over, but the kernel refused FUSE_NOTIFY_RESEND ({e}; it needs Linux 6.9): \
+                     the requests the dead server had read are lost, and the tasks waiting for them hang"
+                )),
+            }
+            (taken.mounted, dir)
+        }
+        None => {
+            let dir = make_mount_dir()?;
+            let survives = store.state_fd().is_some() && crate::fdstore::holder_named();
+            let mounted = if survives {
+                held = true;
+                let state = store.state_fd();
+                let mut hold = |h: &compcache_fuse::Held<'_>| -> std::io::Result<()> {
+                    let record = make_record(&h.negotiated, &dir)?;
+                    crate::fdstore::store(FD_STORE, &state.into_iter().collect::<Vec<_>>())?;
+                    crate::fdstore::store(FD_INIT, &[record.as_fd()])?;
+                    crate::fdstore::store(FD_FUSE, &h.fds)?;
+                    Ok(())
+                };
+                compcache_fuse::mount_held(Arc::clone(&store), &dir, &opts, &mut hold)
+            } else {
+                compcache_fuse::mount(Arc::clone(&store), &dir, &opts)
+            };
+            match mounted {
+                Ok(m) => (m, dir),
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&dir);
+                    return Err(Failure::new(format!("mounting the FUSE filesystem on {}: {e}", dir.display())));
+                }
+            }
         }
     };
+    if held {
+        // A panicking thread would leave its request unanswered with the process alive: die
+        // instead, for the supervisor to start a successor.
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            default(info);
+            std::process::abort();
+        }));
+    }
+    let adopted = if args.takeover && !args.no_loop { loop_on(&mounted.file) } else { None };
     let lo = if args.no_loop {
         None
+    } else if let Some(dev) = adopted {
+        let direct_io = std::fs::read_to_string(Loop::sys(&dev, "dio")).is_ok_and(|s| s.trim() == "1");
+        Some(Loop { dev, direct_io })
     } else {
         match Loop::attach(&mounted.file) {
             Ok(l) => Some(l),
@@ -203,7 +359,16 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         Some(l) => l.dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         None => format!("fuse-{}", std::process::id()),
     };
-    session.while_up_named(&dev, &name, &detail, &alive);
+    if session.while_up_handing_over(&dev, &name, &detail, &alive, held) == Ending::HandOver {
+        let answered = mounted.hand_over(HANDOVER_TIMEOUT);
+        if !answered {
+            log::warning(&format!("requests still in flight after {HANDOVER_TIMEOUT:?}: the successor gets them again"));
+        }
+        log::info(&format!("{} handed over; exiting without taking anything down", dev.display()));
+        // Nothing is dropped: the store's state, the mount, the loop device and the backing
+        // device are the successor's.
+        std::process::exit(HANDED_OVER);
+    }
     if let Some(l) = &lo {
         if let Err(e) = l.detach() {
             log::error(&e);

@@ -12,6 +12,7 @@
 //! answers `compcache stat --control` while the device is up.
 
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -111,10 +112,31 @@ pub(super) struct Session {
     start: std::sync::Mutex<Option<StartGuard>>,
 }
 
+/// How a [`Session`] ended: stopped (the device was taken down, or is gone), or handed over to
+/// a successor (nothing was taken down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    Stopped,
+    HandOver,
+}
+
 impl Session {
     pub(super) fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: Frontend) -> Result<Session, Failure> {
+        Self::start_with(store_args, server, frontend, None)
+    }
+
+    /// As [`Session::start`]; with `state`, the store is the one a predecessor left there
+    /// (`Store::recover`) instead of a new one, and the session takes SIGUSR2, the request
+    /// to hand over, as well as the stop signals. A state the store refuses is a
+    /// [`TAKEOVER_REFUSED`](crate::failure::TAKEOVER_REFUSED) failure of one line.
+    pub(super) fn start_with(
+        store_args: &StoreArgs,
+        server: &ServerArgs,
+        frontend: Frontend,
+        state: Option<OwnedFd>,
+    ) -> Result<Session, Failure> {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
-        let signals = StopSignals::block()?;
+        let signals = if frontend == Frontend::Fuse { StopSignals::block_with_handover()? } else { StopSignals::block()? };
         pin_swap_server(!server.no_mlock)?;
         let cfg = store_args.config()?;
         let size_bytes = cfg.disksize_bytes;
@@ -122,8 +144,20 @@ impl Session {
             "auto" => reserve::default_high_bytes(physical_ram_bytes()),
             t => crate::units::size_or_none("--reserve", t, physical_ram_bytes(), "no reserve")?,
         };
-        let store =
-            Arc::new(Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?);
+        let store = match state {
+            None => Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?,
+            Some(fd) => {
+                let (store, report) = Store::recover(cfg.clone(), fd).map_err(|e| {
+                    crate::failure::with_code(
+                        crate::failure::TAKEOVER_REFUSED,
+                        format!("cannot take the device over: {}", config_error_line(&e)),
+                    )
+                })?;
+                log::info(&format!("took the store over: {report}"));
+                store
+            }
+        };
+        let store = Arc::new(store);
         let start = StartGuard::new(&store);
         lock_future_mappings(!server.no_mlock);
         if reserve_bytes > 0 {
@@ -157,6 +191,21 @@ impl Session {
     /// The same, with the control socket and statistics named `name` (`/run/compcache/<name>.ctl`)
     /// rather than after the device.
     pub(super) fn while_up_named(&self, dev: &Path, name: &str, detail: &str, alive: &dyn Fn() -> bool) {
+        self.while_up_handing_over(dev, name, detail, alive, false);
+    }
+
+    /// The same; with `can_hand_over` (a supervised FUSE server whose descriptors are held),
+    /// SIGUSR2 ends it as [`Ending::HandOver`]: nothing is taken down, no statistics are
+    /// written, and the caller hands the connection over and exits. Without it SIGUSR2 is
+    /// logged and ignored.
+    pub(super) fn while_up_handing_over(
+        &self,
+        dev: &Path,
+        name: &str,
+        detail: &str,
+        alive: &dyn Fn() -> bool,
+        can_hand_over: bool,
+    ) -> Ending {
         if let Some(start) = self.start.lock().ok().and_then(|mut s| s.take()) {
             start.started();
         }
@@ -206,9 +255,24 @@ impl Session {
             std::process::id()
         );
         signal_ready(self.server.ready_fd, &format!("READY {}\n", dev.display()));
-        match self.signals.wait(alive) {
-            Some(sig) => log::info(&format!("signal {sig}: removing {}", dev.display())),
-            None => log::info(&format!("{} was stopped by the kernel or another program", dev.display())),
+        loop {
+            match self.signals.wait(alive) {
+                Some(libc::SIGUSR2) if can_hand_over => {
+                    log::info(&format!("SIGUSR2: handing {} over to a successor", dev.display()));
+                    let _ = std::fs::remove_file(&ctl);
+                    return Ending::HandOver;
+                }
+                Some(libc::SIGUSR2) => {
+                    log::warning(&format!(
+                        "SIGUSR2: {} cannot be handed over (no holder keeps its descriptors); it keeps serving",
+                        dev.display()
+                    ));
+                    continue;
+                }
+                Some(sig) => log::info(&format!("signal {sig}: removing {}", dev.display())),
+                None => log::info(&format!("{} was stopped by the kernel or another program", dev.display())),
+            }
+            break;
         }
         // The front end removes the device once this returns: not while it is swap.
         let mut pause = |d: std::time::Duration| self.signals.wait_timeout(d);
@@ -223,6 +287,7 @@ impl Session {
             }
         }
         self.write_stats(name);
+        Ending::Stopped
     }
 
     /// In cache mode, the origin the device fronts.

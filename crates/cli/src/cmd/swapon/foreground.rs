@@ -11,12 +11,16 @@
 //!   still alive (zram-generator stopped doing it at shutdown after 15-20 s stop jobs, its issue
 //!   #191); the server's `@` name makes systemd's final kill spare it, and systemd-shutdown's
 //!   own swapoff runs after every other process is gone, when little is left to read;
-//! - the server exits: the device is gone with its pages, which is an error.
+//! - the server exits: the device is gone with its pages, which is an error; except for a FUSE
+//!   server whose connection and store survive it, which this process, its supervisor
+//!   (`supervisor.rs`), replaces with a successor (and SIGUSR2, `systemctl reload`, hands it
+//!   over to the installed binary).
 
 use std::path::Path;
 
 use super::server::ServerProcess;
 use super::state::SwapState;
+use super::supervisor::{Supervisor, Watch};
 use super::{run_swapoff, SwapoffArgs};
 use crate::failure::Failure;
 use crate::log;
@@ -41,28 +45,70 @@ pub(super) fn notify(states: &[sd_notify::NotifyState]) {
     }
 }
 
+/// The server swapon started: a process of its own (ublk, nbd, or FUSE under a detached
+/// supervisor), or a FUSE server this process supervises.
+pub(super) enum Server {
+    Plain(ServerProcess),
+    Supervised(Box<Supervisor>),
+}
+
+impl Server {
+    /// Leaves the server running on its own: it is not waited for.
+    pub(super) fn detach(self) {
+        match self {
+            Server::Plain(p) => p.detach(),
+            Server::Supervised(s) => (*s).detach(),
+        }
+    }
+
+    /// Waits up to `CHECK_PERIOD` for a stop signal (a supervisor meanwhile replaces a dead
+    /// server); `Err(())` once the server is gone for good.
+    fn wait(&mut self, signals: &StopSignals, state: &SwapState) -> Result<Option<i32>, Option<String>> {
+        match self {
+            Server::Plain(p) => match signals.wait_timeout(CHECK_PERIOD) {
+                Some(sig) => Ok(Some(sig)),
+                None if p.running() => Ok(None),
+                None => Err(None),
+            },
+            Server::Supervised(s) => match s.watch(signals, &SwapState::path_for(&state.device)) {
+                Watch::Signal(sig) => Ok(Some(sig)),
+                Watch::Stopped => Err(None),
+                Watch::Lost(why) => Err(Some(why)),
+            },
+        }
+    }
+}
+
 /// Stays in the foreground for the swap device `dev` served by `server` (module docs).
 /// `signals` were blocked before the server was started, so that they come here.
-pub(super) fn supervise(mut server: ServerProcess, state: &SwapState, status: &str, signals: &StopSignals) -> Result<(), Failure> {
+pub(super) fn supervise(mut server: Server, state: &SwapState, status: &str, signals: &StopSignals) -> Result<(), Failure> {
     let dev = state.device.clone();
     notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(status)]);
     let sig = loop {
-        if let Some(sig) = signals.wait_timeout(CHECK_PERIOD) {
-            break sig;
+        let gone = match server.wait(signals, state) {
+            Ok(Some(libc::SIGUSR2)) => {
+                // Only a supervisor's `watch` passes it on; a plain server cannot hand over.
+                log::warning("SIGUSR2: this device's server cannot be handed over");
+                continue;
+            }
+            Ok(Some(sig)) => break sig,
+            Ok(None) => continue,
+            Err(why) => why,
+        };
+        if let Some(why) = gone {
+            log::error(&why);
         }
-        if !server.running() {
-            // Its swap is taken off if the kernel can (nothing was swapped out, or the pages
-            // read as errors); otherwise the record stays for `compcache swapoff`.
-            let cleaned = match run_swapoff(SwapoffArgs { devices: vec![dev.clone()], json: false }) {
-                Ok(()) => "its swap is off".to_string(),
-                Err(e) => format!("{e}; `compcache swapoff {}` once nothing uses it", dev.display()),
-            };
-            return Err(Failure::new(format!(
-                "the {} server of {} exited: the device and every page swapped out to it are gone ({cleaned}; see the journal)",
-                state.frontend,
-                dev.display()
-            )));
-        }
+        // Its swap is taken off if the kernel can (nothing was swapped out, or the pages
+        // read as errors); otherwise the record stays for `compcache swapoff`.
+        let cleaned = match run_swapoff(SwapoffArgs { devices: vec![dev.clone()], json: false }) {
+            Ok(()) => "its swap is off".to_string(),
+            Err(e) => format!("{e}; `compcache swapoff {}` once nothing uses it", dev.display()),
+        };
+        return Err(Failure::new(format!(
+            "the {} server of {} exited: the device and every page swapped out to it are gone ({cleaned}; see the journal)",
+            state.frontend,
+            dev.display()
+        )));
     };
     notify(&[sd_notify::NotifyState::Stopping]);
     if system_stopping() {
@@ -76,7 +122,12 @@ pub(super) fn supervise(mut server: ServerProcess, state: &SwapState, status: &s
         return Ok(());
     }
     log::info(&format!("signal {sig}: taking {} out of swap use", dev.display()));
-    take_down(&dev, signals)
+    let r = take_down(&dev, signals);
+    if let Server::Supervised(mut s) = server {
+        // The server took its device down: nothing is left to take over.
+        s.release();
+    }
+    r
     // The stopped server is this process's child: reaped when this process exits, now.
 }
 

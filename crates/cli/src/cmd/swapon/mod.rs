@@ -23,9 +23,11 @@
 mod container;
 mod foreground;
 mod own_keys;
+mod restart;
 mod server;
 mod settings;
 mod state;
+mod supervisor;
 
 use std::path::{Path, PathBuf};
 
@@ -38,9 +40,12 @@ use crate::frontend::{Frontend, Wanted};
 use crate::log;
 use crate::store_args::StoreArgs;
 use crate::units::human;
+pub use restart::{run_restart, RestartArgs};
 use server::{stop_server, ServerProcess};
 use settings::{plan, Planned, Settings};
 use state::SwapState;
+pub use supervisor::{run_supervisor, SupervisorArgs};
+use supervisor::{Output, Supervisor};
 
 /// Set up a compressed RAM swap device in one step (mkswap and swapon included).
 #[derive(clap::Args, Debug)]
@@ -160,6 +165,15 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     if let Some(why) = zswap_refusal(std::fs::read_to_string(ZSWAP_ENABLED).ok().as_deref(), args.allow_zswap) {
         return Err(Failure::new(why));
     }
+    // Descriptors systemd kept for this unit (its file descriptor store) while its previous
+    // main process died: read before any thread exists (the environment is cleared).
+    let mut handed = match args.foreground {
+        true => crate::fdstore::handed(true).unwrap_or_else(|e| {
+            log::warning(&format!("the descriptors systemd handed over: {e}"));
+            Vec::new()
+        }),
+        false => Vec::new(),
+    };
     // zram-generator's own cases for doing nothing, when the system's configuration decides
     // what is set up; a command line that names the device's size is an explicit request, and
     // is carried out (explicit_request).
@@ -187,14 +201,14 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     }
     // In the foreground the stop signals are this process's to handle: blocked before any
     // thread or child exists, collected by `foreground::supervise`.
-    let signals = if args.foreground { Some(crate::process::StopSignals::block()?) } else { None };
+    let signals = if args.foreground { Some(crate::process::StopSignals::block_with_handover()?) } else { None };
     let mut failed = Vec::new();
     let mut report = Vec::new();
     for p in planned {
         match p {
             Planned::NoDevice { section, why } if args.json => report.push(serde_json::json!({"section": section, "no_device": why})),
             Planned::NoDevice { section, why } => println!("compcache: [{section}]: no device: {why}"),
-            Planned::Device(s) => match set_up(&s, signals.as_ref(), args.json.then_some(&mut report)) {
+            Planned::Device(s) => match set_up(&s, signals.as_ref(), args.json.then_some(&mut report), std::mem::take(&mut handed)) {
                 Ok(()) => {}
                 // One device: its error is the command's, exit code included.
                 Err(e) if devices == 1 => return Err(e),
@@ -267,10 +281,44 @@ fn set_up(
     s: &Settings,
     foreground: Option<&crate::process::StopSignals>,
     report: Option<&mut Vec<serde_json::Value>>,
+    handed: Vec<(String, std::os::fd::OwnedFd)>,
 ) -> Result<(), Failure> {
     let frontend = Frontend::choose(s.frontend).map_err(Failure::new)?;
-    let (server, dev) = ServerProcess::start(frontend, s, &s.reserve, foreground.is_some())?;
-    let state = SwapState::new(dev.clone(), frontend, server.pid(), server.log().to_path_buf());
+    if let (Frontend::Fuse, Some(signals)) = (frontend, foreground) {
+        if let Some(state) = adoptable(&handed) {
+            return adopt(s, state, handed, signals);
+        }
+    }
+    forget_in_systemd(&handed);
+    drop(handed);
+    let (server, dev) = match (frontend, foreground.is_some()) {
+        // In the foreground, swapon is the FUSE server's supervisor itself (supervisor.rs),
+        // forwarding what the server stores to systemd's store.
+        (Frontend::Fuse, true) => {
+            let args = server::server_args(frontend, s, &s.reserve);
+            let sup = Supervisor::start(server::installed_exe()?, args, Output::Inherit, std::env::var_os("NOTIFY_SOCKET"))?;
+            let dev = sup.device.clone();
+            (foreground::Server::Supervised(Box::new(sup)), dev)
+        }
+        _ => {
+            let (p, dev) = ServerProcess::start(frontend, s, &s.reserve, foreground.is_some())?;
+            (foreground::Server::Plain(p), dev)
+        }
+    };
+    let state = match &server {
+        foreground::Server::Plain(p) => {
+            let mut st = SwapState::new(dev.clone(), frontend, p.pid(), p.log().to_path_buf());
+            if let Some((pid, held)) = p.supervisor() {
+                (st.supervisor, st.takeover) = (pid, held);
+            }
+            st
+        }
+        foreground::Server::Supervised(sup) => {
+            let mut st = SwapState::new(dev.clone(), frontend, sup.server_pid(), PathBuf::from(server::JOURNAL));
+            (st.supervisor, st.takeover) = (std::process::id(), sup.holds_connection());
+            st
+        }
+    };
     state.save()?;
     // Swap is enabled through the hibernation-safe name, so that systemd never writes a
     // hibernation image to it (swapdev::HIBERNATION_SAFE_PREFIX); the device's own name if
@@ -321,9 +369,63 @@ fn set_up(
     if let Some(signals) = foreground {
         return foreground::supervise(server, &state, &status, signals);
     }
-    // The server runs on, re-parented to init; `compcache swapoff` stops it.
+    // The server (or its supervisor) runs on, re-parented to init; `compcache swapoff` stops it.
     server.detach();
     Ok(())
+}
+
+/// The device whose FUSE connection `handed` holds (systemd kept the descriptors of a
+/// supervisor that died): the record whose loop device is on the file in the mount directory
+/// the stored `compcache-fuse-init` record names. `None`: nothing to adopt.
+fn adoptable(handed: &[(String, std::os::fd::OwnedFd)]) -> Option<SwapState> {
+    use std::os::fd::AsFd;
+    let init = handed.iter().find(|(n, _)| n == crate::cmd::fuse::FD_INIT)?;
+    if !handed.iter().any(|(n, _)| n == crate::cmd::fuse::FD_FUSE) {
+        return None;
+    }
+    let dir = crate::cmd::fuse::record_dir(init.1.as_fd()).ok()?;
+    let file = dir.join(compcache_fuse::FILE_NAME);
+    SwapState::all().into_iter().filter_map(|p| SwapState::load(&p).ok()).find(|st| {
+        let name = st.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        st.frontend == Frontend::Fuse
+            && std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).is_ok_and(|b| Path::new(b.trim()) == file)
+    })
+}
+
+/// Descriptors systemd handed over that name no device any more (it was taken down): removed
+/// from systemd's store, so that they are not handed over again.
+fn forget_in_systemd(handed: &[(String, std::os::fd::OwnedFd)]) {
+    let Some(sd) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let mut names: Vec<&str> = handed.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    for n in names {
+        let _ = crate::fdstore::notify_to(&sd, &format!("FDSTOREREMOVE=1\nFDNAME={n}\n"), &[]);
+    }
+}
+
+/// `swapon --foreground` restarted by systemd while its device is up: it takes the device over
+/// from the descriptors systemd kept (the running server hands over; a dead one is replaced)
+/// and supervises it as if it had set it up.
+fn adopt(
+    s: &Settings,
+    mut state: SwapState,
+    handed: Vec<(String, std::os::fd::OwnedFd)>,
+    signals: &crate::process::StopSignals,
+) -> Result<(), Failure> {
+    let args = server::server_args(Frontend::Fuse, s, &s.reserve);
+    let sup = Supervisor::adopt(server::installed_exe()?, args, handed, std::env::var_os("NOTIFY_SOCKET"), state.pid)?;
+    (state.pid, state.supervisor, state.takeover) = (sup.server_pid(), std::process::id(), sup.holds_connection());
+    state.log = PathBuf::from(server::JOURNAL);
+    state.save()?;
+    let status = format!(
+        "compcache: swapon {}: taken over from the descriptors systemd kept (server pid {}, log {})",
+        state.device.display(),
+        state.pid,
+        state.log.display()
+    );
+    println!("{status}");
+    foreground::supervise(foreground::Server::Supervised(Box::new(sup)), &state, &status, signals)
 }
 
 pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
@@ -353,6 +455,10 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
             remove_swap_alias(&dev);
             stop_server(&state)?;
             server::clean_up_after_fuse(&state);
+            // A server that was killed left its control socket.
+            if !server::alive(state.pid) {
+                let _ = std::fs::remove_file(&state.control);
+            }
             Ok(())
         })();
         match result {

@@ -25,10 +25,13 @@ pub(super) const JOURNAL: &str = "the journal (stderr of compcache swapon --fore
 /// How long a stopped server may take to exit after swapoff.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A started server whose device is up.
+/// A started server whose device is up (or, for FUSE, the detached supervisor that started
+/// it: `supervisor.rs`).
 pub(super) struct ServerProcess {
     child: Child,
     log: PathBuf,
+    /// With a supervisor: the server's pid and whether the supervisor holds its connection.
+    supervised: Option<(u32, bool)>,
 }
 
 impl ServerProcess {
@@ -53,9 +56,15 @@ impl ServerProcess {
         };
         let (ready_r, ready_w) = ready_pipe()?;
 
-        let exe = std::env::current_exe().map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))?;
-        let mut cmd = Command::new(exe);
-        cmd.arg0("@compcache").args(server_command(frontend, s, reserve, ready_w.as_raw_fd()));
+        let exe = installed_exe()?;
+        let mut cmd = Command::new(&exe);
+        if frontend == Frontend::Fuse {
+            // The supervisor (docs/swap.md, "When the server dies") starts the server itself.
+            cmd.arg0("@compcache-supervisor").arg("swap-supervisor").arg("--exe").arg(&exe).arg("--log").arg(&log);
+            cmd.arg("--ready-fd").arg(ready_w.as_raw_fd().to_string()).arg("--").args(server_args(frontend, s, reserve));
+        } else {
+            cmd.arg0("@compcache").args(server_command(frontend, s, reserve, ready_w.as_raw_fd()));
+        }
         cmd.stdin(Stdio::null()).process_group(0);
         if let Some(file) = output {
             cmd.stdout(file.try_clone().map_err(|e| Failure::new(e.to_string()))?).stderr(file);
@@ -63,8 +72,15 @@ impl ServerProcess {
         let mut child = cmd.spawn().map_err(|e| Failure::new(format!("starting the {frontend} server: {e}")))?;
         drop(ready_w);
 
-        match wait_ready(ready_r) {
-            Some(dev) => Ok((ServerProcess { child, log }, dev)),
+        match wait_ready_line(ready_r) {
+            Some(line) if frontend == Frontend::Fuse => {
+                // "<device> <server pid> <held 0|1>" from the supervisor.
+                let mut w = line.rsplitn(3, ' ');
+                let (held, pid, dev) =
+                    (w.next() == Some("1"), w.next().and_then(|p| p.parse().ok()).unwrap_or(0), w.next().unwrap_or_default());
+                Ok((ServerProcess { child, log, supervised: Some((pid, held)) }, PathBuf::from(dev)))
+            }
+            Some(dev) => Ok((ServerProcess { child, log, supervised: None }, PathBuf::from(dev))),
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -83,8 +99,14 @@ impl ServerProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// The server's pid.
     pub(super) fn pid(&self) -> u32 {
-        self.child.id()
+        self.supervised.map_or(self.child.id(), |(pid, _)| pid)
+    }
+
+    /// The supervisor's pid and whether it holds the connection (FUSE).
+    pub(super) fn supervisor(&self) -> Option<(u32, bool)> {
+        self.supervised.map(|(_, held)| (self.child.id(), held))
     }
 
     pub(super) fn log(&self) -> &Path {
@@ -98,9 +120,23 @@ impl ServerProcess {
     }
 }
 
+/// The compcache binary by the path it is installed at (resolved now, while it is the running
+/// one): a supervisor starts successors by this path, which after an upgrade is the new binary
+/// (`/proc/self/exe` would then name the deleted old file).
+pub(super) fn installed_exe() -> Result<PathBuf, Failure> {
+    std::env::current_exe().map_err(|e| Failure::new(format!("finding the compcache binary: {e}")))
+}
+
 /// The arguments of the server `swapon` starts for `frontend`: the settings, the reserve, where
 /// its final statistics go and the descriptor it reports readiness on.
 fn server_command(frontend: Frontend, s: &Settings, reserve: &str, ready_fd: i32) -> Vec<OsString> {
+    let mut v = server_args(frontend, s, reserve);
+    v.extend(["--ready-fd".into(), ready_fd.to_string().into()]);
+    v
+}
+
+/// [`server_command`] without the readiness descriptor (a supervisor adds its own).
+pub(super) fn server_args(frontend: Frontend, s: &Settings, reserve: &str) -> Vec<OsString> {
     let mut v: Vec<OsString> = vec![frontend.server_command().into()];
     let pairs = [
         ("--size", s.size_bytes.to_string()),
@@ -108,7 +144,6 @@ fn server_command(frontend: Frontend, s: &Settings, reserve: &str, ready_fd: i32
         ("--mem-limit", s.mem_limit_bytes.to_string()),
         ("--reserve", reserve.to_string()),
         ("--stats-dir", STATE_DIR.to_string()),
-        ("--ready-fd", ready_fd.to_string()),
     ];
     v.extend(pairs.into_iter().flat_map(|(flag, value)| [flag.into(), value.into()]));
     if let Some(l) = s.level {
@@ -136,8 +171,14 @@ fn ready_pipe() -> Result<(OwnedFd, OwnedFd), Failure> {
     Ok((r, w))
 }
 
-/// Reads the server's readiness line; `None` if it closed the pipe (it failed) or timed out.
-fn wait_ready(r: OwnedFd) -> Option<PathBuf> {
+/// Reads the server's readiness line (the device); `None` if it closed the pipe (it failed)
+/// or timed out.
+pub(super) fn wait_ready(r: OwnedFd) -> Option<PathBuf> {
+    wait_ready_line(r).map(PathBuf::from)
+}
+
+/// The text after "READY " on the readiness pipe.
+fn wait_ready_line(r: OwnedFd) -> Option<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut line = String::new();
@@ -145,30 +186,38 @@ fn wait_ready(r: OwnedFd) -> Option<PathBuf> {
         let _ = tx.send(line);
     });
     let line = rx.recv_timeout(READY_TIMEOUT).ok()?;
-    line.trim().strip_prefix("READY ").map(PathBuf::from)
+    line.trim().strip_prefix("READY ").map(str::to_string)
 }
 
 /// Whether `pid` is a live (not zombie) process.
-fn alive(pid: u32) -> bool {
+pub(super) fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }
 
-/// Sends SIGTERM to the recorded server (if it is still ours) and waits for it to exit.
+/// Sends SIGTERM to the recorded supervisor (which stops its server and exits) or, without one
+/// (or when the supervisor is this process: `swapon --foreground` taking its device down), to
+/// the recorded server, if it is still ours, and waits for it to exit.
 pub(super) fn stop_server(state: &SwapState) -> Result<(), Failure> {
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", state.pid)).unwrap_or_default();
-    if state.pid == 0 || !alive(state.pid) || !String::from_utf8_lossy(&cmdline).contains("compcache") {
+    let target = match state.supervisor {
+        0 => state.pid,
+        s if s == std::process::id() => state.pid,
+        s if !alive(s) => state.pid,
+        s => s,
+    };
+    let cmdline = std::fs::read(format!("/proc/{target}/cmdline")).unwrap_or_default();
+    if target == 0 || !alive(target) || !String::from_utf8_lossy(&cmdline).contains("compcache") {
         return Ok(());
     }
     // SAFETY: kill with a pid and a signal number has no memory-safety preconditions; the pid
     // was checked above to be a live compcache process.
-    unsafe { libc::kill(state.pid as libc::pid_t, libc::SIGTERM) };
+    unsafe { libc::kill(target as libc::pid_t, libc::SIGTERM) };
     let start = Instant::now();
-    while alive(state.pid) {
+    while alive(target) {
         if start.elapsed() > EXIT_TIMEOUT {
-            return Err(Failure::new(format!("server {} did not exit within {EXIT_TIMEOUT:?}; see {}", state.pid, state.log.display())));
+            return Err(Failure::new(format!("server {target} did not exit within {EXIT_TIMEOUT:?}; see {}", state.log.display())));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -184,14 +233,19 @@ pub(super) fn clean_up_after_fuse(state: &SwapState) {
         return;
     }
     let name = state.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    if Path::new(&format!("/sys/block/{name}/loop/backing_file")).exists() {
+    // The mount is the first server's (`/run/compcache/fuse-<its pid>`), which after a takeover
+    // is not the recorded server: the loop device's backing file names it.
+    let backing = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok();
+    let mount_dir =
+        backing.as_deref().and_then(|b| Path::new(b.trim()).parent()).filter(|d| d.starts_with("/run/compcache")).map(Path::to_path_buf);
+    if backing.is_some() {
         match Command::new("losetup").arg("-d").arg(&state.device).output() {
             Ok(o) if o.status.success() => crate::log::info(&format!("{}: detached (its server had died)", state.device.display())),
             Ok(o) => crate::log::warning(&format!("losetup -d {}: {}", state.device.display(), String::from_utf8_lossy(&o.stderr).trim())),
             Err(e) => crate::log::warning(&format!("running losetup -d: {e}")),
         }
     }
-    let dir = PathBuf::from(format!("/run/compcache/fuse-{}", state.pid));
+    let dir = mount_dir.unwrap_or_else(|| PathBuf::from(format!("/run/compcache/fuse-{}", state.pid)));
     let mounted = std::fs::read_to_string("/proc/self/mountinfo")
         .is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(4) == Some(dir.to_str().unwrap_or(""))));
     if mounted {
@@ -202,6 +256,10 @@ pub(super) fn clean_up_after_fuse(state: &SwapState) {
         }
     }
     let _ = std::fs::remove_dir(&dir);
+    // A supervisor that was killed left its notify socket.
+    if state.supervisor != 0 && !alive(state.supervisor) {
+        let _ = std::fs::remove_file(format!("{STATE_DIR}/notify-{}.sock", state.supervisor));
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,13 @@ pub struct SwapState {
     pub log: PathBuf,
     pub stats: PathBuf,
     pub control: PathBuf,
+    /// The supervisor holding the server's descriptors (docs/swap.md, "When the server
+    /// dies"): a detached `compcache swap-supervisor`, or `swapon --foreground` itself; 0 for
+    /// none. `pid` is then the server it runs now (it rewrites this record for each successor).
+    pub supervisor: u32,
+    /// Whether the supervisor holds the FUSE connection, so that a successor can take the
+    /// device over (`compcache restart`).
+    pub takeover: bool,
 }
 
 impl SwapState {
@@ -28,7 +35,7 @@ impl SwapState {
         let name = device.file_name().unwrap_or_default().to_string_lossy().into_owned();
         let stats = Path::new(STATE_DIR).join(format!("{name}.stats.json"));
         let control = PathBuf::from(format!("/run/compcache/{name}.ctl"));
-        SwapState { device, frontend, pid, log, stats, control }
+        SwapState { device, frontend, pid, log, stats, control, supervisor: 0, takeover: false }
     }
 
     pub fn path_for(device: &Path) -> PathBuf {
@@ -40,6 +47,7 @@ impl SwapState {
         let v = serde_json::json!({
             "device": self.device, "frontend": self.frontend.name(), "pid": self.pid,
             "log": self.log, "stats": self.stats, "control": self.control,
+            "supervisor": self.supervisor, "takeover": self.takeover,
         });
         let path = Self::path_for(&self.device);
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
@@ -63,6 +71,8 @@ impl SwapState {
             log: s("log"),
             stats: s("stats"),
             control: s("control"),
+            supervisor: v.get("supervisor").and_then(|x| x.as_u64()).unwrap_or(0) as u32,
+            takeover: v.get("takeover").and_then(|x| x.as_bool()).unwrap_or(false),
         })
     }
 

@@ -1,0 +1,598 @@
+//! The supervisor of a FUSE swap server: the holder of its descriptors, and the one that starts
+//! a successor when it dies (docs/swap.md, "When the server dies").
+//!
+//! It plays systemd's part of the file descriptor store protocol (`crate::fdstore`): the
+//! server's `NOTIFY_SOCKET` is the supervisor's own socket (in the private `STATE_DIR`), and
+//! every descriptor it stores there (`FDSTORE=1`) is kept here, and under systemd also
+//! forwarded to systemd's store (`FileDescriptorStoreMax=`), so that a restarted supervisor
+//! gets them back. When the server exits:
+//! - with status 0, it was stopped on purpose (swapoff, SIGTERM): the supervisor ends too;
+//! - otherwise (killed, crashed, `HANDED_OVER` by `compcache restart`, a successor that
+//!   refused the state) and while the connection's descriptors are held, a successor is
+//!   started: the same binary path and arguments plus `--takeover`, the held descriptors as
+//!   `LISTEN_FDS` from 3 with their names in `LISTEN_FDNAMES`. At once after a hand-over or a
+//!   death; after five deaths in ten seconds, or a successor that refused the state
+//!   (`TAKEOVER_REFUSED`), only after a pause that doubles up to a minute (logged), the
+//!   descriptors staying held meanwhile: the device's users wait, nothing guessed is served;
+//! - without the connection's descriptors held (the store's state does not survive, so the
+//!   server stored nothing), the device is gone with the server, as before supervision.
+//!
+//! The binary is started by the path it was installed at (`exe`, resolved when swapon ran),
+//! not `/proc/self/exe`, which after an upgrade names the deleted old file. The supervisor is
+//! on the path back from a dead server, so it is pinned like one: memory locked, OOM-exempt
+//! where allowed (a supervisor swapped out to the very device it must restore would wait
+//! forever).
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::server::wait_ready;
+use super::state::{SwapState, STATE_DIR};
+use crate::failure::{Failure, HANDED_OVER, TAKEOVER_REFUSED};
+use crate::fdstore::{NotifySocket, LISTEN_FDS_START};
+use crate::log;
+use crate::process::StopSignals;
+
+/// The name under which the server stores the connection's `/dev/fuse` descriptors: without
+/// them held there is nothing to take over.
+const CONNECTION: &str = crate::cmd::fuse::FD_FUSE;
+/// Deaths within this window ...
+const DEATH_WINDOW: Duration = Duration::from_secs(10);
+/// ... beyond this many make the supervisor pause before the next successor.
+const DEATHS_BEFORE_PAUSE: usize = 5;
+/// The first pause, doubled each time up to [`PAUSE_MAX`].
+const PAUSE_FIRST: Duration = Duration::from_secs(1);
+const PAUSE_MAX: Duration = Duration::from_secs(60);
+/// How often the supervisor looks for stop signals while nothing else happens.
+const TICK: Duration = Duration::from_millis(200);
+
+/// Where the server's output goes.
+#[derive(Debug, Clone)]
+pub(super) enum Output {
+    /// The supervisor's own stderr (`swapon --foreground`: the journal).
+    Inherit,
+    /// Appended to this file.
+    Log(PathBuf),
+}
+
+/// What ended [`Supervisor::watch`].
+#[derive(Debug)]
+pub(super) enum Watch {
+    /// A stop signal came (SIGINT, SIGTERM, SIGHUP): the server still runs.
+    Signal(i32),
+    /// The server exited with status 0: it was stopped on purpose and took its device down.
+    Stopped,
+    /// The server is gone and nothing can take over: the message says why.
+    Lost(String),
+}
+
+pub(super) struct Supervisor {
+    /// The compcache binary, by the path it is installed at.
+    exe: PathBuf,
+    /// The server's arguments (`fuse ...`), without `--ready-fd` and `--takeover`.
+    args: Vec<OsString>,
+    output: Output,
+    socket: NotifySocket,
+    /// The descriptors the server stored, with their names.
+    held: Vec<(String, OwnedFd)>,
+    /// systemd's notify socket, when the supervisor runs under systemd: stored descriptors are
+    /// forwarded there.
+    systemd: Option<OsString>,
+    child: Option<Child>,
+    /// The child's pidfd, readable when it exits.
+    pidfd: Option<OwnedFd>,
+    /// The device the server serves.
+    pub(super) device: PathBuf,
+    backoff: Backoff,
+    /// Every server this supervisor started: only their messages are taken.
+    started: Vec<u32>,
+}
+
+impl Supervisor {
+    /// Starts the first server, `exe` with `args`, and waits until its device is up. `systemd`:
+    /// the NOTIFY_SOCKET to forward stored descriptors to.
+    pub(super) fn start(exe: PathBuf, args: Vec<OsString>, output: Output, systemd: Option<OsString>) -> Result<Supervisor, Failure> {
+        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+        let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
+        let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let mut s = Supervisor {
+            exe,
+            args,
+            output,
+            socket,
+            held: Vec::new(),
+            systemd,
+            child: None,
+            pidfd: None,
+            device: PathBuf::new(),
+            backoff: Backoff::default(),
+            started: Vec::new(),
+        };
+        match s.spawn(false) {
+            Ok(dev) => {
+                s.device = dev;
+                s.drain();
+                Ok(s)
+            }
+            Err(status) => Err(Failure::new(format!("the fuse server did not bring a device up ({})", describe(status)))),
+        }
+    }
+
+    /// Adopts a device from descriptors a supervisor before this one stored in systemd's store
+    /// (`held`, handed back as LISTEN_FDS when systemd restarted the unit): the server still
+    /// running, `old_server`, is asked to hand over (SIGUSR2) and awaited, then a successor is
+    /// started with the descriptors. The device it serves.
+    pub(super) fn adopt(
+        exe: PathBuf,
+        args: Vec<OsString>,
+        held: Vec<(String, OwnedFd)>,
+        systemd: Option<OsString>,
+        old_server: u32,
+    ) -> Result<Supervisor, Failure> {
+        if old_server != 0 && super::server::alive(old_server) {
+            log::info(&format!("asking the running server (pid {old_server}) to hand over"));
+            // SAFETY: kill with a pid and a signal number; the pid is the device's recorded
+            // server, checked alive just now.
+            unsafe { libc::kill(old_server as libc::pid_t, libc::SIGUSR2) };
+            let start = Instant::now();
+            while super::server::alive(old_server) {
+                if start.elapsed() > Duration::from_secs(60) {
+                    return Err(Failure::new(format!("the running server (pid {old_server}) did not hand over within a minute")));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+        let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
+        let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let mut s = Supervisor {
+            exe,
+            args,
+            output: Output::Inherit,
+            socket,
+            held,
+            systemd,
+            child: None,
+            pidfd: None,
+            device: PathBuf::new(),
+            backoff: Backoff::default(),
+            started: Vec::new(),
+        };
+        match s.spawn(true) {
+            Ok(dev) => {
+                s.device = dev;
+                s.drain();
+                Ok(s)
+            }
+            Err(status) => Err(Failure::new(format!(
+                "the successor did not take the device over ({}); its descriptors stay in systemd's store",
+                describe(status)
+            ))),
+        }
+    }
+
+    /// The running server's pid (0 while none runs).
+    pub(super) fn server_pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Whether the connection's descriptors are held (a successor could take over).
+    pub(super) fn holds_connection(&self) -> bool {
+        self.held.iter().any(|(n, _)| n == CONNECTION)
+    }
+
+    /// Starts the server (a successor with `takeover`) and waits for its READY line: the
+    /// device, or how the server ended when it did not come up.
+    fn spawn(&mut self, takeover: bool) -> Result<PathBuf, Option<ExitStatus>> {
+        let handed: Vec<&(String, OwnedFd)> = if takeover { self.held.iter().collect() } else { Vec::new() };
+        let n = handed.len() as RawFd;
+        let first_free = LISTEN_FDS_START + n;
+        let (ready_r, ready_w) = pipe().map_err(|e| {
+            log::error(&format!("pipe: {e}"));
+            None
+        })?;
+        // Every descriptor the child gets by number lies at or above `first_free`, so that
+        // moving the handed ones to 3.. in the child overwrites none of them.
+        let ready_child = dup_above(ready_w.as_fd().as_raw_fd(), first_free, false).map_err(|_| None)?;
+        let sources: Vec<OwnedFd> = handed.iter().filter_map(|(_, fd)| dup_above(fd.as_raw_fd(), first_free, true).ok()).collect();
+        if sources.len() != handed.len() {
+            log::error("duplicating the held descriptors failed");
+            return Err(None);
+        }
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg0("@compcache").args(&self.args).arg("--ready-fd").arg(ready_child.as_raw_fd().to_string());
+        cmd.env("NOTIFY_SOCKET", self.socket.env_value()).env_remove("LISTEN_PID").env_remove("LISTEN_FDS").env_remove("LISTEN_FDNAMES");
+        if takeover {
+            let names: Vec<&str> = handed.iter().map(|(name, _)| name.as_str()).collect();
+            cmd.arg("--takeover").env("LISTEN_FDS", handed.len().to_string()).env("LISTEN_FDNAMES", names.join(":"));
+        }
+        cmd.stdin(Stdio::null()).process_group(0);
+        if let Output::Log(path) = &self.output {
+            let file = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| {
+                log::error(&format!("{}: {e}", path.display()));
+                None
+            })?;
+            let copy = file.try_clone().map_err(|_| None)?;
+            cmd.stdout(copy).stderr(file);
+        }
+        let raw: Vec<RawFd> = sources.iter().map(|f| f.as_raw_fd()).collect();
+        // SAFETY: the closure runs in the child between fork and exec and calls only dup2, which
+        // is async-signal-safe; it touches `raw`, a vector made before the fork and not freed
+        // in the child. Each target 3 + i lies below every source (module: `first_free`).
+        unsafe {
+            cmd.pre_exec(move || {
+                for (i, &src) in raw.iter().enumerate() {
+                    if libc::dup2(src, LISTEN_FDS_START + i as RawFd) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| {
+            log::error(&format!("starting {}: {e}", self.exe.display()));
+            None
+        })?;
+        drop((ready_w, ready_child, sources));
+        self.started.push(child.id());
+        self.pidfd = pidfd_open(child.id());
+        match wait_ready(ready_r) {
+            Some(dev) => {
+                self.child = Some(child);
+                Ok(dev)
+            }
+            None => {
+                // Dead, or not up in time: it is not serving.
+                if matches!(child.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if matches!(child.try_wait(), Ok(None)) {
+                    let _ = child.kill();
+                }
+                Err(child.wait().ok())
+            }
+        }
+    }
+
+    /// Reads every queued notify message: stored descriptors are kept (and forwarded to
+    /// systemd), `FDSTOREREMOVE=1` drops the name's.
+    fn drain(&mut self) {
+        loop {
+            let m = match self.socket.recv() {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(e) => {
+                    log::warning(&format!("reading the notify socket: {e}"));
+                    return;
+                }
+            };
+            if !self.started.contains(&m.pid) {
+                log::warning(&format!("a notify message from pid {}, not a server of this supervisor: dropped", m.pid));
+                continue;
+            }
+            let name = m.get("FDNAME").unwrap_or("stored").to_string();
+            if m.get("FDSTOREREMOVE") == Some("1") {
+                self.held.retain(|(n, _)| *n != name);
+                if let Some(sd) = &self.systemd {
+                    let _ = crate::fdstore::notify_to(sd, &format!("FDSTOREREMOVE=1\nFDNAME={name}\n"), &[]);
+                }
+                continue;
+            }
+            if m.get("FDSTORE") != Some("1") || m.fds.is_empty() {
+                continue;
+            }
+            if let Some(sd) = &self.systemd {
+                let fds: Vec<_> = m.fds.iter().map(|f| f.as_fd()).collect();
+                if let Err(e) = crate::fdstore::notify_to(sd, &format!("FDSTORE=1\nFDNAME={name}\n"), &fds) {
+                    log::warning(&format!(
+                        "forwarding {} descriptor(s) {name} to systemd's store: {e} (FileDescriptorStoreMax=?)",
+                        fds.len()
+                    ));
+                }
+            }
+            self.held.extend(m.fds.into_iter().map(|fd| (name.clone(), fd)));
+        }
+    }
+
+    /// Forgets every held descriptor (the device was taken down), here and in systemd's store.
+    pub(super) fn release(&mut self) {
+        if let Some(sd) = &self.systemd {
+            let mut names: Vec<&str> = self.held.iter().map(|(n, _)| n.as_str()).collect();
+            names.dedup();
+            for n in names {
+                let _ = crate::fdstore::notify_to(sd, &format!("FDSTOREREMOVE=1\nFDNAME={n}\n"), &[]);
+            }
+        }
+        self.held.clear();
+    }
+
+    /// Waits for a stop signal, starting a successor whenever the server dies (module docs).
+    /// SIGUSR2 is passed on to the server (hand over to the installed binary).
+    pub(super) fn watch(&mut self, signals: &StopSignals, record: &Path) -> Watch {
+        loop {
+            self.wait_event(TICK);
+            self.drain();
+            match signals.wait_timeout(Duration::ZERO) {
+                Some(libc::SIGUSR2) => {
+                    let pid = self.server_pid();
+                    log::info(&format!("SIGUSR2: asking the server (pid {pid}) to hand over to {}", self.exe.display()));
+                    if pid != 0 {
+                        // SAFETY: kill with our own child's pid (not yet reaped) and a signal number.
+                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR2) };
+                    }
+                }
+                Some(sig) => return Watch::Signal(sig),
+                None => {}
+            }
+            let status = match self.child.as_mut().map(Child::try_wait) {
+                Some(Ok(None)) => continue,
+                Some(Ok(Some(status))) => Some(status),
+                Some(Err(_)) | None => None,
+            };
+            let seen = Instant::now();
+            self.child = None;
+            self.pidfd = None;
+            self.drain();
+            if status.is_some_and(|s| s.code() == Some(0)) {
+                return Watch::Stopped;
+            }
+            if !self.holds_connection() {
+                return Watch::Lost(format!("the server exited ({}) and no one holds its FUSE connection", describe(status)));
+            }
+            if let Some(sig) = self.revive(status, seen, signals, record) {
+                return Watch::Signal(sig);
+            }
+        }
+    }
+
+    /// Starts successors until one is up; a stop signal during a pause ends the attempts (it is
+    /// returned).
+    fn revive(&mut self, mut status: Option<ExitStatus>, seen: Instant, signals: &StopSignals, record: &Path) -> Option<i32> {
+        loop {
+            let pause = self.backoff.after(status.and_then(|s| s.code()), Instant::now());
+            log::warning(&format!(
+                "the fuse server of {} ended ({}); {}",
+                self.device.display(),
+                describe(status),
+                if pause.is_zero() {
+                    "starting a successor".to_string()
+                } else {
+                    format!("starting a successor in {pause:?} (the device waits)")
+                }
+            ));
+            if !pause.is_zero() {
+                let until = Instant::now() + pause;
+                while Instant::now() < until {
+                    match signals.wait_timeout(until.saturating_duration_since(Instant::now()).min(TICK)) {
+                        Some(libc::SIGUSR2) | None => {}
+                        Some(sig) => return Some(sig),
+                    }
+                }
+            }
+            match self.spawn(true) {
+                Ok(dev) => {
+                    log::info(&format!(
+                        "successor pid {} serves {} {:.1} ms after the server's end was seen (takeover {:.1} ms)",
+                        self.server_pid(),
+                        dev.display(),
+                        seen.elapsed().as_secs_f64() * 1e3,
+                        (seen.elapsed().saturating_sub(pause)).as_secs_f64() * 1e3,
+                    ));
+                    self.drain();
+                    self.backoff.up();
+                    update_record(record, self.server_pid());
+                    return None;
+                }
+                Err(s) => {
+                    status = s;
+                    self.drain();
+                }
+            }
+        }
+    }
+
+    /// Sleeps until the server exits, a notify message comes, or `timeout` passes.
+    fn wait_event(&self, timeout: Duration) {
+        let mut fds = vec![libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        if let Some(p) = &self.pidfd {
+            fds.push(libc::pollfd { fd: p.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        // SAFETY: `fds` is a live array of `fds.len()` pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout.as_millis() as libc::c_int) };
+    }
+
+    /// Stops the server (SIGTERM: it takes its device out of swap and down, and exits 0) and
+    /// waits for it; then forgets the descriptors.
+    pub(super) fn stop(&mut self, timeout: Duration) -> Result<(), Failure> {
+        if let Some(child) = &mut self.child {
+            // SAFETY: kill with our own child's pid (not yet reaped) and a signal number.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let start = Instant::now();
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if start.elapsed() > timeout => {
+                        return Err(Failure::new(format!("server {} did not exit within {timeout:?}", child.id())));
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+        self.child = None;
+        self.release();
+        Ok(())
+    }
+
+    /// Leaves the server running on its own (the machine shuts down): not waited for.
+    pub(super) fn detach(mut self) {
+        if let Some(c) = self.child.take() {
+            std::mem::forget(c);
+        }
+    }
+}
+
+/// When to start the next successor (module docs): at once, except after a refusal of the
+/// state or in a crash loop (more than [`DEATHS_BEFORE_PAUSE`] deaths within
+/// [`DEATH_WINDOW`]), when the pause doubles from [`PAUSE_FIRST`] up to [`PAUSE_MAX`].
+#[derive(Debug, Default)]
+struct Backoff {
+    deaths: VecDeque<Instant>,
+    pause: Duration,
+}
+
+impl Backoff {
+    /// The pause before the successor of a server that ended at `now` with exit `code` (None:
+    /// killed by a signal, or it never reported).
+    fn after(&mut self, code: Option<i32>, now: Instant) -> Duration {
+        if code == Some(HANDED_OVER) {
+            // Asked for: no death.
+            return Duration::ZERO;
+        }
+        self.deaths.push_back(now);
+        while self.deaths.front().is_some_and(|t| now.duration_since(*t) > DEATH_WINDOW) {
+            self.deaths.pop_front();
+        }
+        if code == Some(TAKEOVER_REFUSED) || self.deaths.len() > DEATHS_BEFORE_PAUSE {
+            self.pause = (self.pause * 2).clamp(PAUSE_FIRST, PAUSE_MAX);
+            return self.pause;
+        }
+        Duration::ZERO
+    }
+
+    /// A successor is up: the next death starts from no pause (a crash loop is caught by the
+    /// death count).
+    fn up(&mut self) {
+        self.pause = Duration::ZERO;
+    }
+}
+
+/// How a server ended, for the log.
+fn describe(status: Option<ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        None => "it did not report its device".into(),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(HANDED_OVER), _) => "handed over".into(),
+            (Some(TAKEOVER_REFUSED), _) => "it refused the state it was handed".into(),
+            (Some(c), _) => format!("exit status {c}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => format!("{s}"),
+        },
+    }
+}
+
+/// Writes the running server's pid into the device's record (swapoff and restart read it).
+fn update_record(record: &Path, pid: u32) {
+    if let Ok(mut s) = SwapState::load(record) {
+        s.pid = pid;
+        if let Err(e) = s.save() {
+            log::warning(&format!("{e}"));
+        }
+    }
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A copy of `fd` numbered `min` or above; close-on-exec or not.
+fn dup_above(fd: RawFd, min: RawFd, cloexec: bool) -> std::io::Result<OwnedFd> {
+    let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+    // SAFETY: fcntl F_DUPFD(_CLOEXEC) on a descriptor we hold; returns a new one or -1.
+    let new = unsafe { libc::fcntl(fd, cmd, min) };
+    if new < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// A pidfd of `pid` (Linux 5.3+), readable once the process exits; `None` where there is none
+/// (the supervisor then notices a death within `TICK`).
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: the pidfd_open system call with a pid and no flags; returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a new descriptor nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `compcache swap-supervisor` (hidden): the detached supervisor `compcache swapon` starts for
+/// a FUSE device (module docs).
+#[derive(clap::Args, Debug)]
+pub struct SupervisorArgs {
+    /// The compcache binary to start servers from.
+    #[arg(long, value_name = "PATH")]
+    exe: PathBuf,
+    /// The servers' log (appended to).
+    #[arg(long, value_name = "PATH")]
+    log: PathBuf,
+    /// Where to write "READY <device> <server pid> <1 if the connection is held, else 0>".
+    #[arg(long, value_name = "FD", value_parser = crate::cmd::session::parse_ready_fd)]
+    ready_fd: i32,
+    /// The server's command line (`fuse ...`).
+    #[arg(last = true, required = true)]
+    server: Vec<OsString>,
+}
+
+/// Runs the detached supervisor until its server stops or it is told to stop.
+pub fn run_supervisor(args: SupervisorArgs) -> Result<(), Failure> {
+    let signals = StopSignals::block_with_handover()?;
+    crate::process::pin_swap_server(true)?;
+    // Not under systemd: nothing to forward (`swapon --foreground` is systemd's supervisor).
+    let mut sup = Supervisor::start(args.exe, args.server, Output::Log(args.log), None)?;
+    let held = u8::from(sup.holds_connection());
+    crate::cmd::session::signal_ready(Some(args.ready_fd), &format!("READY {} {} {held}\n", sup.device.display(), sup.server_pid()));
+    let record = SwapState::path_for(&sup.device);
+    match sup.watch(&signals, &record) {
+        Watch::Signal(sig) => {
+            log::info(&format!("signal {sig}: stopping the server of {}", sup.device.display()));
+            sup.stop(Duration::from_secs(60))
+        }
+        Watch::Stopped => {
+            sup.release();
+            Ok(())
+        }
+        Watch::Lost(why) => {
+            Err(Failure::new(format!("{}: {why}; the device's pages are gone (`compcache swapoff` cleans up)", sup.device.display())))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn successors_start_at_once_unless_refused_or_in_a_crash_loop() {
+        let mut b = Backoff::default();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        // Kills and hand-overs: at once, five deaths in the window are not yet a loop.
+        for i in 0..5 {
+            assert_eq!(b.after(None, t0 + s(i)), Duration::ZERO, "death {i}");
+            assert_eq!(b.after(Some(HANDED_OVER), t0 + s(i)), Duration::ZERO, "a hand-over is no death");
+        }
+        // The sixth within ten seconds: a crash loop, 1 s, then doubling.
+        assert_eq!(b.after(Some(101), t0 + s(5)), s(1));
+        assert_eq!(b.after(None, t0 + s(6)), s(2));
+        b.up();
+        // Deaths spread out: the window forgets the old ones, the pause starts again at none.
+        assert_eq!(b.after(None, t0 + s(60)), Duration::ZERO);
+        // A refused state pauses at once, doubling to a minute, while no successor comes up.
+        let got: Vec<u64> = (0..9).map(|i| b.after(Some(TAKEOVER_REFUSED), t0 + s(100 + 100 * i)).as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        b.up();
+        assert_eq!(b.after(Some(TAKEOVER_REFUSED), t0 + s(10_000)), s(1));
+    }
+}
