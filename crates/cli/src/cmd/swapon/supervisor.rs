@@ -11,7 +11,7 @@
 //!   refused the state) and while the connection's descriptors are held, a successor is
 //!   started: the same binary path and arguments plus `--takeover`, the held descriptors as
 //!   `LISTEN_FDS` from 3 with their names in `LISTEN_FDNAMES`. At once after a hand-over or a
-//!   death; after five deaths in ten seconds, or a successor that refused the state
+//!   death; after more than five deaths in ten seconds, or a successor that refused the state
 //!   (`TAKEOVER_REFUSED`), only after a pause that doubles up to a minute (logged), the
 //!   descriptors staying held meanwhile: the device's users wait, nothing guessed is served;
 //! - without the connection's descriptors held (the store's state does not survive, so the
@@ -97,6 +97,8 @@ impl Supervisor {
     /// Starts the first server, `exe` with `args`, and waits until its device is up. `systemd`:
     /// the NOTIFY_SOCKET to forward stored descriptors to.
     pub(super) fn start(exe: PathBuf, args: Vec<OsString>, output: Output, systemd: Option<OsString>) -> Result<Supervisor, Failure> {
+        // On the way back from a dead server: never to be swapped out to its device (module docs).
+        crate::process::pin_swap_server(true)?;
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
         let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
         let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
@@ -134,6 +136,7 @@ impl Supervisor {
         systemd: Option<OsString>,
         old_server: u32,
     ) -> Result<Supervisor, Failure> {
+        crate::process::pin_swap_server(true)?;
         if old_server != 0 && super::server::alive(old_server) {
             log::info(&format!("asking the running server (pid {old_server}) to hand over"));
             // SAFETY: kill with a pid and a signal number; the pid is the device's recorded
@@ -548,7 +551,6 @@ pub struct SupervisorArgs {
 /// Runs the detached supervisor until its server stops or it is told to stop.
 pub fn run_supervisor(args: SupervisorArgs) -> Result<(), Failure> {
     let signals = StopSignals::block_with_handover()?;
-    crate::process::pin_swap_server(true)?;
     // Not under systemd: nothing to forward (`swapon --foreground` is systemd's supervisor).
     let mut sup = Supervisor::start(args.exe, args.server, Output::Log(args.log), None)?;
     let held = u8::from(sup.holds_connection());
