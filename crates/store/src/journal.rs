@@ -118,7 +118,8 @@ impl Journal {
         })
     }
 
-    /// Frees every record (recovery, once it has applied them).
+    /// Frees every record (recovery, once it has applied them; a new file's creator, so that
+    /// its pages exist before the first entry change needs one).
     pub fn clear(&self) {
         for r in self.records.iter() {
             r.slot.store(0, Relaxed);

@@ -59,6 +59,7 @@ use mover::{Clock, Mover, Records};
 pub(crate) struct Ram {
     /// The state file everything below that outlives the process is in, and where.
     map: Arc<StateMap>,
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
     layout: Layout,
     slots: ZeroedSlice<Slot>,
     journal: Journal,
@@ -139,7 +140,11 @@ impl Ram {
         let map = Arc::new(StateMap::create(l.file_len).map_err(|e| ("the state file (memfd)", e))?);
         let clock = Clock::new();
         layout::header(&map).write(&l, huge_threshold_bytes, algorithm, clock.origin_ns());
-        Ok(Ram::over(map, &l, mem_limit_bytes, huge_threshold_bytes, clock))
+        let ram = Ram::over(map, &l, mem_limit_bytes, huge_threshold_bytes, clock);
+        // The journal is written by every entry change: its pages are made now, so that the
+        // first write of each thread takes no page fault on the I/O path (fault-free mode).
+        ram.journal.clear();
+        Ok(ram)
     }
 
     /// The RAM state over the state file `map` laid out as `l`, as the file holds it.
@@ -163,7 +168,8 @@ impl Ram {
         self.map.fd()
     }
 
-    /// Where each part is in the state file.
+    /// Where each part is in the state file (tests that damage it).
+    #[cfg(any(test, feature = "testing"))]
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
