@@ -13,15 +13,17 @@
 //! From the bottom:
 //! 1. **The page and its buffers**, importing nothing of the crate: `page` (`PAGE_SIZE`,
 //!    `PAGE`, the same-filled check and its inverse), `buf` (buffers made resident when made:
-//!    the device-read and origin buffers), [`error`], [`latency`], `zeroed` (lazily-zeroed
-//!    tables), [`units`] (the grammar of the sizes and durations people type, for every
+//!    the device-read and origin buffers), [`error`], [`latency`], `shm` (the state file: a
+//!    memfd mapped shared, which outlives the process), `zeroed` (lazily-zeroed tables, in
+//!    it or in memory of their own), [`units`] (the grammar of the sizes and durations people type, for every
 //!    front end).
 //! 2. **The codec and the allocator**: [`compress`] (the compressor front end, one file per
 //!    backend, the codec a slot records, and the dictionaries with their trainer, as zram keeps
 //!    them in `zcomp_params`; it knows nothing of slots, tiers or counters) and `zspool` (size
 //!    classes, zspages, handles, compaction; its contract with its one user, the RAM layer).
 //! 3. **What every tier shares**: `slot` (the slot table, its packed 16-byte entry and the
-//!    per-slot lock: the locking rules), [`stats`] (every tier's counters, with zram's and
+//!    per-slot lock: the locking rules), `journal` (what makes an entry change atomic for a
+//!    process killed at any instruction), [`stats`] (every tier's counters, with zram's and
 //!    ramzswap's names; the snapshot, the unit table, the summary), [`config`] (configuration,
 //!    size expressions, and the constants it checks), `context` (the per-worker [`Context`]).
 //! 4. **The RAM layer**, `ram`: the one owner of slots, pool, counters, clock, memory limit and
@@ -58,11 +60,13 @@ pub mod compress;
 pub mod config;
 mod context;
 pub mod error;
+mod journal;
 pub mod latency;
 mod page;
 pub(crate) mod ram;
 pub mod recompress;
 pub mod request;
+mod shm;
 pub(crate) mod slot;
 pub mod stats;
 pub mod store;
@@ -82,6 +86,7 @@ pub use error::StoreError;
 pub use latency::{Latency, LatencyHistogram};
 pub(crate) use page::PAGE;
 pub use page::PAGE_SIZE;
+pub use ram::Recovered as RecoveryReport;
 pub use recompress::{RecompressReport, RecompressSettings, RecompressTuning};
 pub use stats::Stats;
 pub use store::{Allocation, Extent, Extents, Store};

@@ -3,7 +3,7 @@
 //! # Entry layout
 //! ```text
 //! meta (u64):  bit 63       LOCK        held while a thread reads or changes this slot
-//!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING
+//!              bits 60..=62 kind        EMPTY, SAME, COMPRESSED, HUGE, BACKING, LOST
 //!              bit 59       MOVING      set by writeback when it copies the page out; cleared
 //!                                       by every `replace` (see rule 8)
 //!              bit 58       RECOMPRESSING  set by recompression when it copies the page out;
@@ -21,6 +21,8 @@
 //!              bits 0..=12  size        stored bytes (compressed length; 4096 for HUGE)
 //! data (u64):  SAME -> the fill word; COMPRESSED/HUGE -> pool handle; BACKING -> location
 //! ```
+//! LOST is written only by recovery (`ram/recover.rs`), for a slot whose entry it could not
+//! vouch for: reading it is an I/O error; writing or discarding it replaces it as any entry.
 //!
 //! # Locking rules
 //! 1. The LOCK bit is a per-slot spin lock (zram's slot lock). Every read or change of a
@@ -66,10 +68,17 @@
 //!    lock, like the entry. `replace` keeps them: whether the slot's index sits in an eviction
 //!    queue (QUEUED) does not change when its page is rewritten or dropped; the cache's
 //!    policy (`cache/policy.rs`) owns their meaning. Outside cache mode they stay zero.
+//! 10. Crash consistency: the first `replace` under a lock records the slot's old words in the
+//!     recovery journal (`journal.rs`) before it stores `data`, and the guard's release stores
+//!     the new `meta` (still locked), gives the record back, then unlocks. A process killed
+//!     at any instruction so leaves every locked slot restorable to its old entry, whole.
+//!     `relocate` needs no record: it changes `data` alone, from one copy of the page to
+//!     another, both live until the lock is released.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 use crate::compress::Codec;
+use crate::journal::{Held, Journal};
 use crate::zspool::Handle;
 
 /// Slots are indexed by u32 in pool object headers (the owner back-pointer), top bit reserved.
@@ -94,6 +103,7 @@ const KIND_SAME: u64 = 1;
 const KIND_COMPRESSED: u64 = 2;
 const KIND_HUGE: u64 = 3;
 const KIND_BACKING: u64 = 4;
+const KIND_LOST: u64 = 5;
 
 /// What a slot holds, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +119,8 @@ pub(crate) enum Entry {
     /// On the backing device at `loc`, `len` stored bytes (the backing tier interprets both),
     /// encoded by `codec` unless raw (`len` 4096).
     Backing { loc: u64, len: u16, codec: Codec },
+    /// Recovery could not vouch for what the slot held (`ram/recover.rs`): reads fail.
+    Lost,
 }
 
 impl Entry {
@@ -128,6 +140,7 @@ impl Entry {
             Entry::Compressed { handle, len, codec } => ((KIND_COMPRESSED << KIND_SHIFT) | codec_bits(codec) | len as u64, handle.0),
             Entry::Huge { handle } => ((KIND_HUGE << KIND_SHIFT) | crate::PAGE, handle.0),
             Entry::Backing { loc, len, codec } => ((KIND_BACKING << KIND_SHIFT) | codec_bits(codec) | len as u64, loc),
+            Entry::Lost => (KIND_LOST << KIND_SHIFT, 0),
         }
     }
 
@@ -140,7 +153,8 @@ impl Entry {
             KIND_COMPRESSED => Entry::Compressed { handle: Handle(data), len: size, codec },
             KIND_HUGE => Entry::Huge { handle: Handle(data) },
             KIND_BACKING => Entry::Backing { loc: data, len: size, codec },
-            k => unreachable!("slot kind {k} is never written"),
+            KIND_LOST => Entry::Lost,
+            k => unreachable!("slot kind {k} is never written (recovery makes every other kind LOST)"),
         }
     }
 }
@@ -188,6 +202,7 @@ pub(crate) enum Kind {
     Compressed,
     Huge,
     Backing,
+    Lost,
 }
 
 /// A lock-free look at a slot's meta word (rule 5): possibly stale, never acted on alone.
@@ -211,7 +226,8 @@ impl Slot {
             KIND_SAME => Kind::Same,
             KIND_COMPRESSED => Kind::Compressed,
             KIND_HUGE => Kind::Huge,
-            _ => Kind::Backing,
+            KIND_BACKING => Kind::Backing,
+            _ => Kind::Lost,
         };
         Hint {
             kind,
@@ -222,13 +238,36 @@ impl Slot {
         }
     }
 
+    /// The raw words, for recovery (no live process uses the state): (meta, data).
+    pub fn raw(&self) -> (u64, u64) {
+        (self.meta.load(Relaxed), self.data.load(Relaxed))
+    }
+
+    /// Sets the raw words, for recovery: the entry `e` with `meta`'s other bits kept
+    /// (access time, policy), unlocked and with no mark.
+    pub fn set_recovered(&self, meta: u64, e: Entry) {
+        let (m, d) = e.encode();
+        self.data.store(d, Relaxed);
+        self.meta.store((meta & (AC_MASK | POLICY_MASK)) | m, Relaxed);
+    }
+
+    /// Whether `meta` (from [`Slot::raw`]) has the lock bit.
+    pub fn is_locked(meta: u64) -> bool {
+        meta & LOCK != 0
+    }
+
+    /// Decodes raw words as recovery reads them: `None` for a kind no version writes.
+    pub fn decode_raw(meta: u64, data: u64) -> Option<Entry> {
+        ((meta & KIND_MASK) >> KIND_SHIFT <= KIND_LOST).then(|| Entry::decode(meta, data))
+    }
+
     /// Takes this slot's lock (rule 1).
     pub fn lock(&self) -> SlotGuard<'_> {
         let mut spins = 0u32;
         loop {
             let m = self.meta.load(Relaxed);
             if m & LOCK == 0 && self.meta.compare_exchange_weak(m, m | LOCK, Acquire, Relaxed).is_ok() {
-                return SlotGuard { slot: self, meta: m };
+                return SlotGuard { slot: self, meta: m, held: None };
             }
             spins += 1;
             if spins < 64 {
@@ -245,16 +284,27 @@ pub(crate) struct SlotGuard<'a> {
     slot: &'a Slot,
     /// The meta word without the LOCK bit, as it will be stored on release.
     meta: u64,
+    /// The journal record holding the slot's old words, from the first `replace` (rule 10).
+    held: Option<(&'a Journal, Held)>,
 }
 
-impl SlotGuard<'_> {
+impl<'a> SlotGuard<'a> {
     pub fn entry(&self) -> Entry {
         Entry::decode(self.meta, self.slot.data.load(Relaxed))
     }
 
-    /// Replaces the entry and returns the old one; the caller frees what the old one held.
-    pub fn replace(&mut self, new: Entry) -> Entry {
+    /// Replaces the entry of slot `index` (this one) and returns the old one; the caller frees
+    /// what the old one held, after releasing the lock. The first replace under a lock records
+    /// the old words in `journal` (rule 10).
+    pub fn replace(&mut self, journal: &'a Journal, index: u64, new: Entry) -> Entry {
         let old = self.entry();
+        if self.held.is_none() {
+            let held = journal.begin(index, self.meta, self.slot.data.load(Relaxed));
+            self.held = Some((journal, held));
+            // The record is written before `data` changes (program order is what a dead
+            // process leaves behind: every store before the kill reaches memory).
+            std::sync::atomic::compiler_fence(SeqCst);
+        }
         let (meta, data) = new.encode();
         self.meta = (self.meta & (AC_MASK | POLICY_MASK)) | meta;
         self.slot.data.store(data, Relaxed);
@@ -311,6 +361,11 @@ impl SlotGuard<'_> {
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
+        if let Some((journal, held)) = self.held.take() {
+            // Rule 10: the new meta in place while still locked, then the record given back.
+            self.slot.meta.store(self.meta | LOCK, Relaxed);
+            journal.end(held);
+        }
         self.slot.meta.store(self.meta & !LOCK, Release);
     }
 }
@@ -318,9 +373,17 @@ impl Drop for SlotGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::RECORDS;
+    use crate::zeroed::ZeroedSlice;
+
+    /// A journal for the tests' slots (leaked: guards borrow it for as long as the slot).
+    fn journal() -> &'static Journal {
+        Box::leak(Box::new(Journal::new(ZeroedSlice::new(RECORDS).unwrap())))
+    }
 
     #[test]
     fn entries_round_trip_through_the_packed_layout() {
+        let j = journal();
         let s = Slot::default();
         let cases = [
             Entry::Empty,
@@ -334,7 +397,7 @@ mod tests {
         for e in cases {
             let mut g = s.lock();
             g.touch(0xabcd);
-            g.replace(e);
+            g.replace(j, 0, e);
             drop(g);
             let g = s.lock();
             assert_eq!(g.entry(), e);
@@ -344,12 +407,13 @@ mod tests {
 
     #[test]
     fn policy_bits_survive_replace_and_touch() {
+        let j = journal();
         let s = Slot::default();
         let mut g = s.lock();
         g.set_policy(0b1_0110);
-        g.replace(Entry::Same(3));
+        g.replace(j, 0, Entry::Same(3));
         g.touch(9);
-        g.replace(Entry::Empty);
+        g.replace(j, 0, Entry::Empty);
         assert_eq!((g.policy(), g.entry(), g.ac_time()), (0b1_0110, Entry::Empty, 9));
         g.set_policy(0xff);
         assert_eq!(g.policy(), 0x1f, "five bits");
@@ -358,10 +422,11 @@ mod tests {
 
     #[test]
     fn marks_survive_touch_and_die_with_replace() {
+        let j = journal();
         let s = Slot::default();
         let mut g = s.lock();
         let e = Entry::Compressed { handle: Handle(9), len: 100, codec: Codec::PRIMARY };
-        g.replace(e);
+        g.replace(j, 0, e);
         g.mark(Mark::Writeback);
         g.mark(Mark::Recompress);
         g.set_rejected();
@@ -371,13 +436,14 @@ mod tests {
         assert!(hint.rejected && hint.codec == Codec::PRIMARY);
         let mut g = s.lock();
         assert!(g.is_marked(Mark::Writeback) && g.is_marked(Mark::Recompress) && g.entry() == e);
-        g.replace(e);
+        g.replace(j, 0, e);
         assert!(!g.is_marked(Mark::Writeback), "a rewrite with the same handle and length is still a rewrite");
         assert!(!g.is_marked(Mark::Recompress) && !g.peek_rejected());
     }
 
     #[test]
     fn the_lock_excludes_other_threads() {
+        let j = journal();
         let s = std::sync::Arc::new(Slot::default());
         let threads: Vec<_> = (0..4)
             .map(|_| {
@@ -389,7 +455,7 @@ mod tests {
                             Entry::Same(n) => n,
                             _ => 0,
                         };
-                        g.replace(Entry::Same(n + 1));
+                        g.replace(j, 0, Entry::Same(n + 1));
                     }
                 })
             })

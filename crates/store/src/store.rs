@@ -24,6 +24,7 @@
 //! slot goes back to it to be freed, once. The fields of [`Store`] are private; the backing
 //! tier and recompression get a [`Mover`], cache mode the [`Ram`].
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -46,7 +47,11 @@ use crate::recompress::{RecompressReport, RecompressSettings, RecompressTuning, 
 use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::{BackingGauges, Counters, Gauges, RecompressGauges, Stats};
 use crate::zspool::PoolFull;
-use crate::{PAGE, PAGE_SIZE};
+use crate::{RecoveryReport, PAGE, PAGE_SIZE};
+
+/// Why a store with a backing device or an origin is not taken over.
+const NOT_KEPT: &str = "a device with a backing device, the cold tier or an origin (cache mode) cannot be taken over by a \
+                        successor: part of its state (the tier's records and key, the cache's origin) is not in the state file";
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
@@ -120,15 +125,48 @@ impl Store {
         Store::build(cfg, Some(backing), None)
     }
 
+    /// Takes over the device whose state file a dead (or stopped) store left in `fd`
+    /// (`ram/recover.rs`): checks the file's layout version and the device's geometry and
+    /// algorithm against `cfg`, undoes the entry changes the dead process had not finished,
+    /// frees what they left, rebuilds the pool and recomputes the counters. Pages it cannot
+    /// vouch for read as I/O errors (the report counts them). The error is one line saying what
+    /// is wrong; the file is then untouched. Stores with a backing device, the cold tier or an
+    /// origin (cache mode) are not taken over: part of their state is not in the file
+    /// ([`Store::state_fd`]).
+    pub fn recover(cfg: Config, fd: OwnedFd) -> Result<(Store, RecoveryReport), StoreError> {
+        cfg.validate()?;
+        if cfg.backing.is_some() || cfg.origin.is_some() {
+            return Err(StoreError::Config(NOT_KEPT.into()));
+        }
+        let (ram, report) =
+            Ram::recover(fd, cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes, cfg.algorithm.name())
+                .map_err(|e| StoreError::Config(format!("cannot take the device over: {e}")))?;
+        Ok((Store::build_over(cfg, ram, None, None)?, report))
+    }
+
+    /// The state file holding every page of the device (`ram/`): keep this descriptor open
+    /// (a supervisor, systemd's file-descriptor store) and a successor can take the device over
+    /// with [`Store::recover`] after this process dies. `None` for a store whose state is not
+    /// all in it (a backing device or the cold tier: the tier's records and key; cache mode):
+    /// such a store dies with its process, and its successor would have nothing to serve.
+    pub fn state_fd(&self) -> Option<BorrowedFd<'_>> {
+        (self.backing.is_none() && self.cache.is_none()).then(|| self.ram.state_fd())
+    }
+
     fn build(cfg: Config, backing: Option<Backing>, cache: Option<Cache>) -> Result<Store, StoreError> {
-        let os = |(what, e): (&str, std::io::Error)| {
-            // A refused start leaves no backing file it created behind.
-            if let Some(b) = &backing {
-                b.abandon();
-            }
-            StoreError::Config(format!("cannot reserve {what}: {e}"))
-        };
-        let ram = Ram::new(cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes).map_err(os)?;
+        let ram = Ram::new(cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes, cfg.algorithm.name()).map_err(
+            |(what, e)| {
+                // A refused start leaves no backing file it created behind.
+                if let Some(b) = &backing {
+                    b.abandon();
+                }
+                StoreError::Config(format!("cannot reserve {what}: {e}"))
+            },
+        )?;
+        Store::build_over(cfg, ram, backing, cache)
+    }
+
+    fn build_over(cfg: Config, ram: Ram, backing: Option<Backing>, cache: Option<Cache>) -> Result<Store, StoreError> {
         let recomp = match &cfg.recompress {
             Some(r) => Some(Recompressor::new(r.clone()).map_err(|e| {
                 if let Some(b) = &backing {
@@ -368,7 +406,8 @@ impl Store {
                 Entry::Empty | Entry::Same(0) => Allocation::Hole,
                 _ => Allocation::Data,
             },
-            Kind::Compressed | Kind::Huge | Kind::Backing => Allocation::Data,
+            // A lost page is data (it reads as an error, not as zeros).
+            Kind::Compressed | Kind::Huge | Kind::Backing | Kind::Lost => Allocation::Data,
         }
     }
 
@@ -417,7 +456,7 @@ impl Store {
         let old = {
             let mut g = self.ram.slots()[index as usize].lock();
             g.touch(self.ram.tick());
-            g.replace(entry)
+            g.replace(self.ram.journal(), index, entry)
         };
         self.installed(entry, old);
         Ok(())
@@ -506,7 +545,7 @@ impl Store {
             let _ = c.discard(&self.ram, index * PAGE, PAGE);
             return;
         }
-        let old = self.ram.slots()[index as usize].lock().replace(Entry::Empty);
+        let old = self.ram.slots()[index as usize].lock().replace(self.ram.journal(), index, Entry::Empty);
         if old != Entry::Empty {
             Counters::inc(&self.ram.counters().notify_free);
             self.mover().release(old);
@@ -529,7 +568,7 @@ impl Store {
             modify(&mut page);
             let entry = self.encode(ctx, index, &page)?;
             g.touch(self.ram.tick());
-            let old = g.replace(entry);
+            let old = g.replace(self.ram.journal(), index, entry);
             drop::<SlotGuard>(g);
             self.installed(entry, old);
             Ok(())

@@ -246,7 +246,7 @@ impl Cache {
             ram.free_unpublished(new);
             return false;
         }
-        g.replace(new);
+        g.replace(ram.journal(), index, new);
         let (queue, _) = policy::on_install(&mut g, Entry::Empty, new, readahead);
         g.touch(ram.tick());
         drop::<SlotGuard>(g);
@@ -438,7 +438,7 @@ impl Cache {
             return;
         };
         let mut g = ram.slots()[index as usize].lock();
-        let old = g.replace(new);
+        let old = g.replace(ram.journal(), index, new);
         let (queue, wasted) = policy::on_install(&mut g, old, new, false);
         g.touch(ram.tick());
         drop::<SlotGuard>(g);
@@ -454,7 +454,7 @@ impl Cache {
         let mut dropped = 0;
         for index in first..end {
             let mut g = ram.slots()[index as usize].lock();
-            let old = g.replace(Entry::Empty);
+            let old = g.replace(ram.journal(), index, Entry::Empty);
             let wasted = old != Entry::Empty && policy::on_drop(&mut g);
             drop::<SlotGuard>(g);
             if wasted {

@@ -49,6 +49,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+use crate::journal::Journal;
 use crate::ram::mover::Mover;
 use crate::slot::{Entry, Slot, SlotGuard};
 use crate::stats::Counters;
@@ -189,7 +190,7 @@ impl Shard {
                 false => self.main.pop_front(),
             };
             let Some(index) = index else { return false };
-            match visit(&slots[index as usize], from_small, mv.counters()) {
+            match visit(&slots[index as usize], mv.journal(), index as u64, from_small, mv.counters()) {
                 Seen::Gone => {}
                 Seen::Keep => self.main.push_back(index),
                 Seen::Evicted(old) => {
@@ -220,7 +221,7 @@ impl Shard {
 
 /// Under the slot's lock: what to do with a page the scan popped from the small queue
 /// (`from_small`) or the main queue.
-fn visit(slot: &Slot, from_small: bool, c: &Counters) -> Seen {
+fn visit<'a>(slot: &'a Slot, journal: &'a Journal, index: u64, from_small: bool, c: &Counters) -> Seen {
     let mut g = slot.lock();
     let p = g.policy();
     let entry = g.entry();
@@ -235,7 +236,7 @@ fn visit(slot: &Slot, from_small: bool, c: &Counters) -> Seen {
         g.set_policy((p & !FREQ) | freq);
         return Seen::Keep;
     }
-    g.replace(Entry::Empty);
+    g.replace(journal, index, Entry::Empty);
     g.set_policy(if from_small { GHOST } else { 0 });
     Counters::inc(&c.cache_evictions);
     if p & READAHEAD != 0 {

@@ -13,11 +13,19 @@
 //! lock and a reference count, no allocation), so a dictionary freed while a read is in flight
 //! is dropped only when that read lets go of it.
 //!
+//! # In the state file
+//! A store's table keeps each dictionary's bytes in the state file too (`shm.rs`; a page of
+//! lengths, then a place of [`DICT_ROOM`] bytes per version), so that a successor process has
+//! every dictionary its pages name: the bytes are written before the length that makes them
+//! valid, and before any page is encoded with them; a freed place's length is cleared before
+//! its memory is given back. [`Dicts::recover`] reads them back.
+//!
 //! # Locking
 //! Each place's `RwLock` is a leaf: readers take it shared under a slot lock, for one `Arc`
 //! clone; the recompression thread takes it exclusive (no slot lock held) to fill or empty the
 //! place. There is no lock over the whole table.
 
+use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -25,6 +33,7 @@ use zstd::zstd_safe::DDict;
 
 use crate::compress::strong::StrongEncoder;
 use crate::compress::{strong, Codec, MAX_COMPRESSED_BYTES};
+use crate::shm::StateMap;
 use crate::PAGE_SIZE;
 
 /// A dictionary trained by zstd's trainer (`ZDICT_trainFromBuffer`) on pages, and its gain.
@@ -164,9 +173,18 @@ impl Dict {
     }
 }
 
+/// Room for one dictionary in the state file. zstd's trainer makes dictionaries of ~100 KiB at
+/// most by default (compcache's of 16 KiB); a larger file is refused when it is read.
+pub const DICT_ROOM: usize = 1 << 20;
+
+/// The bytes of state file a table takes: a page of lengths, then the places.
+pub(crate) const DICTS_BYTES: usize = PAGE_SIZE + Codec::DICT_VERSIONS * DICT_ROOM;
+
 /// The table of dictionary versions in use.
 pub(crate) struct Dicts {
     places: [RwLock<Option<Arc<Dict>>>; Codec::DICT_VERSIONS],
+    /// Where the table is kept in the state file (`None`: nowhere, tests).
+    kept: Option<(Arc<StateMap>, usize)>,
 }
 
 /// What the table holds, for statistics.
@@ -179,8 +197,50 @@ pub(crate) struct DictsSummary {
 }
 
 impl Dicts {
+    /// A table kept nowhere (tests).
+    #[cfg(test)]
     pub fn new() -> Dicts {
-        Dicts { places: std::array::from_fn(|_| RwLock::new(None)) }
+        Dicts { places: std::array::from_fn(|_| RwLock::new(None)), kept: None }
+    }
+
+    /// A table kept in the state file `map` at `offset` ([`DICTS_BYTES`]).
+    pub fn in_map(map: &Arc<StateMap>, offset: usize) -> Dicts {
+        assert!(offset + DICTS_BYTES <= map.len());
+        Dicts { places: std::array::from_fn(|_| RwLock::new(None)), kept: Some((map.clone(), offset)) }
+    }
+
+    /// Place `place`'s length word in the state file, and the address of its bytes.
+    fn kept(&self, place: usize) -> Option<(&AtomicU64, *mut u8, &StateMap, usize)> {
+        let (map, offset) = self.kept.as_ref()?;
+        // SAFETY: the first page of the table holds DICT_VERSIONS length words (u64-aligned,
+        // any bit pattern valid), alive as long as the map.
+        let len = unsafe { &*(map.at(offset + place * 8).as_ptr() as *const AtomicU64) };
+        let at = offset + PAGE_SIZE + place * DICT_ROOM;
+        Some((len, map.at(at).as_ptr(), map, at))
+    }
+
+    /// Reads back the dictionaries a dead process's table kept (a successor's, before any
+    /// reader); a place whose bytes are not a dictionary is left empty (its pages are then
+    /// lost, which recovery sees). Returns how many were read.
+    pub fn recover(&self) -> u64 {
+        let mut n = 0;
+        for place in 0..Codec::DICT_VERSIONS {
+            let Some((len, bytes, _, _)) = self.kept(place) else { return 0 };
+            let l = len.load(Acquire) as usize;
+            if l == 0 {
+                continue;
+            }
+            // SAFETY: the place's bytes are inside the map; no other thread runs yet.
+            let d = (l <= DICT_ROOM).then(|| unsafe { std::slice::from_raw_parts(bytes, l) }.to_vec()).map(Dict::new);
+            match d {
+                Some(Ok(d)) => {
+                    *self.places[place].write() = Some(Arc::new(d));
+                    n += 1;
+                }
+                _ => len.store(0, Relaxed),
+            }
+        }
+        n
     }
 
     /// The dictionary in `place`, for a reader holding the lock of a slot that names it (see
@@ -193,6 +253,13 @@ impl Dicts {
     /// Recompression thread only.
     pub fn install(&self, dict: Dict) -> Option<usize> {
         let place = self.places.iter().position(|p| p.read().is_none())?;
+        if let Some((len, bytes, _, _)) = self.kept(place) {
+            assert!(dict.bytes.len() <= DICT_ROOM, "dictionaries are checked against DICT_ROOM when read");
+            // SAFETY: the place is empty (no reader, and recovery only at start), so nobody
+            // else touches its bytes; the copy stays inside the place.
+            unsafe { std::ptr::copy_nonoverlapping(dict.bytes.as_ptr(), bytes, dict.bytes.len()) };
+            len.store(dict.bytes.len() as u64, Release);
+        }
         *self.places[place].write() = Some(Arc::new(dict));
         Some(place)
     }
@@ -207,6 +274,12 @@ impl Dicts {
             }
             if pages_of(Codec::with_dict(place)) == 0 {
                 lock.write().take();
+                if let Some((len, _, map, at)) = self.kept(place) {
+                    len.store(0, Release);
+                    // SAFETY: the place is empty now and no page names it; its bytes are
+                    // read by nobody (a successor reads only places with a length).
+                    unsafe { map.remove(at, DICT_ROOM) };
+                }
                 freed += 1;
             }
         }
@@ -216,6 +289,9 @@ impl Dicts {
     /// Puts `dict` in `place` whatever it held (tests: a damaged dictionary).
     #[cfg(test)]
     pub fn replace(&self, place: usize, dict: Dict) {
+        if let Some((len, _, _, _)) = self.kept(place) {
+            len.store(0, Release); // a damaged dictionary is not kept for a successor
+        }
         *self.places[place].write() = Some(Arc::new(dict));
     }
 

@@ -2,8 +2,7 @@
 //!
 //! [`Ram`] owns the state a page in RAM lives in: the slots, the pool, the counters, the
 //! access-time clock, the memory limit, and the dictionaries recompressed pages may name. It is
-//! the one owner of that state (the next step puts it in shared memory that outlives the
-//! process) and the only code that touches the pool: every pool read, allocation and free is
+//! the one owner of that state, and the only code that touches the pool: every pool read, allocation and free is
 //! here or in `mover.rs`, each under the rules of the pool's contract (`zspool/mod.rs`) and the
 //! slot table's (`slot.rs`).
 //!
@@ -20,9 +19,24 @@
 //!   the pool directly;
 //! - the pool's gauges and knobs ([`Ram::pool`]: limits, the reserve, watches, compaction),
 //!   whose methods are all safe.
+//!
+//! # State that outlives the process
+//! The slots, the pool's pages and descriptors, the dictionaries and the recovery journal are
+//! in one state file (`shm.rs`: a memfd mapped shared; `layout.rs`: where each part is and the
+//! header naming the layout). The counters, the pool's lists and the arena's free lists are
+//! this process's own. A process that keeps the file's descriptor (`Ram::state_fd`) lets a
+//! successor take the device over after this one dies, at any instruction:
+//! [`Ram::recover`] (`recover.rs`) checks the header, restores what the journal says was
+//! half-changed, rebuilds the pool from the objects the slots name and recomputes the
+//! counters.
 
+pub(crate) mod layout;
 pub(crate) mod mover;
+mod recover;
 
+pub use recover::Recovered;
+
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -30,17 +44,23 @@ use crate::compress::dict::{Dict, Dicts};
 use crate::compress::{BackendContext, Codec};
 use crate::context::Context;
 use crate::error::StoreError;
+use crate::journal::{Journal, RECORDS};
 use crate::page::{fill_same, same_filled};
+use crate::shm::StateMap;
 use crate::slot::{Entry, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zeroed::ZeroedSlice;
 use crate::zspool::{PoolFull, ZsPool};
 use crate::{PAGE, PAGE_SIZE};
+use layout::Layout;
 use mover::{Clock, Mover, Records};
 
 /// The RAM state of a device; see the module docs.
 pub(crate) struct Ram {
+    /// The state file everything below that outlives the process is in.
+    map: Arc<StateMap>,
     slots: ZeroedSlice<Slot>,
+    journal: Journal,
     pool: ZsPool,
     counters: Counters,
     /// The access-time clock slots keep.
@@ -97,27 +117,54 @@ pub(crate) enum Fetched<P> {
     /// The page is a record on the backing device: what the caller's `on_record` made of it
     /// under the slot lock (the store pins the record's segment).
     Backing(P),
+    /// Recovery could not vouch for the page (`recover.rs`): the read fails.
+    Lost,
 }
 
 impl Ram {
-    /// The RAM state of a device of `num_pages` pages. Memory is committed only as pages are
-    /// stored; an error names what could not be reserved (address space).
-    pub fn new(num_pages: u64, mem_limit_bytes: u64, huge_threshold_bytes: usize) -> Result<Ram, (&'static str, std::io::Error)> {
-        let slots = ZeroedSlice::new(num_pages as usize).map_err(|e| ("the slot table", e))?;
+    /// The RAM state of a device of `num_pages` pages, in a new state file; `algorithm` names
+    /// the primary codec (the header records it). Memory is committed only as pages are
+    /// stored; an error names what could not be reserved.
+    pub fn new(
+        num_pages: u64,
+        mem_limit_bytes: u64,
+        huge_threshold_bytes: usize,
+        algorithm: &str,
+    ) -> Result<Ram, (&'static str, std::io::Error)> {
         // Address space for the pool: room for every slot raw plus fragmentation; only
         // touched pages cost memory.
         let capacity = (num_pages * 2 + 16384).min(u32::MAX as u64 - 3) as u32;
-        let limit_pages = mem_limit_bytes.div_ceil(PAGE);
-        let pool = ZsPool::new(capacity, limit_pages).map_err(|e| ("pool address space", e))?;
-        Ok(Ram {
-            slots,
-            pool,
+        let l = Layout::new(num_pages, capacity);
+        let map = Arc::new(StateMap::create(l.file_len).map_err(|e| ("the state file (memfd)", e))?);
+        let clock = Clock::new();
+        layout::header(&map).write(&l, huge_threshold_bytes, algorithm, clock.origin_ns());
+        Ok(Ram::over(map, &l, mem_limit_bytes, huge_threshold_bytes, clock))
+    }
+
+    /// The RAM state over the state file `map` laid out as `l`, as the file holds it.
+    fn over(map: Arc<StateMap>, l: &Layout, mem_limit_bytes: u64, huge_threshold_bytes: usize, clock: Clock) -> Ram {
+        Ram {
+            slots: ZeroedSlice::in_map(&map, l.slots, l.num_pages as usize),
+            journal: Journal::new(ZeroedSlice::in_map(&map, l.journal, RECORDS)),
+            pool: ZsPool::new(&map, l.arena, l.capacity_pages, mem_limit_bytes.div_ceil(PAGE)),
             counters: Counters::default(),
-            clock: Clock::new(),
+            clock,
             mem_limit_bytes: AtomicU64::new(mem_limit_bytes),
             huge_threshold_bytes,
-            dicts: Dicts::new(),
-        })
+            dicts: Dicts::in_map(&map, l.dicts),
+            map,
+        }
+    }
+
+    /// The state file's descriptor: whoever keeps it open keeps every page for a successor.
+    pub fn state_fd(&self) -> BorrowedFd<'_> {
+        self.map.fd()
+    }
+
+    /// The recovery journal (`journal.rs`), for callers that replace entries under a slot
+    /// lock ([`SlotGuard::replace`]).
+    pub fn journal(&self) -> &Journal {
+        &self.journal
     }
 
     pub fn num_pages(&self) -> u64 {
@@ -230,6 +277,7 @@ impl Ram {
             Entry::Backing { loc, len, codec } => {
                 return Fetched::Backing(on_record(Record { loc, len, codec, dict: self.dict_of(codec) }))
             }
+            Entry::Lost => return Fetched::Lost,
         }
         Fetched::Done
     }
@@ -243,6 +291,10 @@ impl Ram {
                     .map_err(|reason| StoreError::Corrupt { index, reason })
             }
             Fetched::Backing(_) => unreachable!("pages on the backing device are read by backing::read"),
+            Fetched::Lost => Err(StoreError::Corrupt {
+                index,
+                reason: "the page was lost when a successor took the device over (its state failed recovery's checks)".into(),
+            }),
         }
     }
 
@@ -259,7 +311,7 @@ impl Ram {
     /// The interface through which code that moves pages reaches slots and pool (`mover.rs`);
     /// `records` frees the records of `BACKING` entries (the backing tier, if there is one).
     pub fn mover<'a>(&'a self, records: Option<&'a dyn Records>) -> Mover<'a> {
-        Mover::new(&self.slots, &self.pool, &self.counters, records, &self.clock, &self.mem_limit_bytes, &self.dicts)
+        Mover::new(self, records)
     }
 
     /// Compacts the pool: moves objects out of sparse zspages and gives their pages back.

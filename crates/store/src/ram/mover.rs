@@ -38,10 +38,10 @@
 //! one in the same step (`stats.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
 
 use crate::compress::dict::{Dict, Dicts};
 use crate::compress::Codec;
+use crate::journal::Journal;
 use crate::slot::{Entry, Hint, Mark, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zspool::ZsPool;
@@ -56,20 +56,40 @@ pub(crate) const MAX_AGE_SECS: u64 = u16::MAX as u64 * TICK_SECS;
 const _: () = assert!(MAX_AGE_SECS == crate::config::MAX_IDLE_SECS);
 
 /// The coarse clock whose ticks slots keep as their access time (16 bits, so ages are modulo
-/// 2^16 ticks).
+/// 2^16 ticks). It counts from an origin on CLOCK_MONOTONIC, which is the machine's (since
+/// boot), so a successor process that takes the state over keeps the same clock
+/// (`ram/layout.rs` keeps the origin).
 pub(crate) struct Clock {
-    created: Instant,
+    origin_ns: u64,
     /// Ticks added to the clock (tests age pages without sleeping).
     offset: AtomicU64,
 }
 
+/// CLOCK_MONOTONIC in nanoseconds.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 impl Clock {
+    /// A clock starting now.
     pub fn new() -> Clock {
-        Clock { created: Instant::now(), offset: AtomicU64::new(0) }
+        Clock::from_origin(monotonic_ns())
+    }
+
+    /// A clock that started at `origin_ns` (CLOCK_MONOTONIC).
+    pub fn from_origin(origin_ns: u64) -> Clock {
+        Clock { origin_ns, offset: AtomicU64::new(0) }
+    }
+
+    pub fn origin_ns(&self) -> u64 {
+        self.origin_ns
     }
 
     pub fn tick(&self) -> u16 {
-        (self.created.elapsed().as_secs() / TICK_SECS + self.offset.load(Relaxed)) as u16
+        (monotonic_ns().saturating_sub(self.origin_ns) / 1_000_000_000 / TICK_SECS + self.offset.load(Relaxed)) as u16
     }
 
     pub fn advance(&self, secs: u64) {
@@ -121,19 +141,23 @@ pub(crate) struct Mover<'a> {
     /// The dictionaries, for movers that decode (the cold tier's writeback) and for
     /// recompression, which fills them.
     dicts: &'a Dicts,
+    /// The recovery journal every entry change records in (`journal.rs`).
+    journal: &'a Journal,
 }
 
 impl<'a> Mover<'a> {
-    pub fn new(
-        slots: &'a [Slot],
-        pool: &'a ZsPool,
-        counters: &'a Counters,
-        records: Option<&'a dyn Records>,
-        clock: &'a Clock,
-        mem_limit_bytes: &'a AtomicU64,
-        dicts: &'a Dicts,
-    ) -> Mover<'a> {
-        Mover { slots, pool, counters, records, clock, mem_limit_bytes, dicts }
+    /// The mover over `ram`'s state; `records` frees the records of `BACKING` entries.
+    pub fn new(ram: &'a super::Ram, records: Option<&'a dyn Records>) -> Mover<'a> {
+        Mover {
+            slots: &ram.slots,
+            pool: &ram.pool,
+            counters: &ram.counters,
+            records,
+            clock: &ram.clock,
+            mem_limit_bytes: &ram.mem_limit_bytes,
+            dicts: &ram.dicts,
+            journal: &ram.journal,
+        }
     }
 
     /// The dictionary in `place`, for decoding a page whose codec names it. Call under the
@@ -245,7 +269,7 @@ impl<'a> Mover<'a> {
         if g.entry() != old || !marked {
             return false;
         }
-        g.replace(new);
+        g.replace(self.journal, index, new);
         drop::<SlotGuard>(g);
         self.account(new, true);
         self.release(old);
@@ -287,6 +311,11 @@ impl<'a> Mover<'a> {
 
     // --- what every entry change does ------------------------------------------------------
 
+    /// The recovery journal, for callers that replace an entry under a slot lock themselves.
+    pub fn journal(&self) -> &'a Journal {
+        self.journal
+    }
+
     /// Frees what an entry just taken out of its slot held (pool contract 2: once), and takes
     /// it out of the statistics.
     pub fn release(&self, old: Entry) {
@@ -295,7 +324,7 @@ impl<'a> Mover<'a> {
             // SAFETY: `old` was just taken out of its slot under the slot lock, so this is the
             // one free of a live object and nobody can reach it any more.
             Entry::Compressed { handle, .. } | Entry::Huge { handle } => unsafe { self.pool.free(handle) },
-            Entry::Empty | Entry::Same(_) => {}
+            Entry::Empty | Entry::Same(_) | Entry::Lost => {}
             Entry::Backing { loc, len, .. } => self.records.expect("BACKING entries exist only with a backing device").free(loc, len),
         }
     }
@@ -312,7 +341,8 @@ impl<'a> Mover<'a> {
         let c = self.counters;
         let upd = |ctr: &AtomicU64, n: u64| if add { Counters::add(ctr, n) } else { Counters::sub(ctr, n) };
         match e {
-            Entry::Empty => return,
+            // A lost page holds nothing and is counted by recovery (`Recovered::lost`).
+            Entry::Empty | Entry::Lost => return,
             Entry::Same(_) => upd(&c.same_pages, 1),
             Entry::Compressed { len, codec, .. } => {
                 upd(&c.compr_data_size, len as u64);

@@ -305,6 +305,14 @@ impl Recompressor {
         let given_dict = match &cfg.dict {
             DictSource::File(path) => {
                 let bytes = std::fs::read(path).map_err(|e| format!("cannot read the dictionary {}: {e}", path.display()))?;
+                if bytes.len() > crate::compress::dict::DICT_ROOM {
+                    return Err(format!(
+                        "the dictionary {} is {} bytes; compcache keeps dictionaries of at most {} KiB (zstd --train makes ~110 KiB)",
+                        path.display(),
+                        bytes.len(),
+                        crate::compress::dict::DICT_ROOM >> 10
+                    ));
+                }
                 // Checked now, so that a bad file fails the start instead of the first step.
                 crate::compress::strong::ddict(&bytes).map_err(|e| format!("dictionary {}: {e}", path.display()))?;
                 Some(bytes)

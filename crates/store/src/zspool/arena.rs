@@ -1,12 +1,13 @@
 //! The page arena: the pool's source of 4 KiB pages, standing in for the kernel's page
 //! allocator under zsmalloc.
 //!
-//! One anonymous mapping is reserved up front (`MAP_NORESERVE`: address space only, no memory)
-//! and handed out page by page, named by page frame numbers (pfn, `u32`). Memory becomes
-//! resident when a page is first written and is returned to the kernel with
-//! `madvise(MADV_DONTNEED)` when the pool frees it. Under `mlockall` that madvise fails; the
-//! page then stays resident on the free list and is reused first (memory reserved for the hot
-//! path, which is what a swap server wants).
+//! The pages are a region of the state file (`shm.rs`: a memfd mapped shared, sparse, so
+//! address space only until written), handed out page by page, named by page frame numbers
+//! (pfn, `u32`: position-independent, so a successor process that maps the file elsewhere
+//! finds every page). Memory becomes resident when a page is first written and is returned to
+//! the kernel with `madvise(MADV_REMOVE)` when the pool frees it. Under `mlockall` that madvise
+//! fails; the page then stays resident on the free list and is reused first (memory reserved
+//! for the hot path, which is what a swap server wants).
 //!
 //! Free pages are kept on two lists: *resident* (their memory is still there: madvise failed,
 //! or `prefault` made them) and *cold* (given back to the kernel; touching one faults).
@@ -16,7 +17,9 @@
 //! with no lock held, so a keeper thread that waits in reclaim there blocks nobody.
 //!
 //! Each pfn also has a small descriptor (`PageDesc`, the pool's `struct page`), which the
-//! owning size class uses for zspage bookkeeping.
+//! owning size class uses for zspage bookkeeping; the descriptors are a region of the state
+//! file too. The free lists are this process's own: recovery rebuilds them
+//! ([`Arena::recovered`]).
 //!
 //! Background threads need not poll the arena: the reserve's keeper registers with
 //! [`Arena::low_watch`] and is woken by the allocation that leaves fewer resident free pages
@@ -31,7 +34,9 @@
 use parking_lot::Mutex;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
 
+use crate::shm::StateMap;
 use crate::zeroed::{Zeroable, ZeroedSlice};
 use crate::PAGE_SIZE;
 
@@ -59,7 +64,8 @@ pub(super) struct PageDesc {
     pub list_next: AtomicU32,
 }
 
-// SAFETY: PageDesc is five AtomicU32; all-zero is a valid value of each.
+// SAFETY: PageDesc is five AtomicU32; every bit pattern (all-zero, or a dead process's) is a
+// valid value of each.
 unsafe impl Zeroable for PageDesc {}
 
 pub(super) const NONE: u32 = u32::MAX;
@@ -71,7 +77,16 @@ pub(super) const ISOLATED: u32 = NONE - 1;
 /// `list_prev` of the zspage at the head of the partial list.
 pub(super) const LIST_HEAD: u32 = NONE - 2;
 
+/// Where the arena's pages and descriptors are in the state file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ArenaRegions {
+    pub descs_offset: usize,
+    pub pages_offset: usize,
+}
+
 pub(super) struct Arena {
+    map: Arc<StateMap>,
+    pages_offset: usize,
     base: NonNull<u8>,
     capacity_pages: u32,
     descs: ZeroedSlice<PageDesc>,
@@ -148,7 +163,7 @@ struct FreeState {
     cold: Vec<u32>,
 }
 
-// SAFETY: `base` points to a private mapping owned by the arena for its whole life. The arena
+// SAFETY: `base` points into the state file's mapping, kept alive by `map`. The arena
 // hands out disjoint pages; who may touch a page's bytes is governed by the pool's locking rules
 // (slot.rs), not by the arena, which itself only touches pages in `madvise` after they are freed.
 unsafe impl Send for Arena {}
@@ -156,13 +171,17 @@ unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
 
 impl Arena {
-    /// Reserves address space for `capacity_pages` pages. `limit_pages` 0 means no limit.
-    pub fn new(capacity_pages: u32, limit_pages: u64) -> std::io::Result<Arena> {
+    /// The arena of `capacity_pages` pages in `map` at `at`. `limit_pages` 0 means no limit.
+    /// Its free lists start empty with every page unused: a new state file's arena. A
+    /// recovered one then gets its lists from [`Arena::recovered`].
+    pub fn new(map: &Arc<StateMap>, at: ArenaRegions, capacity_pages: u32, limit_pages: u64) -> Arena {
         assert!(capacity_pages < LIST_HEAD, "pfns must stay below the list markers");
-        let base = crate::zeroed::map_anonymous(capacity_pages as usize * PAGE_SIZE)?;
-        let descs = ZeroedSlice::new(capacity_pages as usize)?;
-        Ok(Arena {
-            base,
+        assert!(at.pages_offset + capacity_pages as usize * PAGE_SIZE <= map.len(), "the arena outside the state file");
+        let descs = ZeroedSlice::in_map(map, at.descs_offset, capacity_pages as usize);
+        Arena {
+            map: map.clone(),
+            pages_offset: at.pages_offset,
+            base: map.at(at.pages_offset),
             capacity_pages,
             descs,
             state: Mutex::new(FreeState { next_unused: 0, resident: Vec::new(), cold: Vec::new() }),
@@ -172,7 +191,55 @@ impl Arena {
             fault_free: AtomicBool::new(false),
             low: Watch::new(0),
             high: Watch::new(u64::MAX),
-        })
+        }
+    }
+
+    pub fn capacity_pages(&self) -> u32 {
+        self.capacity_pages
+    }
+
+    /// Recovery: the pages in `used` (sorted, distinct) hold live zspages; every other page is
+    /// free. Pages below the highest used one go on the cold list, and the memory of every
+    /// free page (those and the never-used tail, which a dead process's reserve may have
+    /// touched) is given back with hole punching, which works under `mlock` too.
+    pub fn recovered(&self, used: &[u32]) -> std::io::Result<()> {
+        let next_unused = used.last().map_or(0, |&p| p + 1);
+        let mut cold = Vec::new();
+        let mut it = used.iter().peekable();
+        for pfn in 0..next_unused {
+            if it.peek() == Some(&&pfn) {
+                it.next();
+            } else {
+                cold.push(pfn);
+            }
+        }
+        // Punch runs of free pages, one call per run.
+        let mut i = 0;
+        while i < cold.len() {
+            let mut j = i + 1;
+            while j < cold.len() && cold[j] == cold[j - 1] + 1 {
+                j += 1;
+            }
+            // SAFETY: free pages: no slot names an object on them, and no other thread runs yet.
+            unsafe { self.map.punch(self.page_offset(cold[i]), (j - i) * PAGE_SIZE)? };
+            i = j;
+        }
+        let tail = (self.capacity_pages - next_unused) as usize * PAGE_SIZE;
+        // SAFETY: as above: pages past the last used one are free.
+        unsafe { self.map.punch(self.page_offset(next_unused.min(self.capacity_pages - 1)), tail)? };
+        let mut st = self.state.lock();
+        st.next_unused = next_unused;
+        st.resident.clear();
+        st.cold = cold;
+        self.used_pages.store(used.len() as u64, Relaxed);
+        self.max_used_pages.store(used.len() as u64, Relaxed);
+        drop(st);
+        self.grow_free_lists();
+        Ok(())
+    }
+
+    fn page_offset(&self, pfn: u32) -> usize {
+        self.pages_offset + pfn as usize * PAGE_SIZE
     }
 
     pub fn desc(&self, pfn: u32) -> &PageDesc {
@@ -242,10 +309,10 @@ impl Arena {
     pub fn free(&self, pfns: &[u32]) {
         let mut given_back = [false; super::class::MAX_CHAIN];
         for (i, &pfn) in pfns.iter().enumerate() {
-            // SAFETY: the page is inside the mapping; the pool calls free only after the last
+            assert!(pfn < self.capacity_pages, "pfn {pfn} outside the arena");
+            // SAFETY: the page is inside the arena; the pool calls free only after the last
             // object on it is gone, so no reference to its bytes remains.
-            let r = unsafe { libc::madvise(self.page_ptr(pfn) as *mut libc::c_void, PAGE_SIZE, libc::MADV_DONTNEED) };
-            given_back[i] = r == 0;
+            given_back[i] = unsafe { self.map.remove(self.page_offset(pfn), PAGE_SIZE) };
         }
         let mut st = self.state.lock();
         for (i, &pfn) in pfns.iter().enumerate() {
@@ -363,12 +430,5 @@ impl Arena {
     }
     pub fn reset_max(&self) {
         self.max_used_pages.store(self.used_pages(), Relaxed);
-    }
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created in `new` with this length and nothing borrows it now.
-        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.capacity_pages as usize * PAGE_SIZE) };
     }
 }

@@ -19,11 +19,20 @@
 //! 1. An object's bytes are read ([`ZsPool::read`]) only while the caller holds the lock of
 //!    the slot that owns it, and freed ([`ZsPool::free`]) at most once, by its owner.
 //! 2. During [`ZsPool::compact`], the `relocate` callback holds the owner's slot lock while it
-//!    calls the mover and installs the new handle, and calls the mover only if the slot still
-//!    holds the handle it was given.
+//!    calls the mover and installs the new handle before it returns, and calls the mover only
+//!    if the slot still holds the handle it was given. (The pool frees the old copy after the
+//!    callback returns.)
 //!
 //! With that, an object never moves or disappears under a reader, and a zspage is released
 //! only after every object on it has moved away under its owner's lock.
+//!
+//! # A process that dies
+//! The pages and their descriptors are in the state file (`shm.rs`) and outlive the process;
+//! the class lists, counts and free-object lists are rebuilt by a successor from the objects
+//! the slot table names ([`ZsPool::rebuild`], `recover.rs`), never trusted. For that every
+//! step keeps an object readable by whoever names it until the name changes: an object is
+//! written before its handle is published, and compaction frees the old copy only after the
+//! owner's slot names the new one.
 //!
 //! # Locking
 //! One mutex per size class (its partial-zspage list and every zspage's free list and counts);
@@ -35,13 +44,18 @@
 
 mod arena;
 mod class;
+mod recover;
 
+pub(crate) use arena::ArenaRegions;
 use arena::{Arena, ISOLATED, LIST_HEAD, NONE, OFF_LIST};
 pub use class::huge_payload_threshold;
 use class::{class_for, merged_classes, shape, ClassShape, HEADER, HUGE_CLASS, MAX_CHAIN, NUM_CLASSES};
 use parking_lot::Mutex;
+pub(crate) use recover::Claim;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
+use crate::shm::StateMap;
 use crate::{PAGE, PAGE_SIZE};
 
 /// Names an allocated object. Bit layout: class (bits 44..=52), first pfn of its zspage
@@ -118,17 +132,32 @@ pub struct ZsPool {
 }
 
 impl ZsPool {
-    /// A pool that may hold up to `capacity_pages` pages of address space and at most
-    /// `limit_pages` pages of memory (0: no limit).
-    pub fn new(capacity_pages: u32, limit_pages: u64) -> std::io::Result<ZsPool> {
+    /// A pool of up to `capacity_pages` pages in the state file `map` (at `at`), and at most
+    /// `limit_pages` pages of memory (0: no limit). Empty: a recovered pool then gets its
+    /// objects back from [`ZsPool::rebuild`].
+    pub fn new(map: &Arc<StateMap>, at: ArenaRegions, capacity_pages: u32, limit_pages: u64) -> ZsPool {
         let classes = (0..NUM_CLASSES).map(|i| Class { shape: shape(i), state: Mutex::default() }).collect();
-        Ok(ZsPool {
-            arena: Arena::new(capacity_pages, limit_pages)?,
+        ZsPool {
+            arena: Arena::new(map, at, capacity_pages, limit_pages),
             classes,
             serving: merged_classes(),
             compactable: (0..NUM_CLASSES).map(|_| AtomicU64::new(0)).collect(),
             pages_compacted: AtomicU64::new(0),
-        })
+        }
+    }
+
+    /// The bytes of state file a pool of `capacity_pages` needs: (descriptors, pages).
+    pub fn region_bytes(capacity_pages: u32) -> (usize, usize) {
+        (capacity_pages as usize * std::mem::size_of::<arena::PageDesc>(), capacity_pages as usize * PAGE_SIZE)
+    }
+
+    /// A pool in a state file of its own (tests, benchmarks).
+    #[cfg(test)]
+    pub fn private(capacity_pages: u32, limit_pages: u64) -> std::io::Result<ZsPool> {
+        let (descs, pages) = Self::region_bytes(capacity_pages);
+        let descs = descs.next_multiple_of(PAGE_SIZE);
+        let map = Arc::new(StateMap::create(descs + pages)?);
+        Ok(ZsPool::new(&map, ArenaRegions { descs_offset: 0, pages_offset: descs }, capacity_pages, limit_pages))
     }
 
     /// Stores `payload` (at most one page) as a new object owned by slot `owner`.
@@ -433,7 +462,19 @@ impl ZsPool {
                     }
                 }
                 for &(owner, h) in &victims[..n] {
-                    relocate(owner, h, &mut || self.migrate(ci, h));
+                    let mut moved = false;
+                    relocate(owner, h, &mut || {
+                        let new = self.migrate(ci, h);
+                        moved = new.is_some();
+                        new
+                    });
+                    if moved {
+                        // The owner's slot names the copy now (contract rule 2): the old
+                        // one is freed only after, so a process that dies in between leaves
+                        // the slot naming a live object either way.
+                        let mut st = self.classes[ci].state.lock();
+                        self.put_free_obj(ci, &mut st, src, h.obj());
+                    }
                 }
             }
             let mut st = self.classes[ci].state.lock();
@@ -452,8 +493,9 @@ impl ZsPool {
         freed
     }
 
-    /// Moves object `h` (on an isolated zspage) into another zspage of its class. Runs inside
-    /// `relocate`, under the owner's slot lock.
+    /// Copies object `h` (on an isolated zspage) into another zspage of its class, header
+    /// (owner) included. Runs inside `relocate`, under the owner's slot lock; the caller frees
+    /// `h` once the owner names the copy.
     fn migrate(&self, ci: usize, h: Handle) -> Option<Handle> {
         let shape = self.classes[ci].shape;
         let mut st = self.classes[ci].state.lock();
@@ -463,7 +505,6 @@ impl ZsPool {
         let bytes = &mut buf[..shape.size];
         self.copy_out(ci, h.first_pfn(), h.obj() * shape.size, bytes);
         self.copy_in(ci, dst, obj * shape.size, bytes);
-        self.put_free_obj(ci, &mut st, h.first_pfn(), h.obj());
         Some(Handle::new(ci, dst, obj))
     }
 
@@ -522,7 +563,7 @@ mod tests {
 
     #[test]
     fn objects_read_back_across_page_boundaries() {
-        let pool = ZsPool::new(4096, 0).unwrap();
+        let pool = ZsPool::private(4096, 0).unwrap();
         let mut live = Vec::new();
         for (i, len) in [1usize, 13, 700, 1021, 2000, 3000, 3071, 4092, 4096].iter().cycle().take(300).enumerate() {
             let data = payload(i as u32, *len);
@@ -543,7 +584,7 @@ mod tests {
 
     #[test]
     fn the_limit_refuses_new_zspages_and_keeps_old_objects() {
-        let pool = ZsPool::new(1024, 4);
+        let pool = ZsPool::private(1024, 4);
         let pool = pool.unwrap();
         let mut n = 0;
         let err = loop {
@@ -558,7 +599,7 @@ mod tests {
 
     #[test]
     fn compaction_releases_pages_and_keeps_every_object() {
-        let pool = ZsPool::new(1 << 16, 0).unwrap();
+        let pool = ZsPool::private(1 << 16, 0).unwrap();
         // owner -> (handle, data); the map plays the slot table.
         let mut slots: HashMap<u32, (Handle, Vec<u8>)> = HashMap::new();
         for i in 0..4000u32 {
@@ -600,7 +641,7 @@ mod tests {
 
     #[test]
     fn the_compactable_estimate_follows_every_alloc_and_free() {
-        let pool = ZsPool::new(1 << 16, 0).unwrap();
+        let pool = ZsPool::private(1 << 16, 0).unwrap();
         let mut live: Vec<Handle> = Vec::new();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut seen_nonzero = false;

@@ -1,0 +1,320 @@
+//! Taking a device over (`Store::recover`): a successor process serves every page a dead one
+//! stored, whatever instruction it died at.
+//!
+//! This file has its own `main` (harness = false): run with `--child`, it is the process that
+//! gets killed (`child`). The tests:
+//! - `a_successor_serves_every_page_and_the_same_gauges`: a clean handover in one process;
+//! - `a_successor_refuses_what_it_cannot_read`: the refusals, each one line;
+//! - `killed_at_random_a_successor_serves_every_acknowledged_write`: a child process stores
+//!   pages from two writer threads (writes, overwrites, discards of every kind of page) while a
+//!   third compacts the pool and a fourth recompresses idle pages (training, installing and
+//!   retiring dictionaries), and is SIGKILLed at a random moment; the parent recovers, checks
+//!   every page of the device against a model (an acknowledged write reads back exactly; the
+//!   one write each thread had in flight reads as its old or its new content, never anything
+//!   else) and the gauges against the pages, and lets the next child take over from there.
+//!   `COMPCACHE_KILLS` sets the number of kills (default 300; the closing figures of issue 29
+//!   used 3000).
+
+mod common;
+
+use common::{page, xorshift, Kind, PAGE};
+use compcache_store::{Config, DictSource, RecompressConfig, Store};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::time::{Duration, Instant};
+
+const PAGES: u64 = 2048;
+const WRITERS: u64 = 2;
+/// Each writer owns `PAGES / WRITERS` pages, so the model per page follows one thread's order.
+const SPAN: u64 = PAGES / WRITERS;
+
+fn config() -> Config {
+    let rc = RecompressConfig {
+        idle_secs: 5,
+        dict_samples: 27,
+        min_dict_gain_permille: 0,
+        dict: DictSource::Train,
+        ..RecompressConfig::default()
+    };
+    Config { recompress: Some(rc), ..Config::with_disksize(PAGES * PAGE as u64) }
+}
+
+/// What writer `t`'s op `n` does: (page, Some(content) | None for a discard).
+fn op(seed: u64, t: u64, n: u64) -> (u64, Option<(Kind, u64)>) {
+    let mut r = xorshift(seed ^ (t << 56) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let page = t * SPAN + r() % SPAN;
+    let kind = match r() % 16 {
+        0 => return (page, None),
+        1 => Kind::Zero,
+        2 | 3 => Kind::Same,
+        4 | 5 => Kind::Random,
+        6..=8 => Kind::Mixed,
+        _ => Kind::Text,
+    };
+    (page, Some((kind, n)))
+}
+
+fn content(c: Option<(Kind, u64)>, index: u64) -> Vec<u8> {
+    match c {
+        None => vec![0u8; PAGE],
+        Some((kind, version)) => page(kind, index, version),
+    }
+}
+
+/// A shared page of progress counters: per writer (ops started, ops done), both counting ops.
+struct Progress {
+    fd: OwnedFd,
+    words: *const AtomicU64,
+}
+
+impl Progress {
+    fn create() -> Progress {
+        // SAFETY: memfd_create with a NUL-terminated name.
+        let raw = unsafe { libc::memfd_create(c"progress".as_ptr(), 0) };
+        assert!(raw >= 0);
+        // SAFETY: a descriptor we just opened.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscall on our descriptor.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
+        Progress::map(fd)
+    }
+
+    fn map(fd: OwnedFd) -> Progress {
+        // SAFETY: a new shared mapping of one page of the file.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        Progress { fd, words: p as *const AtomicU64 }
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < 512);
+        // SAFETY: inside the mapped page, which lives as long as self (never unmapped).
+        unsafe { &*self.words.add(i) }
+    }
+    fn started(&self, t: u64) -> &AtomicU64 {
+        self.word(2 * t as usize)
+    }
+    fn done(&self, t: u64) -> &AtomicU64 {
+        self.word(2 * t as usize + 1)
+    }
+}
+
+// SAFETY: the mapping is shared memory of atomics.
+unsafe impl Sync for Progress {}
+
+/// The child: takes the device over from fd 3, then writes until killed (fd 4: progress).
+fn child(seed: u64) -> ! {
+    // SAFETY: the parent put the state file at fd 3 and the progress file at fd 4 for us.
+    let (state, progress) = unsafe { (OwnedFd::from_raw_fd(3), OwnedFd::from_raw_fd(4)) };
+    let progress = Progress::map(progress);
+    let (store, _) = Store::recover(config(), state).expect("the child takes the device over");
+    std::thread::scope(|s| {
+        for t in 0..WRITERS {
+            let (store, progress) = (&store, &progress);
+            s.spawn(move || {
+                let mut ctx = store.context();
+                let mut n = progress.done(t).load(Relaxed);
+                loop {
+                    let (index, c) = op(seed, t, n);
+                    progress.started(t).store(n + 1, SeqCst);
+                    match c {
+                        None => store.discard_page(index),
+                        Some(_) => store.write_page(&mut ctx, index, &content(c, index)).expect("write"),
+                    }
+                    n += 1;
+                    progress.done(t).store(n, SeqCst);
+                }
+            });
+        }
+        s.spawn(|| loop {
+            store.compact();
+            std::thread::sleep(Duration::from_micros(200));
+        });
+        s.spawn(|| loop {
+            store.advance_clock(60);
+            store.recompress(Duration::from_millis(5));
+        });
+    });
+    unreachable!("the child runs until it is killed")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        child(args[i + 1].parse().unwrap());
+    }
+    let filter: Option<&String> = args.iter().skip(1).find(|a| !a.starts_with('-'));
+    let tests: [(&str, fn()); 3] = [
+        ("a_successor_serves_every_page_and_the_same_gauges", a_successor_serves_every_page_and_the_same_gauges),
+        ("a_successor_refuses_what_it_cannot_read", a_successor_refuses_what_it_cannot_read),
+        ("killed_at_random_a_successor_serves_every_acknowledged_write", killed_at_random_a_successor_serves_every_acknowledged_write),
+    ];
+    for (name, f) in tests {
+        if filter.is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        eprintln!("test {name} ...");
+        f();
+        eprintln!("test {name} ... ok");
+    }
+}
+
+fn dup(store: &Store) -> OwnedFd {
+    store.state_fd().expect("a RAM store's state is kept").try_clone_to_owned().unwrap()
+}
+
+fn a_successor_serves_every_page_and_the_same_gauges() {
+    let store = Store::new(config()).unwrap();
+    let mut ctx = store.context();
+    let kinds = [Kind::Text, Kind::Random, Kind::Same, Kind::Zero, Kind::Mixed];
+    for i in 0..PAGES {
+        store.write_page(&mut ctx, i, &page(kinds[i as usize % 5], i, 1)).unwrap();
+    }
+    for i in (0..PAGES).step_by(3) {
+        store.discard_page(i);
+    }
+    store.advance_clock(60);
+    store.recompress(Duration::from_secs(5));
+    store.compact();
+    let before = store.stats();
+    assert!(before.recomp_pages > 0, "something was recompressed: {before:?}");
+    let fd = dup(&store);
+    drop((ctx, store));
+    let (store, report) = Store::recover(config(), fd).unwrap();
+    assert_eq!((report.lost_pages, report.undone, report.takeovers), (0, 0, 1), "{report}");
+    let after = store.stats();
+    assert_eq!(
+        (after.pages_stored, after.compr_data_size, after.same_pages, after.huge_pages, after.mem_used_total, after.recomp_pages),
+        (before.pages_stored, before.compr_data_size, before.same_pages, before.huge_pages, before.mem_used_total, before.recomp_pages)
+    );
+    let mut ctx = store.context();
+    let mut out = vec![0u8; PAGE];
+    for i in 0..PAGES {
+        store.read_page(&mut ctx, i, &mut out).unwrap();
+        let want = if i % 3 == 0 { vec![0u8; PAGE] } else { page(kinds[i as usize % 5], i, 1) };
+        assert!(out == want, "page {i}");
+    }
+    // And it goes on as a store does: writes, frees, compaction.
+    for i in 0..PAGES {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 2)).unwrap();
+    }
+    for i in 0..PAGES {
+        store.read_page(&mut ctx, i, &mut out).unwrap();
+        assert!(out == page(Kind::Text, i, 2), "page {i} after rewriting");
+    }
+}
+
+fn a_successor_refuses_what_it_cannot_read() {
+    let store = Store::new(config()).unwrap();
+    let err = |cfg: Config| Store::recover(cfg, dup(&store)).err().expect("refused").to_string();
+    let e = err(Config { disksize_bytes: 2 * PAGES * PAGE as u64, ..config() });
+    assert!(e.contains("8 MiB device") && e.contains("16 MiB"), "{e}");
+    let e = err(Config { algorithm: compcache_store::Algorithm::Zstd, ..config() });
+    assert!(e.contains("compressed with lz4"), "{e}");
+    let f = std::fs::File::open("/dev/null").unwrap();
+    let e = Store::recover(config(), f.into()).err().unwrap().to_string();
+    assert!(e.contains("not a compcache state file"), "{e}");
+    let dir = compcache_store::testing::TempDir::new("takeover");
+    let cfg = Config { backing: Some(compcache_store::BackingConfig::new(dir.path().join("b"))), ..Config::with_disksize(16 << 20) };
+    let b = Store::new(cfg.clone()).unwrap();
+    assert!(b.state_fd().is_none(), "a backing tier's state is not all in the file");
+    let e = Store::recover(cfg, dup(&store)).err().unwrap().to_string();
+    assert!(e.contains("cannot be taken over"), "{e}");
+}
+
+fn killed_at_random_a_successor_serves_every_acknowledged_write() {
+    let kills: u64 = std::env::var("COMPCACHE_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let seed = std::env::var("COMPCACHE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_u64 ^ std::process::id() as u64);
+    eprintln!("  {kills} kills, seed {seed} (COMPCACHE_KILLS, COMPCACHE_SEED)");
+    let state = dup(&Store::new(config()).unwrap());
+    let progress = Progress::create();
+    let exe = std::env::current_exe().unwrap();
+    // page -> its content (None: zeros).
+    let mut model: HashMap<u64, Option<(Kind, u64)>> = HashMap::new();
+    // Per writer: the op the next child starts at.
+    let mut next = [0u64; WRITERS as usize];
+    let mut rng = xorshift(seed);
+    let (mut total_ops, mut in_flight, mut undone, mut freed, mut max_recovery) = (0u64, 0u64, 0u64, 0u64, Duration::ZERO);
+    let mut out = vec![0u8; PAGE];
+    for k in 0..kills {
+        let (s, p) = (state.try_clone().unwrap(), progress.fd.try_clone().unwrap());
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--child", &seed.to_string()]).stdin(Stdio::null());
+        // SAFETY: between fork and exec only dup2, which is async-signal-safe; the targets are
+        // the fds the child expects, and dup2 clears close-on-exec on them.
+        unsafe {
+            let (s, p) = (s.as_raw_fd(), p.as_raw_fd());
+            cmd.pre_exec(move || {
+                if libc::dup2(s, 3) < 0 || libc::dup2(p, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        // Kill anywhere: during its recovery, its start, or well into its writes.
+        let delay = Duration::from_micros(rng() % 40_000);
+        std::thread::sleep(delay);
+        // SAFETY: kill of our own child by its pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
+        let status = child.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "the child died of the kill: {status:?}");
+
+        let started = Instant::now();
+        let (store, report) = Store::recover(config(), state.try_clone().unwrap()).unwrap_or_else(|e| panic!("kill {k}: {e}"));
+        max_recovery = max_recovery.max(started.elapsed());
+        assert_eq!(report.lost_pages, 0, "kill {k}: {report}");
+        undone += report.undone;
+        freed += report.freed_objects;
+        let mut ctx = store.context();
+        // Apply what each writer finished; its op in flight may have happened or not.
+        let mut either: Vec<(u64, Option<(Kind, u64)>)> = Vec::new();
+        for t in 0..WRITERS {
+            let done = progress.done(t).load(SeqCst);
+            let begun = progress.started(t).load(SeqCst);
+            let from = next[t as usize];
+            for n in from..done {
+                let (index, c) = op(seed, t, n);
+                model.insert(index, c);
+            }
+            total_ops += done - from;
+            if begun > done {
+                let (index, c) = op(seed, t, done);
+                either.push((index, c));
+                in_flight += 1;
+            }
+            // Where the next child starts: after the op in flight, which it must not redo
+            // with another outcome; the model learns which outcome the store kept below.
+            next[t as usize] = begun.max(done);
+            progress.done(t).store(next[t as usize], SeqCst);
+            progress.started(t).store(next[t as usize], SeqCst);
+        }
+        for (index, new) in either {
+            store.read_page(&mut ctx, index, &mut out).unwrap();
+            let old = model.get(&index).copied().flatten();
+            if out == content(new, index) {
+                model.insert(index, new);
+            } else {
+                assert!(out == content(old, index), "kill {k}: page {index} in flight is neither its old nor its new content");
+            }
+        }
+        let mut stored = 0;
+        for index in 0..PAGES {
+            store.read_page(&mut ctx, index, &mut out).unwrap_or_else(|e| panic!("kill {k}: page {index}: {e}"));
+            let want = model.get(&index).copied().flatten();
+            assert!(out == content(want, index), "kill {k}: page {index} is not its last acknowledged write");
+            stored += u64::from(want.is_some());
+        }
+        let s = store.stats();
+        assert_eq!(s.orig_data_size, stored * PAGE as u64, "kill {k}: the recomputed gauges follow the pages");
+        drop((ctx, store));
+    }
+    eprintln!(
+        "  {kills} kills: {total_ops} writes and discards acknowledged, {in_flight} in flight at a kill, \
+         {undone} entry changes undone, {freed} orphaned objects freed, recovery at most {:.1} ms",
+        max_recovery.as_secs_f64() * 1000.0
+    );
+}
