@@ -136,7 +136,9 @@ impl Session {
         state: Option<OwnedFd>,
     ) -> Result<Session, Failure> {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
-        let signals = if frontend == Frontend::Fuse { StopSignals::block_with_handover()? } else { StopSignals::block()? };
+        // SIGUSR2 (hand over, `compcache restart`) too: a server that cannot hand over logs and
+        // ignores it rather than dying of it.
+        let signals = StopSignals::block_with_handover()?;
         pin_swap_server(!server.no_mlock)?;
         let cfg = store_args.config()?;
         let size_bytes = cfg.disksize_bytes;

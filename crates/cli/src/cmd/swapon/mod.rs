@@ -275,9 +275,9 @@ fn set_up(
 ) -> Result<(), Failure> {
     let frontend = Frontend::choose(s.frontend).map_err(Failure::new)?;
     let (server, dev) = match (frontend, foreground.is_some()) {
-        // In the foreground, swapon is the FUSE server's supervisor itself (supervisor.rs),
+        // In the foreground, swapon is the server's supervisor itself (supervisor.rs),
         // forwarding what the server stores to systemd's store.
-        (Frontend::Fuse, true) => {
+        (_, true) => {
             let args = server::server_args(frontend, s, &s.reserve);
             let sup = Supervisor::start(server::installed_exe()?, args, Output::Inherit, std::env::var_os("NOTIFY_SOCKET"))?;
             let dev = sup.device.clone();

@@ -1,23 +1,23 @@
-//! `compcache restart`: replace the running FUSE server of each device with the installed
-//! binary, keeping every page (docs/swap.md, "When the server dies").
+//! `compcache restart`: replace the running server of each device with the installed binary,
+//! keeping every page (docs/swap.md, "When the server dies").
 //!
-//! The server is asked to hand over (SIGUSR2): it stops taking requests, answers those in
-//! flight and exits without taking anything down; its supervisor starts the binary installed
+//! The server is asked to hand over (SIGUSR2): it exits without taking anything down (FUSE
+//! first stops taking requests and answers those in flight; ublk and nbd leave them to the
+//! kernel, which holds them for the successor); its supervisor starts the binary installed
 //! at the path it was started from, with `--takeover`, which recovers the store and serves the
-//! same FUSE connection. `restart` waits until the record names a new, live server.
+//! same device. `restart` waits until the record names a new, live server.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::state::SwapState;
 use crate::failure::Failure;
-use crate::frontend::Frontend;
 use crate::log;
 
 /// How long a hand-over may take (the successor's start included).
 const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Replace the running FUSE swap server with the installed compcache, keeping every page.
+/// Replace the running swap server with the installed compcache, keeping every page.
 #[derive(clap::Args, Debug)]
 pub struct RestartArgs {
     /// The devices to restart (/dev/loopN as `compcache swapon` printed it) [default: every
@@ -51,9 +51,9 @@ pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
 
 /// Hands `state`'s device over; the new server's pid.
 fn restart_one(state: &SwapState, record: &std::path::Path) -> Result<u32, String> {
-    if state.frontend != Frontend::Fuse || state.supervisor == 0 {
+    if state.supervisor == 0 {
         return Err(format!(
-            "its {} server has no supervisor: only a FUSE device set up by this version's swapon can be restarted",
+            "its {} server has no supervisor: only a device set up by this version's swapon can be restarted",
             state.frontend
         ));
     }
