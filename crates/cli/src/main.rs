@@ -16,7 +16,6 @@ mod private_file;
 mod process;
 mod recompress_args;
 mod store_args;
-mod survival;
 mod table;
 mod target;
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //!
 //! Supervised ublk (docs/swap.md, "When the server dies"): when a holder is named
 //! (`NOTIFY_SOCKET`: swapon's supervisor or systemd) and the store's state outlives the process
-//! (`survival::state_fd`), the device is created with ublk's user recovery and, once it is up
+//! (`Store::state_fd`), the device is created with ublk's user recovery and, once it is up
 //! and before READY, the server gives the holder the state's descriptor ([`FD_STORE`]) and a
 //! record of the device's number ([`FD_UBLK`]): [`UBLK_HELD`], all a successor needs. A
 //! successor is started with `--takeover` and those descriptors (`LISTEN_FDS`): it recovers the
@@ -170,7 +170,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
         opts.dev_id = id;
     }
     // Held: the state and the device's number are kept by someone who outlives us.
-    let held = taken_id.is_some() || (crate::survival::state_fd(&session.store).is_some() && crate::fdstore::holder_named());
+    let held = taken_id.is_some() || (session.store.state_fd().is_some() && crate::fdstore::holder_named());
     opts.user_recovery = held;
     if held {
         abort_on_panic();
@@ -182,7 +182,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
         let mut held = held;
         if held && !takeover {
             let text = format!("dev_id={}\n", dev.dev_id);
-            if let Err(e) = hold(crate::survival::state_fd(&s.store), FD_UBLK, c"compcache-ublk", &text) {
+            if let Err(e) = hold(s.store.state_fd(), FD_UBLK, c"compcache-ublk", &text) {
                 // The device has user recovery but no one to start a successor: if this server
                 // dies, its I/O waits until the device is deleted (`compcache swapoff`).
                 log::error(&format!("giving the holder the store's state: {e}; {} cannot be taken over", dev.bdev_path));

@@ -17,7 +17,7 @@
 //!
 //! Supervised (docs/swap.md, "When the server dies"): when a holder is named (`NOTIFY_SOCKET`,
 //! swapon's supervisor or systemd) and the store's state outlives the process
-//! (`survival::state_fd`), the server first gives the holder the state's descriptor
+//! (`Store::state_fd`), the server first gives the holder the state's descriptor
 //! (`compcache-store`), a record of the mount (`compcache-fuse-init`: what INIT agreed, the
 //! mount directory) and every `/dev/fuse` descriptor it will read requests from
 //! (`compcache-fuse`), then serves (`compcache_fuse::mount_held`). A successor is started with
@@ -284,10 +284,10 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         }
         None => {
             let dir = make_mount_dir()?;
-            let survives = crate::survival::state_fd(&store).is_some() && crate::fdstore::holder_named();
+            let survives = store.state_fd().is_some() && crate::fdstore::holder_named();
             let mounted = if survives {
                 held = true;
-                let state = crate::survival::state_fd(&store);
+                let state = store.state_fd();
                 let mut hold = |h: &compcache_fuse::Held<'_>| -> std::io::Result<()> {
                     let record = make_record(&h.negotiated, &dir)?;
                     crate::fdstore::store(FD_STORE, &state.into_iter().collect::<Vec<_>>())?;

@@ -126,7 +126,7 @@ impl Session {
     }
 
     /// As [`Session::start`]; with `state`, the store is the one a predecessor left there
-    /// (`survival::recover`) instead of a new one, and the session takes SIGUSR2, the request
+    /// (`Store::recover`) instead of a new one, and the session takes SIGUSR2, the request
     /// to hand over, as well as the stop signals. A state the store refuses is a
     /// [`TAKEOVER_REFUSED`](crate::failure::TAKEOVER_REFUSED) failure of one line.
     pub(super) fn start_with(
@@ -149,8 +149,11 @@ impl Session {
         let store = match state {
             None => Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?,
             Some(fd) => {
-                let (store, report) = crate::survival::recover(cfg.clone(), fd).map_err(|e| {
-                    crate::failure::with_code(crate::failure::TAKEOVER_REFUSED, format!("cannot take the device over: {e}"))
+                let (store, report) = Store::recover(cfg.clone(), fd).map_err(|e| {
+                    crate::failure::with_code(
+                        crate::failure::TAKEOVER_REFUSED,
+                        format!("cannot take the device over: {}", config_error_line(&e)),
+                    )
                 })?;
                 log::info(&format!("took the store over: {report}"));
                 store

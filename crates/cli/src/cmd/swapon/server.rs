@@ -253,6 +253,10 @@ pub(super) fn clean_up_after_fuse(state: &SwapState) {
         }
     }
     let _ = std::fs::remove_dir(&dir);
+    // A supervisor that was killed left its notify socket.
+    if state.supervisor != 0 && !alive(state.supervisor) {
+        let _ = std::fs::remove_file(format!("{STATE_DIR}/notify-{}.sock", state.supervisor));
+    }
 }
 
 #[cfg(test)]

@@ -358,9 +358,9 @@ impl Supervisor {
                         (seen.elapsed().saturating_sub(pause)).as_secs_f64() * 1e3,
                     ));
                     self.drain();
-                    if status.and_then(|s| s.code()) != Some(TAKEOVER_REFUSED) {
-                        self.pause = Duration::ZERO;
-                    }
+                    // A successor is up: the next death starts from no pause (a crash loop is
+                    // caught by the death count).
+                    self.pause = Duration::ZERO;
                     update_record(record, self.server_pid());
                     return None;
                 }
@@ -381,7 +381,7 @@ impl Supervisor {
         }
         let code = status.and_then(|s| s.code());
         let refused = code == Some(TAKEOVER_REFUSED);
-        if code == Some(HANDED_OVER) && !refused {
+        if code == Some(HANDED_OVER) {
             self.deaths.pop_back();
             return Duration::ZERO;
         }

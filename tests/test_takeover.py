@@ -1,0 +1,408 @@
+"""A FUSE swap server that dies or is replaced while the kernel uses its device (issue 29;
+docs/swap.md, "When the server dies").
+
+`compcache swapon --frontend fuse` runs every server under a supervisor that holds its
+descriptors; a successor started with `--takeover` serves the same FUSE connection and has the
+kernel send the requests in flight again (FUSE_NOTIFY_RESEND).
+
+- O_DIRECT readers and writers on the loop device (taken out of swap: kernel swapoff), each
+  page tagged when written and checked when read, while the server is SIGKILLed five times and
+  `compcache restart` replaces it with a different build installed at the same path: no request
+  fails, no page is wrong, each successor is a new process of the binary at that path, and
+  `compcache swapoff` leaves no mount, loop device, process or /run state;
+- a successor that refuses the state (a binary that exits TAKEOVER_REFUSED, 78): the supervisor
+  pauses, growing, keeps the descriptors, and the device's users wait rather than fail; once a
+  compcache that can read the state is installed again, the waiting read is served;
+- supervisor gone too: the last holder of the connection is gone, so reads fail with an I/O
+  error, never data;
+- the kernel swaps a workload whose every page is checked (tools/scan -V, in a memory cgroup
+  three times smaller than it) to the device while its server is SIGKILLed several times and
+  restarted once to a different build: the workload exits 0.
+
+The first three take the device out of swap (kernel swapoff) to use it as a plain block device.
+
+Everything set up is torn down in `finally` (swapoff; else the recorded supervisor and server
+killed by PID, the loop device detached, the mount detached). Needs root, /dev/fuse, losetup,
+mkswap; two builds of this compcache (target/debug and target/release) for the restart to a
+different build.
+"""
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import mmap
+import struct
+
+import pytest
+
+from conftest import REPO, need, need_memory_cgroup, remove_cgroup, run, swap_used_kib, wait_for, write
+from test_fuse import HOST_SWAP_LOCK, host_swap_lock, mounted, need_fuse  # noqa: F401
+
+MiB = 1 << 20
+PAGE = 4096
+ZERO_PAGE = bytes(PAGE)
+STATE_DIR = "/run/compcache/swap"
+
+
+def other_build(compcache_bin):
+    """The build that is not `compcache_bin` (debug or release), if it has `restart`."""
+    for kind in ("release", "debug"):
+        p = os.path.join(REPO, "target", kind, "compcache")
+        if os.path.realpath(p) != os.path.realpath(compcache_bin) and os.access(p, os.X_OK):
+            if subprocess.run([p, "restart", "--help"], capture_output=True).returncode == 0:
+                return p
+    return None
+
+
+def install(src, dst):
+    """Installs `src` at `dst` as a package upgrade does: a new file renamed over the old one
+    (the running binary keeps its deleted inode)."""
+    tmp = dst + ".new"
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Device:
+    """One device `compcache swapon --frontend fuse` set up from the binary at `exe`."""
+
+    def __init__(self, exe, env, size="64M"):
+        self.exe, self.env = exe, {**os.environ, **env}
+        before = set(self.records())
+        p = run([exe, "swapon", "--frontend", "fuse", "--no-config", "--size", size, "--priority", "32767",
+                 "--reserve", "8M"], env=self.env, timeout=180)
+        print(p.stdout, p.stderr)
+        new = set(self.records()) - before
+        assert len(new) == 1, (p.stdout, p.stderr)
+        self.dev = new.pop()
+        self.first = self.record()
+        self.alias = "/dev/zram-compcache-" + os.path.basename(self.dev)
+
+    @staticmethod
+    def records():
+        out = {}
+        for name in os.listdir(STATE_DIR) if os.path.isdir(STATE_DIR) else []:
+            if name.endswith(".json") and not name.endswith(".stats.json"):
+                with open(os.path.join(STATE_DIR, name)) as f:
+                    v = json.load(f)
+                out[v["device"]] = v
+        return out
+
+    def record(self):
+        return self.records()[self.dev]
+
+    def log(self):
+        with open(self.first["log"]) as f:
+            return f.read()
+
+    def out_of_swap(self):
+        """Kernel swapoff only: the mechanics tests use the device as a plain block device."""
+        run(["swapoff", self.alias])
+
+    def kill_server(self):
+        """SIGKILL to the running server; waits for the successor (a new pid in the record)."""
+        old = self.record()["pid"]
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: self.record()["pid"] != old and alive(self.record()["pid"]), "a successor", timeout=60)
+        return self.record()["pid"]
+
+    def leftovers(self):
+        """What of the device is still there."""
+        name = os.path.basename(self.dev)
+        left = []
+        if os.path.exists(f"/sys/block/{name}/loop/backing_file"):
+            left.append(f"{self.dev} attached")
+        with open("/proc/self/mountinfo") as f:
+            left += [l.split()[4] for l in f if "/run/compcache/fuse-" in l.split()[4]]
+        left += [f"pid {p}" for p in (self.first["supervisor"], self.first["pid"]) if alive(p)]
+        if os.path.exists(os.path.join(STATE_DIR, name + ".json")):
+            left.append("its record")
+        left += [n for n in os.listdir(STATE_DIR) if n == f"notify-{self.first['supervisor']}.sock"]
+        left += [self.alias] if os.path.exists(self.alias) else []
+        return left
+
+    def swapoff(self):
+        p = run([self.exe, "swapoff", self.dev], env=self.env, check=False, timeout=600)
+        print(p.stdout, p.stderr)
+        return p
+
+    def teardown(self):
+        """swapoff; if that failed, whatever is left is taken down by hand."""
+        if os.path.exists(os.path.join(STATE_DIR, os.path.basename(self.dev) + ".json")):
+            self.swapoff()
+        rec = self.records().get(self.dev, self.first)
+        for pid in (rec["supervisor"], rec["pid"]):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        name = os.path.basename(self.dev)
+        if os.path.exists(f"/sys/block/{name}/loop/backing_file"):
+            run(["swapoff", self.alias], check=False)
+            run(["losetup", "-d", self.dev], check=False)
+        with open("/proc/self/mountinfo") as f:
+            for d in [l.split()[4] for l in f if "/run/compcache/fuse-" in l.split()[4]]:
+                run(["umount", "-l", d], check=False)
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(STATE_DIR, name + ".json"))
+        with contextlib.suppress(OSError):
+            os.remove(self.alias)
+
+
+class Traffic:
+    """Threads doing O_DIRECT reads and writes of 1-16 pages at random offsets of `dev`, each
+    in its own region (past the first MiB, where mkswap's header is), until stopped. Every page
+    written carries a tag (thread, counter) and every page read is compared with the last tag
+    written there (zeros if none): errors and wrong pages are kept."""
+
+    def __init__(self, dev, size, threads=4):
+        self.dev, self.stop_flag = dev, threading.Event()
+        self.region = (size - MiB) // threads // PAGE * PAGE
+        self.errors, self.done, self.checked = [], 0, 0
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def run(self, me):
+        rng = random.Random(me)
+        base = MiB + me * self.region
+        pages = self.region // PAGE
+        want = {}
+        counter = 0
+        buf = mmap.mmap(-1, 16 * PAGE)
+        fd = os.open(self.dev, os.O_RDWR | os.O_DIRECT)
+        try:
+            while not self.stop_flag.is_set():
+                n = rng.choice((1, 4, 16))
+                first = rng.randrange(0, pages - n)
+                view = memoryview(buf)[:n * PAGE]
+                try:
+                    if rng.random() < 0.5:
+                        tags = []
+                        for k in range(n):
+                            counter += 1
+                            tag = struct.pack("<II", me, counter) * (PAGE // 8)
+                            buf[k * PAGE:(k + 1) * PAGE] = tag
+                            tags.append(tag)
+                        os.pwritev(fd, [view], base + first * PAGE)
+                        for k, tag in enumerate(tags):
+                            want[first + k] = tag
+                    else:
+                        os.preadv(fd, [view], base + first * PAGE)
+                        for k in range(n):
+                            got = bytes(buf[k * PAGE:(k + 1) * PAGE])
+                            if got != want.get(first + k, ZERO_PAGE):
+                                with self.lock:
+                                    self.errors.append(f"wrong data in page {base // PAGE + first + k}")
+                        with self.lock:
+                            self.checked += n
+                except OSError as e:
+                    with self.lock:
+                        self.errors.append(f"{base + first * PAGE}+{n * PAGE}: {e}")
+                with self.lock:
+                    self.done += 1
+        finally:
+            os.close(fd)
+
+    def count(self):
+        with self.lock:
+            return self.done
+
+    def stop(self):
+        self.stop_flag.set()
+        for t in self.threads:
+            t.join(timeout=120)
+        return self.errors
+
+
+@pytest.fixture
+def builds(compcache_bin, tmp_path):
+    """(installed path, the other build): `compcache_bin` copied to a private directory, as if
+    installed there, and the build a restart upgrades it to."""
+    need_fuse()
+    need("mkswap")
+    other = other_build(compcache_bin)
+    if other is None:
+        pytest.skip("the restart to a different build needs both target/debug/compcache and target/release/compcache of this tree")
+    d = tmp_path / "bin"
+    d.mkdir()
+    exe = str(d / "compcache")
+    install(compcache_bin, exe)
+    return exe, other
+
+
+def test_kills_and_a_restart_to_another_build_fail_no_request(builds):
+    exe, other = builds
+    dev = None
+    with host_swap_lock():
+        try:
+            dev = Device(exe, {})
+            rec = dev.first
+            assert rec["supervisor"] and rec["takeover"], rec
+            dev.out_of_swap()
+            traffic = Traffic(dev.dev, 64 * MiB)
+            pids = [rec["pid"]]
+            for _ in range(5):
+                time.sleep(0.5)
+                pids.append(dev.kill_server())
+            # An upgrade: the new build renamed over the installed one, then `compcache restart`.
+            install(other, exe)
+            before = dev.record()["pid"]
+            p = run([exe, "restart", dev.dev], env=dev.env, timeout=180)
+            print(p.stdout)
+            new = dev.record()["pid"]
+            assert new != before and f"handed over to pid {new}" in p.stdout, p.stdout
+            assert os.readlink(f"/proc/{new}/exe") == exe, "the successor is not the newly installed binary"
+            assert os.stat(f"/proc/{new}/exe").st_ino == os.stat(exe).st_ino
+            assert os.readlink(f"/proc/{rec['supervisor']}/exe").endswith("(deleted)"), "the supervisor kept running the old binary"
+            served = traffic.count()
+            wait_for(lambda: traffic.count() > served + 100, "requests served by the restarted server")
+            errors = traffic.stop()
+            assert not errors, f"{len(errors)} failed requests or wrong pages, e.g. {errors[:5]}\n{dev.log()}"
+            print(f"{traffic.count()} requests, {traffic.checked} pages read back and checked")
+            log = dev.log()
+            print("\n".join(l for l in log.splitlines() if "successor" in l or "took" in l or "hand" in l))
+            assert log.count("starting a successor") >= 5 and "handed over" in log, log
+            assert "FUSE_NOTIFY_RESEND)" in log and "refused FUSE_NOTIFY_RESEND" not in log, log
+            assert len(set(pids)) == 6
+            p = dev.swapoff()
+            assert p.returncode == 0, p.stderr
+            assert dev.leftovers() == []
+        finally:
+            if dev:
+                dev.teardown()
+
+
+def test_a_refused_state_keeps_the_device_waiting_not_failing(builds):
+    """A successor that cannot use the state exits 78: the supervisor pauses before the next one
+    (growing), keeps the descriptors, and a read waits; once a compcache that can take the
+    device over is installed, the read is served."""
+    exe, _ = builds
+    good = exe + ".good"
+    shutil.copy2(exe, good)
+    dev = None
+    with host_swap_lock():
+        try:
+            dev = Device(exe, {})
+            dev.out_of_swap()
+            with open(exe + ".refusing", "w") as f:
+                f.write("#!/bin/sh\necho 'compcache: cannot take the device over: the state has layout 99' >&2\nexit 78\n")
+            os.chmod(exe + ".refusing", 0o755)
+            os.replace(exe + ".refusing", exe)
+            old = dev.record()["pid"]
+            os.kill(old, signal.SIGKILL)
+            result = {}
+
+            def read():
+                fd = os.open(dev.dev, os.O_RDONLY | os.O_DIRECT)
+                buf = mmap.mmap(-1, 4096)
+                t = time.monotonic()
+                try:
+                    result["n"] = os.preadv(fd, [buf], 0)
+                except OSError as e:
+                    result["error"] = e
+                finally:
+                    result["s"] = time.monotonic() - t
+                    os.close(fd)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            wait_for(lambda: dev.log().count("refused the state") >= 3, "three refused successors", timeout=60)
+            assert reader.is_alive() and not result, f"the read did not wait: {result}"
+            log = dev.log()
+            assert "in 1s" in log and "in 2s" in log, "the supervisor did not pause, growing:\n" + log
+            install(good, exe)
+            reader.join(timeout=60)
+            assert result.get("n") == 4096, result
+            print(f"the read waited {result['s']:.1f} s and was served")
+            wait_for(lambda: alive(dev.record()["pid"]) and dev.record()["pid"] != old, "the good successor")
+        finally:
+            if dev:
+                dev.teardown()
+
+
+def test_supervisor_gone_too_means_io_errors_not_data(builds):
+    exe, _ = builds
+    dev = None
+    with host_swap_lock():
+        try:
+            dev = Device(exe, {})
+            dev.out_of_swap()
+            rec = dev.record()
+            os.kill(rec["supervisor"], signal.SIGKILL)
+            wait_for(lambda: not alive(rec["supervisor"]), "the supervisor to die")
+            os.kill(rec["pid"], signal.SIGKILL)
+            wait_for(lambda: not alive(rec["pid"]), "the server to die")
+            p = run(["dd", f"if={dev.dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"], check=False)
+            assert p.returncode != 0 and "Input/output error" in p.stderr, p.stderr
+            p = dev.swapoff()
+            assert p.returncode == 0, p.stderr
+            assert dev.leftovers() == []
+        finally:
+            if dev:
+                dev.teardown()
+
+
+def scan_binary():
+    d = os.path.join(REPO, "tools", "scan")
+    if subprocess.run(["make", "-s", "-C", d, "scan"], capture_output=True).returncode != 0:
+        pytest.skip("tools/scan does not build (make, gcc)")
+    return os.path.join(d, "scan")
+
+
+def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
+    """tools/scan -V (every page hashed when written and checked on every pass) in a memory
+    cgroup a third of its size swaps to the device while the server is SIGKILLed five times and
+    restarted once to another build: it exits 0 with no mismatch."""
+    exe, other = builds
+    cg_parent, cg_version = need_memory_cgroup()
+    scan = scan_binary()
+    dev = cgroup = proc = None
+    with host_swap_lock():
+        try:
+            dev = Device(exe, {}, size="512M")
+            assert dev.first["takeover"], "the store's state does not outlive its server"
+            cgroup = os.path.join(cg_parent, f"compcache-takeover-{os.getpid()}")
+            os.mkdir(cgroup)
+            write(os.path.join(cgroup, "memory.max" if cg_version == 2 else "memory.limit_in_bytes"), 64 * MiB)
+            procs = os.path.join(cgroup, "cgroup.procs")
+            proc = subprocess.Popen([scan, "-V", "-v", "-m", "cyclic", "-w", "192", "6"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: write(procs, os.getpid()))
+            swapped_kib = []
+            for i in range(6):
+                time.sleep(2)
+                if proc.poll() is not None:
+                    break
+                swapped_kib.append(swap_used_kib(dev.alias))
+                if i == 3:
+                    install(other, exe)
+                    run([exe, "restart", dev.dev], timeout=180)
+                else:
+                    dev.kill_server()
+            out, _ = proc.communicate(timeout=900)
+            print(out[-3000:])
+            assert proc.returncode == 0 and "verify=ok" in out and "mismatches=0" in out, out[-3000:]
+            print(f"KiB in swap on the device at each kill or restart: {swapped_kib}")
+            assert max(swapped_kib, default=0) > 0, "nothing was swapped to the device"
+            p = dev.swapoff()
+            assert p.returncode == 0, p.stderr
+            assert dev.leftovers() == []
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=60)
+            if cgroup:
+                remove_cgroup(cgroup)
+            if dev:
+                dev.teardown()
