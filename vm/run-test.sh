@@ -29,7 +29,7 @@
 #                             server killed with SIGKILL --kills times (default 20) while the
 #                             scan swaps, its supervisor starting successors that take the
 #                             device over; not in the default list)
-#            --kills N        SIGKILLs in the ublk-kill and nbd-kill steps
+#            --kills N        SIGKILLs in the ublk-kill step   --nbd-kills N   in nbd-kill (5)
 #            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
 #                             guest under memory pressure; see docs/swap.md)
@@ -53,7 +53,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128 kills=20
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128 kills=20 nbd_kills=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=1200 ;;
@@ -64,6 +64,7 @@ while [ $# -gt 0 ]; do
     --reserve) reserve="$2"; shift ;;
     --memcg) memcg="$2"; shift ;;
     --kills) kills="$2"; shift ;;
+    --nbd-kills) nbd_kills="$2"; shift ;;
     --smp) smp="$2"; shift ;;
     --accel) accel="$2"; shift ;;
     --no-build) build=0 ;;
@@ -127,7 +128,7 @@ case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
-append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve cc.kills=$kills${memcg:+ cc.memcg_mib=$memcg}"
+append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve cc.kills=$kills cc.nbd_kills=$nbd_kills${memcg:+ cc.memcg_mib=$memcg}"
 # The backing step's disk: a sparse file (only what the guest writes takes host space), as
 # large as the scan (at least 128 MiB), so that it holds all the scan's pages compressed.
 # The cache step's origin: a second sparse file, named by its serial in the guest.

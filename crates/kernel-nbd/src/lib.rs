@@ -22,5 +22,6 @@
 
 pub mod attach;
 pub mod ioctl;
+pub mod netlink;
 
-pub use attach::{attach, find_free_device, kernel_support, AttachOptions, Attached, Error};
+pub use attach::{attach, find_free_device, kernel_support, reattach, AttachOptions, Attached, Error};

@@ -58,6 +58,14 @@ pub const FD_UBLK: &str = "compcache-ublk";
 /// kernel keeps the device itself; `/dev/ublkcN` must NOT be held (the kernel starts a
 /// recovery only once the dead server's descriptor is closed).
 pub const UBLK_HELD: &[&str] = &[FD_STORE, FD_UBLK];
+/// The value parser of `--dead-conn-timeout`: whole seconds, 1 to 3600.
+fn dead_conn_secs(text: &str) -> Result<u64, String> {
+    match compcache_store::parse_secs(text, 3600, "an hour is the longest the kernel is asked to hold the I/O")? {
+        0 => Err("0 would fail the I/O at once: a successor could never take the device over".into()),
+        s => Ok(s),
+    }
+}
+
 /// The name of the record of the nbd device's index.
 pub const FD_NBD: &str = "compcache-nbd";
 /// What a holder must keep for an nbd successor: the state and the device's index. The kernel
@@ -144,9 +152,20 @@ pub struct NbdAttachArgs {
     /// The NBD device to use [default: the first free /dev/nbdN].
     #[arg(long, value_name = "PATH")]
     pub device: Option<PathBuf>,
-    /// Connections (kernel hardware queues) [default: one per CPU, at most 8].
+    /// Connections (kernel hardware queues) [default: one per CPU, at most 8; at least 2 when
+    /// the device can be taken over].
     #[arg(long, value_name = "N")]
     pub connections: Option<usize>,
+    /// When the store's state is held for a successor (a supervisor, systemd's file descriptor
+    /// store): how long the kernel queues the device's I/O after this server's connections die,
+    /// for a successor to reconnect, before it fails the I/O (NBD_ATTR_DEAD_CONN_TIMEOUT).
+    /// A DURATION in whole seconds (60, 2m), 1s to 1h.
+    #[arg(long, value_name = "DURATION", default_value = "60", value_parser = dead_conn_secs)]
+    pub dead_conn_timeout: u64,
+    /// Take over the device whose descriptors are handed to this process (LISTEN_FDS, from
+    /// swapon's supervisor or systemd's file descriptor store) instead of making a new one.
+    #[arg(long, hide = true)]
+    pub takeover: bool,
 }
 
 pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
@@ -225,7 +244,16 @@ const NBD_MAX_REQUEST_BYTES: u32 = 128 << 10;
 
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     compcache_kernel_nbd::kernel_support()?;
-    let session = Session::start(&args.store, &args.server, Frontend::Nbd)?;
+    let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
+    // Before any thread exists (the environment is read and cleared).
+    let (state, taken_index) = match args.takeover {
+        true => {
+            let (state, record) = take_handed(FD_NBD).map_err(refused)?;
+            (Some(state), Some(record_value::<u32>(&record, "index").map_err(refused)?))
+        }
+        false => (None, None),
+    };
+    let session = Session::start_with(&args.store, &args.server, Frontend::Nbd, state)?;
     let description = match session.origin() {
         Some(origin) => format!("compcache {} {} cache of {origin}", human(session.cfg.disksize_bytes), session.cfg.algorithm),
         None => format!("compcache {} {} device", human(session.cfg.disksize_bytes), session.cfg.algorithm),
@@ -239,17 +267,51 @@ pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     let server_opts =
         compcache_nbd::ServerOptions { request_buffer_bytes: NBD_MAX_REQUEST_BYTES as usize, request_deadline: None, ..Default::default() };
     let server = Arc::new(compcache_nbd::Server::new(export, server_opts));
+    // Held: the state and the device's index are kept by someone who outlives us, so the
+    // device is attached through netlink with a dead-connection timeout (the kernel queues its
+    // I/O for a successor); else with the classic ioctls, and it dies with this process.
+    let held = taken_index.is_some() || (session.store.state_fd().is_some() && crate::fdstore::holder_named());
     let mut opts = compcache_kernel_nbd::AttachOptions {
-        device: args.device.clone(),
+        device: taken_index.map(|i| PathBuf::from(format!("/dev/nbd{i}"))).or(args.device.clone()),
         max_request_bytes: Some(NBD_MAX_REQUEST_BYTES),
+        dead_conn_timeout: held.then_some(std::time::Duration::from_secs(args.dead_conn_timeout)),
         ..Default::default()
     };
     if let Some(c) = args.connections {
         opts.connections = c;
     }
-    compcache_kernel_nbd::attach(server, &opts, |a, alive| {
-        let detail = format!("{} connection(s)", a.connections);
-        session.while_up(&a.dev_path, &detail, alive);
-    })?;
-    Ok(())
+    if held {
+        abort_on_panic();
+    }
+    let takeover = taken_index.is_some();
+    let while_up = |a: &compcache_kernel_nbd::Attached, alive: &dyn Fn() -> bool| {
+        let mut held = a.survives;
+        if held && !takeover {
+            let text = format!("index={}\n", a.index);
+            if let Err(e) = hold(session.store.state_fd(), FD_NBD, c"compcache-nbd", &text) {
+                // Attached through netlink but no one to start a successor: if this server
+                // dies, its I/O fails after the dead-connection timeout.
+                log::error(&format!("giving the holder the store's state: {e}; {} cannot be taken over", a.dev_path.display()));
+                held = false;
+            }
+        }
+        let detail = format!(
+            "{} connection(s){}",
+            a.connections,
+            match (takeover, held) {
+                (true, _) => ", taken over (netlink reconfigure)".to_string(),
+                (false, true) => format!(", netlink, dead-connection timeout {}s (state held)", args.dead_conn_timeout),
+                (false, false) => String::new(),
+            }
+        );
+        let name = a.dev_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if session.while_up_handing_over(&a.dev_path, &name, &detail, alive, held) == Ending::HandOver {
+            log::info(&format!("{} handed over; exiting without taking anything down (the kernel queues its I/O)", a.dev_path.display()));
+            std::process::exit(HANDED_OVER);
+        }
+    };
+    match takeover {
+        true => compcache_kernel_nbd::reattach(server, &opts, while_up).map_err(|e| refused(e.to_string())),
+        false => compcache_kernel_nbd::attach(server, &opts, while_up).map_err(Failure::from),
+    }
 }
