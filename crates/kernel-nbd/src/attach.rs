@@ -289,13 +289,20 @@ where
     if takeover {
         reconnect(&mut nl, &mut conns, &server, index, &label, &opts.export_name).map_err(nl_err("NBD_CMD_RECONFIGURE"))?;
     } else {
-        let cfg = netlink::Config { index, size_bytes: info.size, block_bytes: BLOCK_BYTES, server_flags: info.flags as u64, dead_conn_timeout_s };
+        let cfg = netlink::Config {
+            index,
+            size_bytes: info.size,
+            block_bytes: BLOCK_BYTES,
+            server_flags: info.flags as u64,
+            dead_conn_timeout_s,
+        };
         nl.connect(&cfg, &fds).map_err(nl_err("NBD_CMD_CONNECT"))?;
         // The kernel holds its own reference to each socket: ours are closed, not shut down
         // (shutting one down would end the kernel's connection).
         conns.ours.clear();
     }
-    let attached = Attached { dev_path: dev_path.clone(), index, size_bytes: info.size, connections: wanted, flags: info.flags, survives: true };
+    let attached =
+        Attached { dev_path: dev_path.clone(), index, size_bytes: info.size, connections: wanted, flags: info.flags, survives: true };
     let none_done = AtomicBool::new(false);
     let up = wait_for_size(index, &none_done);
     if let (true, Some(max)) = (up, opts.max_request_bytes) {
