@@ -28,7 +28,9 @@
 #                             backing device; ublk-kill, nbd-kill: `compcache swapon`'s
 #                             server killed with SIGKILL --kills times (default 20) while the
 #                             scan swaps, its supervisor starting successors that take the
-#                             device over; not in the default list)
+#                             device over; ublk-orphan: that device's server and supervisor
+#                             both killed, its I/O must wait and then fail once `compcache
+#                             swapoff` deletes it; none of the three in the default list)
 #            --kills N        SIGKILLs in the ublk-kill step   --nbd-kills N   in nbd-kill (5)
 #            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
@@ -70,7 +72,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift

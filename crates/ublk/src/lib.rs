@@ -38,7 +38,8 @@
 //! [`recover`] on the same device number with the store recovered from that state. Nothing is
 //! guessed: the successor serves what the dead server stored (pages the store cannot vouch for
 //! read as I/O errors). If no successor ever comes, the I/O waits (Linux 6.12 has no
-//! `UBLK_F_USER_RECOVERY_FAIL_IO`) until the device is deleted, which fails it.
+//! `UBLK_F_USER_RECOVERY_FAIL_IO`) until the device is deleted ([`remove_orphan`]), which
+//! fails it.
 
 pub mod error;
 pub mod params;
@@ -46,4 +47,4 @@ pub mod request;
 pub mod target;
 
 pub use error::Error;
-pub use target::{kernel_support, recover, serve, Device, Options, CONTROL_PATH};
+pub use target::{kernel_support, recover, remove_orphan, serve, Device, Options, CONTROL_PATH};

@@ -209,6 +209,21 @@ where
     served
 }
 
+/// Stops and deletes device `dev_id` whose server is gone for good (it and its holder died):
+/// a device with user recovery would otherwise hold its I/O forever; stopping it fails that
+/// I/O with an I/O error. `Ok(false)`: there is no such device.
+pub fn remove_orphan(dev_id: u32) -> Result<bool, Error> {
+    kernel_support()?;
+    let ctrl = match UblkCtrl::new_simple(dev_id as i32).map_err(Error::ublk("opening the device")) {
+        Ok(c) => c,
+        Err(e) if e.errno() == libc::ENODEV => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let _ = ctrl.kill_dev();
+    ctrl.del_dev().map_err(Error::ublk("deleting the device"))?;
+    Ok(true)
+}
+
 fn check(size_bytes: u64, opts: &Options) -> Result<(), Error> {
     opts.validate()?;
     if size_bytes == 0 || size_bytes % PAGE_SIZE as u64 != 0 {

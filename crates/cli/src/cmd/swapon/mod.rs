@@ -378,6 +378,7 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
         let state = SwapState::load(&path)?;
         let dev = state.device.clone();
         let result = (|| -> Result<(), Failure> {
+            server::release_orphan(&state);
             if is_active_swap(&dev) {
                 swapoff(&dev)?;
             }

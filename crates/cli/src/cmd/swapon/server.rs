@@ -221,6 +221,44 @@ pub(super) fn stop_server(state: &SwapState) -> Result<(), Failure> {
     Ok(())
 }
 
+/// A ublk or nbd device whose server and supervisor are both dead (docs/swap.md, "Supervisor
+/// gone too"): nobody will start a successor, and the kernel holds (ublk, user recovery) or
+/// queues (nbd, netlink) its I/O. Deleting it (ublk: STOP_DEV, DEL_DEV) or disconnecting it
+/// (nbd) fails that I/O with an I/O error, so that swapoff can finish (the pages are gone: their
+/// owners get SIGBUS, never other data). Does nothing while the server or its supervisor lives.
+/// Failures are logged.
+pub(super) fn release_orphan(state: &SwapState) {
+    if state.frontend == Frontend::Fuse || alive(state.pid) || (state.supervisor != 0 && alive(state.supervisor)) {
+        return;
+    }
+    let name = state.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    match state.frontend {
+        Frontend::Ublk => {
+            let Some(id) = name.strip_prefix("ublkb").and_then(|n| n.parse().ok()) else { return };
+            match compcache_ublk::remove_orphan(id) {
+                Ok(true) => crate::log::warning(&format!(
+                    "{}: its server and supervisor are gone: deleted the device, its held I/O fails",
+                    state.device.display()
+                )),
+                Ok(false) => {}
+                Err(e) => crate::log::warning(&format!("{}: deleting the orphaned device: {e}", state.device.display())),
+            }
+        }
+        Frontend::Nbd => {
+            let Some(index) = name.strip_prefix("nbd").and_then(|n| n.parse().ok()) else { return };
+            // A device attached with the ioctls was cleared when its server died: the kernel
+            // then refuses the disconnect, which is nothing to report.
+            if compcache_kernel_nbd::netlink::Nbd::open().and_then(|mut nl| nl.disconnect(index)).is_ok() {
+                crate::log::warning(&format!(
+                    "{}: its server and supervisor are gone: disconnected the device, its queued I/O fails",
+                    state.device.display()
+                ));
+            }
+        }
+        Frontend::Fuse => {}
+    }
+}
+
 /// What a FUSE server that died (killed, crashed) left behind once its swap is off: the loop
 /// device still attached to its file and its mount (`/run/compcache/fuse-<pid>`), whose
 /// filesystem nobody serves any more. A server that stopped normally took both down itself;
