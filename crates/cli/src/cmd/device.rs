@@ -315,3 +315,34 @@ pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
         false => compcache_kernel_nbd::attach(server, &opts, while_up).map_err(Failure::from),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips_through_its_memfd() {
+        let fd = record_memfd(c"compcache-test-record", "dev_id=3\n").unwrap();
+        let text = read_record(fd).unwrap();
+        assert_eq!(record_value::<i32>(&text, "dev_id"), Ok(3));
+        assert!(record_value::<u32>(&text, "index").unwrap_err().contains("index="));
+        assert!(record_value::<u32>("index=x\n", "index").is_err());
+    }
+
+    #[test]
+    fn the_dead_connection_timeout_is_whole_seconds_and_never_0() {
+        assert_eq!(dead_conn_secs("60"), Ok(60));
+        assert_eq!(dead_conn_secs("2m"), Ok(120));
+        assert!(dead_conn_secs("0").unwrap_err().contains("at once"));
+        assert!(dead_conn_secs("2h").is_err());
+    }
+
+    #[test]
+    fn every_front_end_holds_the_state_and_ublk_and_nbd_no_kernel_descriptor() {
+        for held in [UBLK_HELD, NBD_HELD, crate::cmd::fuse::FUSE_HELD] {
+            assert!(held.contains(&FD_STORE), "{held:?}");
+        }
+        assert_eq!(UBLK_HELD, [FD_STORE, FD_UBLK]);
+        assert_eq!(NBD_HELD, [FD_STORE, FD_NBD]);
+    }
+}

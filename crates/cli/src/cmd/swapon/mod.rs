@@ -302,6 +302,10 @@ fn set_up(
             st
         }
     };
+    // A previous device of the same name may have left its final statistics: they are not
+    // this one's (a server that dies without a successor writes none, and swapoff must not
+    // print another device's).
+    let _ = std::fs::remove_file(&state.stats);
     state.save()?;
     // Swap is enabled through the hibernation-safe name, so that systemd never writes a
     // hibernation image to it (swapdev::HIBERNATION_SAFE_PREFIX); the device's own name if
