@@ -2,7 +2,7 @@
 request served again by the successor its supervisor starts (issue 29; docs/swap.md, "When the
 server dies").
 
-    sudo python3 bench/takeover.py --bin target/release/compcache [--kills 20] [--size 64M]
+    sudo python3 bench/takeover.py --bin target/release/compcache [--kills 20] [--size 64M] [--fill-mib 0]
 
 Sets up `compcache swapon --frontend fuse --size SIZE`, takes the device out of swap (kernel
 swapoff: this measures the takeover, not swap), then KILLS times: SIGKILL to the running
@@ -48,9 +48,19 @@ def swapon(binary, size, env):
     return new.pop()
 
 
-def pct(v, q):
-    v = sorted(v)
-    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
+def fill(dev, mib):
+    """`mib` MiB past the first, 1 MiB at a time: pages alternately of repeated text and random
+    bytes, so that the store holds compressed and huge pages."""
+    chunk = mmap.mmap(-1, 1 << 20)
+    text = (b"compcache takeover bench " * 200)[:4096]
+    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
+    try:
+        for m in range(mib):
+            for p in range(256):
+                chunk[p * 4096:(p + 1) * 4096] = text if p % 2 == 0 else os.urandom(4096)
+            os.pwritev(fd, [chunk], (1 + m) << 20)
+    finally:
+        os.close(fd)
 
 
 def main():
@@ -58,6 +68,7 @@ def main():
     ap.add_argument("--bin", default="target/release/compcache")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--size", default="64M")
+    ap.add_argument("--fill-mib", type=int, default=0, help="MiB of data (half text, half random) written past the first MiB before the kills")
     a = ap.parse_args()
     binary = os.path.abspath(a.bin)
     env = dict(os.environ)
@@ -68,6 +79,8 @@ def main():
         if not rec["takeover"]:
             sys.exit("the device's store does not outlive its server: nothing to time")
         subprocess.run(["swapoff", "/dev/zram-compcache-" + os.path.basename(dev)], check=True)
+        if a.fill_mib:
+            fill(dev, a.fill_mib)
         buf = mmap.mmap(-1, 4096)
         fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
         os.preadv(fd, [buf], 0)

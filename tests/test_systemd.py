@@ -9,11 +9,20 @@ the FUSE front end (the one this host has; root).
 - SIGTERM while the system shuts down (`systemctl is-system-running` says `stopping`; a
   `systemctl` of the test's, first in PATH, says it): swap and server stay, exit 0; the test
   takes them down with `compcache swapoff`;
-- the server killed: swapon exits 1 and says the device is gone;
+- `compcache restart --supervisor MAINPID` (the unit's ExecReload) and SIGUSR2 to swapon: the
+  server hands over to a successor, each time;
+- the server killed: swapon, its supervisor, starts a successor that takes the device over
+  (the store's state and the FUSE connection survive the server; swapon stored the
+  connection's descriptors in "systemd"'s store, FDSTORE=1, which this test's socket keeps);
+  with a backing file the state does not survive: swapon exits 1 and says the device is gone;
+- swapon itself killed (Restart= starts it again): the new one gets the stored descriptors
+  (LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID), the running server hands over, a successor serves,
+  READY; its SIGTERM takes everything down and removes the descriptors (FDSTOREREMOVE=1);
 - zram-generator's rules set nothing up (`systemd.zram=0` in a fake root's proc/cmdline):
   READY=1 with the reason as STATUS, then exit 3 (the unit's SuccessExitStatus), so that
   systemd ends the unit inactive instead of failing a Type=notify start.
 """
+import array
 import os
 import signal
 import socket
@@ -21,36 +30,97 @@ import subprocess
 
 import pytest
 
-from conftest import need, need_root, run
+from conftest import need, need_root, run, wait_for
 from test_fuse import compcache_devices, host_swap_lock, need_fuse
 
 TIMEOUT = 120
 
 
 class Notify:
-    """A NOTIFY_SOCKET: the datagrams a service sends systemd."""
+    """A NOTIFY_SOCKET: the datagrams a service sends systemd. The file descriptor store is
+    kept as systemd keeps it: FDSTORE=1 adds the message's descriptors under its FDNAME,
+    FDSTOREREMOVE=1 drops the name's (`store`, `removed`)."""
 
     def __init__(self, path):
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
         self.sock.settimeout(TIMEOUT)
+        self.store, self.removed = [], []
 
     def next(self):
-        data = self.sock.recv(4096).decode()
-        return dict(line.split("=", 1) for line in data.splitlines() if "=" in line)
+        """The next message that is not about the descriptor store."""
+        while True:
+            data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * 4))
+            msg = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            fds = array.array("i")
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            if msg.get("FDSTORE") == "1":
+                self.store += [(msg.get("FDNAME", "stored"), fd) for fd in fds]
+            elif msg.get("FDSTOREREMOVE") == "1":
+                self.removed.append(msg.get("FDNAME"))
+                for name, fd in [x for x in self.store if x[0] == msg.get("FDNAME")]:
+                    os.close(fd)
+                self.store = [x for x in self.store if x[0] != msg.get("FDNAME")]
+            else:
+                for fd in fds:
+                    os.close(fd)
+                return msg
+
+    def drain(self):
+        """Reads what is queued (store messages) without waiting."""
+        self.sock.settimeout(0.2)
+        try:
+            while True:
+                self.next()
+        except (socket.timeout, BlockingIOError):
+            pass
+        finally:
+            self.sock.settimeout(TIMEOUT)
 
     def close(self):
+        for _, fd in self.store:
+            os.close(fd)
         self.sock.close()
 
 
-def start(compcache_bin, tmp_path, notify, env_extra=None):
+ARGV = ["swapon", "--foreground", "--frontend", "fuse", "--no-config", "--size", "128M", "--reserve", "8M", "--priority", "7"]
+
+
+def start(compcache_bin, tmp_path, notify, env_extra=None, extra=(), handed=()):
+    """`swapon --foreground` as systemd starts it; `handed`: (name, fd) pairs from the store,
+    passed as systemd passes them (LISTEN_FDS from 3, LISTEN_FDNAMES, LISTEN_PID: set by a
+    shell that then execs, so that it is the pid of the process that gets them)."""
     env = dict(os.environ, NOTIFY_SOCKET=notify.path, **(env_extra or {}))
-    argv = [compcache_bin, "swapon", "--foreground", "--frontend", "fuse", "--no-config", "--size", "128M",
-            "--reserve", "8M", "--priority", "7"]
-    log = open(tmp_path / "swapon.log", "wb")
-    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    argv = [compcache_bin, *ARGV, *extra]
+    log = open(tmp_path / "swapon.log", "ab")
+    if not handed:
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    env.update(LISTEN_FDS=str(len(handed)), LISTEN_FDNAMES=":".join(n for n, _ in handed))
+    high = [os.dup(fd) + 0 for _, fd in handed]
+    moved = [fcntl_dup_above(fd, 3 + len(high)) for fd in high]
+    for fd in high:
+        os.close(fd)
+
+    def place():
+        for i, fd in enumerate(moved):
+            os.dup2(fd, 3 + i, inheritable=True)
+
+    try:
+        return subprocess.Popen(["/bin/sh", "-c", 'LISTEN_PID=$$; export LISTEN_PID; exec "$@"', "sh", *argv], env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=place, close_fds=False)
+    finally:
+        for fd in moved:
+            os.close(fd)
+
+
+def fcntl_dup_above(fd, low):
+    import fcntl
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, low)
 
 
 def log_of(tmp_path):
@@ -72,8 +142,8 @@ def fg(compcache_bin, tmp_path):
     with host_swap_lock():
         before = set(compcache_devices())
 
-        def go(env_extra=None):
-            p = start(compcache_bin, tmp_path, notify, env_extra)
+        def go(env_extra=None, extra=()):
+            p = start(compcache_bin, tmp_path, notify, env_extra, extra)
             procs.append(p)
             msg = notify.next()
             assert msg.get("READY") == "1", (msg, log_of(tmp_path))
@@ -81,7 +151,7 @@ def fg(compcache_bin, tmp_path):
             assert len(new) == 1, (compcache_devices(), log_of(tmp_path))
             dev = new.pop()
             assert "/dev/zram-compcache-" + os.path.basename(dev) in swaps(), "READY only once it is swap"
-            assert msg["STATUS"].startswith(f"compcache: swapon {dev}: 128M lz4, priority 7, fuse"), msg
+            assert msg["STATUS"].startswith(f"compcache: swapon {dev}: 128M lz4, ") and ", priority 7, fuse" in msg["STATUS"], msg
             return p, dev
 
         try:
@@ -139,9 +209,73 @@ def test_at_shutdown_the_swap_and_server_stay(fg, tmp_path, compcache_bin):
     assert "zram-compcache" not in swaps()
 
 
-def test_a_dead_server_is_an_error(fg, tmp_path):
-    go, _ = fg
+def test_a_killed_server_is_taken_over(fg, tmp_path, compcache_bin):
+    go, notify = fg
     p, dev = go()
+    notify.drain()
+    names = sorted({n for n, _ in notify.store})
+    assert names == ["compcache-fuse", "compcache-fuse-init", "compcache-store"], notify.store
+    state = compcache_devices()[dev]
+    assert state["supervisor"] == p.pid and state["takeover"], state
+    os.kill(state["pid"], signal.SIGKILL)
+    wait_for(lambda: compcache_devices()[dev]["pid"] != state["pid"], "a successor", timeout=60)
+    assert p.poll() is None, log_of(tmp_path)
+    assert "/dev/zram-compcache-" + os.path.basename(dev) in swaps(), "the device stays swap"
+    run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
+    # systemctl reload (ExecReload: compcache restart --supervisor $MAINPID): handed over.
+    before = compcache_devices()[dev]["pid"]
+    r = run([compcache_bin, "restart", "--supervisor", str(p.pid)], timeout=TIMEOUT)
+    assert f"restart {dev}: server pid {before} handed over" in r.stdout, r.stdout
+    assert "ended (handed over)" in log_of(tmp_path), log_of(tmp_path)
+    # SIGUSR2 to swapon does the same.
+    before = compcache_devices()[dev]["pid"]
+    os.kill(p.pid, signal.SIGUSR2)
+    wait_for(lambda: compcache_devices()[dev]["pid"] != before, "the server handed over on SIGUSR2", timeout=60)
+    run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
+    os.kill(p.pid, signal.SIGTERM)
+    assert notify.next().get("STOPPING") == "1"
+    assert p.wait(timeout=TIMEOUT) == 0, log_of(tmp_path)
+    notify.drain()
+    assert sorted(set(notify.removed)) == names and notify.store == [], (notify.removed, notify.store)
+    assert dev not in compcache_devices() and "zram-compcache" not in swaps()
+
+
+def test_a_restarted_supervisor_adopts_the_device(fg, tmp_path, compcache_bin):
+    go, notify = fg
+    p, dev = go()
+    notify.drain()
+    state = compcache_devices()[dev]
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=TIMEOUT)
+    assert os.path.exists(f"/proc/{state['pid']}"), "the server outlives its supervisor"
+    p2 = start(compcache_bin, tmp_path, notify, handed=list(notify.store))
+    fg_procs = [p2]
+    try:
+        msg = notify.next()
+        assert msg.get("READY") == "1" and "taken over from the descriptors systemd kept" in msg.get("STATUS", ""), (msg, log_of(tmp_path))
+        new = compcache_devices()[dev]
+        assert new["supervisor"] == p2.pid and new["pid"] != state["pid"], new
+        wait_for(lambda: not os.path.exists(f"/proc/{state['pid']}") or "compcache" not in open(f"/proc/{state['pid']}/cmdline").read(),
+                 "the old server to hand over and exit")
+        run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
+        os.kill(p2.pid, signal.SIGTERM)
+        assert notify.next().get("STOPPING") == "1"
+        assert p2.wait(timeout=TIMEOUT) == 0, log_of(tmp_path)
+        assert dev not in compcache_devices() and "zram-compcache" not in swaps()
+    finally:
+        for q in fg_procs:
+            if q.poll() is None:
+                os.kill(q.pid, signal.SIGTERM)
+                q.wait(timeout=TIMEOUT)
+
+
+def test_a_dead_server_is_an_error(fg, tmp_path):
+    """With a backing file the store's state is not all in its memfd (`Store::state_fd` is
+    None): nothing is stored, and a killed server takes the device with it."""
+    go, notify = fg
+    p, dev = go(extra=["--backing", str(tmp_path / "backing")])
+    notify.drain()
+    assert notify.store == [] and not compcache_devices()[dev]["takeover"], notify.store
     pid = compcache_devices()[dev]["pid"]
     os.kill(pid, signal.SIGKILL)
     assert p.wait(timeout=TIMEOUT) == 1, log_of(tmp_path)

@@ -118,10 +118,11 @@ class Device:
         wait_for(lambda: self.record()["pid"] != old and alive(self.record()["pid"]), "a successor", timeout=60)
         return self.record()["pid"]
 
-    def leftovers(self):
-        """What of the device is still there."""
+    def leftovers(self, pids=()):
+        """What of the device is still there (`pids`: every server it had)."""
         name = os.path.basename(self.dev)
-        left = []
+        left = [f"pid {p}" for p in pids if alive(p)]
+        left += [p for p in (f"/run/compcache/{name}.ctl", f"/run/compcache/fuse-{self.first['pid']}") if os.path.exists(p)]
         if os.path.exists(f"/sys/block/{name}/loop/backing_file"):
             left.append(f"{self.dev} attached")
         with open("/proc/self/mountinfo") as f:
@@ -275,10 +276,11 @@ def test_kills_and_a_restart_to_another_build_fail_no_request(builds):
             print("\n".join(l for l in log.splitlines() if "successor" in l or "took" in l or "hand" in l))
             assert log.count("starting a successor") >= 5 and "handed over" in log, log
             assert "FUSE_NOTIFY_RESEND)" in log and "refused FUSE_NOTIFY_RESEND" not in log, log
-            assert len(set(pids)) == 6
+            pids.append(new)
+            assert len(set(pids)) == 7
             p = dev.swapoff()
             assert p.returncode == 0, p.stderr
-            assert dev.leftovers() == []
+            assert dev.leftovers(pids) == []
         finally:
             if dev:
                 dev.teardown()

@@ -119,17 +119,17 @@ pub fn check_name(name: &str) -> io::Result<()> {
 
 /// The descriptors handed to this process (`LISTEN_FDS`, `LISTEN_FDNAMES`) with their names,
 /// made close-on-exec; the variables are removed so that children do not see them. With
-/// `LISTEN_PID` set, only if it is this process (systemd's rule); without it, the caller says
-/// the descriptors are its own (`--takeover`).
-pub fn handed() -> io::Result<Vec<(String, OwnedFd)>> {
+/// `LISTEN_PID` set, only if it is this process (systemd's rule); without it, only if
+/// `!require_pid`: the caller says the descriptors are its own (`--takeover`).
+pub fn handed(require_pid: bool) -> io::Result<Vec<(String, OwnedFd)>> {
     let n: usize = match std::env::var("LISTEN_FDS") {
         Ok(v) => v.trim().parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("LISTEN_FDS={v:?} is not a number")))?,
         Err(_) => return Ok(Vec::new()),
     };
-    if let Ok(pid) = std::env::var("LISTEN_PID") {
-        if pid.trim().parse::<u32>().ok() != Some(std::process::id()) {
-            return Ok(Vec::new());
-        }
+    match std::env::var("LISTEN_PID") {
+        Ok(pid) if pid.trim().parse::<u32>().ok() != Some(std::process::id()) => return Ok(Vec::new()),
+        Err(_) if require_pid => return Ok(Vec::new()),
+        _ => {}
     }
     let names: Vec<String> = std::env::var("LISTEN_FDNAMES").unwrap_or_default().split(':').map(str::to_string).collect();
     let mut out = Vec::with_capacity(n);

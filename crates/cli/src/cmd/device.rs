@@ -99,7 +99,7 @@ fn read_record(fd: OwnedFd) -> Result<String, String> {
 
 /// What a successor is handed: the store's state and the front end's record (its text).
 fn take_handed(record_name: &str) -> Result<(OwnedFd, String), String> {
-    let fds = crate::fdstore::handed().map_err(|e| format!("the handed descriptors: {e}"))?;
+    let fds = crate::fdstore::handed(false).map_err(|e| format!("the handed descriptors: {e}"))?;
     let (mut state, mut record) = (None, None);
     for (name, fd) in fds {
         match name.as_str() {

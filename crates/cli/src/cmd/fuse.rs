@@ -28,7 +28,7 @@
 //! taking requests, answer those in flight, exit with `HANDED_OVER` without taking anything
 //! down. A panic aborts the process, so that the supervisor sees it die.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -96,7 +96,7 @@ struct Handed {
 impl Handed {
     /// The descriptors handed to this process, sorted by name; the error is one line.
     fn take() -> Result<Handed, String> {
-        let fds = crate::fdstore::handed().map_err(|e| format!("the handed descriptors: {e}"))?;
+        let fds = crate::fdstore::handed(false).map_err(|e| format!("the handed descriptors: {e}"))?;
         let (mut state, mut record, mut fuse) = (None, None, Vec::new());
         for (name, fd) in fds {
             match name.as_str() {
@@ -133,11 +133,21 @@ fn make_record(negotiated: &compcache_fuse::Negotiated, dir: &Path) -> std::io::
 }
 
 fn read_record(fd: OwnedFd) -> Result<String, String> {
-    use std::io::{Read, Seek};
-    let mut f = std::fs::File::from(fd);
-    let mut text = String::new();
-    f.rewind().and_then(|_| f.take(4096).read_to_string(&mut text)).map_err(|e| format!("reading the FUSE record: {e}"))?;
-    Ok(text)
+    let mut buf = [0u8; 4096];
+    // SAFETY: pread into a live local buffer of its length; the offset is not moved, so every
+    // holder of the description reads the record whole.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(format!("reading the FUSE record: {}", std::io::Error::last_os_error()));
+    }
+    Ok(String::from_utf8_lossy(&buf[..n as usize]).into_owned())
+}
+
+/// The mount directory a stored `compcache-fuse-init` record names (a supervisor handed
+/// descriptors by systemd finds its device by it).
+pub fn record_dir(fd: std::os::fd::BorrowedFd<'_>) -> Result<PathBuf, String> {
+    let text = read_record(fd.try_clone_to_owned().map_err(|e| e.to_string())?)?;
+    text.lines().find_map(|l| l.strip_prefix("dir=")).map(PathBuf::from).ok_or_else(|| "the FUSE record has no dir= line".into())
 }
 
 /// The loop device whose backing file is `file` (a successor finds its predecessor's so).

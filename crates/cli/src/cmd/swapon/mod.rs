@@ -165,6 +165,15 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
     if let Some(why) = zswap_refusal(std::fs::read_to_string(ZSWAP_ENABLED).ok().as_deref(), args.allow_zswap) {
         return Err(Failure::new(why));
     }
+    // Descriptors systemd kept for this unit (its file descriptor store) while its previous
+    // main process died: read before any thread exists (the environment is cleared).
+    let mut handed = match args.foreground {
+        true => crate::fdstore::handed(true).unwrap_or_else(|e| {
+            log::warning(&format!("the descriptors systemd handed over: {e}"));
+            Vec::new()
+        }),
+        false => Vec::new(),
+    };
     // zram-generator's own cases for doing nothing, when the system's configuration decides
     // what is set up; a command line that names the device's size is an explicit request, and
     // is carried out (explicit_request).
@@ -199,7 +208,7 @@ pub fn run_swapon(args: SwaponArgs) -> Result<(), Failure> {
         match p {
             Planned::NoDevice { section, why } if args.json => report.push(serde_json::json!({"section": section, "no_device": why})),
             Planned::NoDevice { section, why } => println!("compcache: [{section}]: no device: {why}"),
-            Planned::Device(s) => match set_up(&s, signals.as_ref(), args.json.then_some(&mut report)) {
+            Planned::Device(s) => match set_up(&s, signals.as_ref(), args.json.then_some(&mut report), std::mem::take(&mut handed)) {
                 Ok(()) => {}
                 // One device: its error is the command's, exit code included.
                 Err(e) if devices == 1 => return Err(e),
@@ -272,8 +281,16 @@ fn set_up(
     s: &Settings,
     foreground: Option<&crate::process::StopSignals>,
     report: Option<&mut Vec<serde_json::Value>>,
+    handed: Vec<(String, std::os::fd::OwnedFd)>,
 ) -> Result<(), Failure> {
     let frontend = Frontend::choose(s.frontend).map_err(Failure::new)?;
+    if let (Frontend::Fuse, Some(signals)) = (frontend, foreground) {
+        if let Some(state) = adoptable(&handed) {
+            return adopt(s, state, handed, signals);
+        }
+    }
+    forget_in_systemd(&handed);
+    drop(handed);
     let (server, dev) = match (frontend, foreground.is_some()) {
         // In the foreground, swapon is the server's supervisor itself (supervisor.rs),
         // forwarding what the server stores to systemd's store.
@@ -361,6 +378,60 @@ fn set_up(
     Ok(())
 }
 
+/// The device whose FUSE connection `handed` holds (systemd kept the descriptors of a
+/// supervisor that died): the record whose loop device is on the file in the mount directory
+/// the stored `compcache-fuse-init` record names. `None`: nothing to adopt.
+fn adoptable(handed: &[(String, std::os::fd::OwnedFd)]) -> Option<SwapState> {
+    use std::os::fd::AsFd;
+    let init = handed.iter().find(|(n, _)| n == crate::cmd::fuse::FD_INIT)?;
+    if !handed.iter().any(|(n, _)| n == crate::cmd::fuse::FD_FUSE) {
+        return None;
+    }
+    let dir = crate::cmd::fuse::record_dir(init.1.as_fd()).ok()?;
+    let file = dir.join(compcache_fuse::FILE_NAME);
+    SwapState::all().into_iter().filter_map(|p| SwapState::load(&p).ok()).find(|st| {
+        let name = st.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        st.frontend == Frontend::Fuse
+            && std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).is_ok_and(|b| Path::new(b.trim()) == file)
+    })
+}
+
+/// Descriptors systemd handed over that name no device any more (it was taken down): removed
+/// from systemd's store, so that they are not handed over again.
+fn forget_in_systemd(handed: &[(String, std::os::fd::OwnedFd)]) {
+    let Some(sd) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let mut names: Vec<&str> = handed.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    for n in names {
+        let _ = crate::fdstore::notify_to(&sd, &format!("FDSTOREREMOVE=1\nFDNAME={n}\n"), &[]);
+    }
+}
+
+/// `swapon --foreground` restarted by systemd while its device is up: it takes the device over
+/// from the descriptors systemd kept (the running server hands over; a dead one is replaced)
+/// and supervises it as if it had set it up.
+fn adopt(
+    s: &Settings,
+    mut state: SwapState,
+    handed: Vec<(String, std::os::fd::OwnedFd)>,
+    signals: &crate::process::StopSignals,
+) -> Result<(), Failure> {
+    let args = server::server_args(Frontend::Fuse, s, &s.reserve);
+    let sup = Supervisor::adopt(server::installed_exe()?, args, handed, std::env::var_os("NOTIFY_SOCKET"), state.pid)?;
+    (state.pid, state.supervisor, state.takeover) = (sup.server_pid(), std::process::id(), sup.holds_connection());
+    state.log = PathBuf::from(server::JOURNAL);
+    state.save()?;
+    let status = format!(
+        "compcache: swapon {}: taken over from the descriptors systemd kept (server pid {}, log {})",
+        state.device.display(),
+        state.pid,
+        state.log.display()
+    );
+    println!("{status}");
+    foreground::supervise(foreground::Server::Supervised(Box::new(sup)), &state, &status, signals)
+}
+
 pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
     // A device may be named as /proc/swaps shows it (its hibernation-safe name).
     let device = |d: &PathBuf| match d.to_str().and_then(|s| s.strip_prefix(HIBERNATION_SAFE_PREFIX)) {
@@ -389,6 +460,10 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
             remove_swap_alias(&dev);
             stop_server(&state)?;
             server::clean_up_after_fuse(&state);
+            // A server that was killed left its control socket.
+            if !server::alive(state.pid) {
+                let _ = std::fs::remove_file(&state.control);
+            }
             Ok(())
         })();
         match result {

@@ -20,14 +20,31 @@ const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 /// Replace the running swap server with the installed compcache, keeping every page.
 #[derive(clap::Args, Debug)]
 pub struct RestartArgs {
-    /// The devices to restart (/dev/loopN as `compcache swapon` printed it) [default: every
+    /// The devices to restart (as `compcache swapon` printed them) [default: every
     /// device `compcache swapon` set up].
     #[arg(value_name = "DEVICE")]
     pub devices: Vec<PathBuf>,
+
+    /// The device supervised by this process (`swapon --foreground`'s pid: the unit's
+    /// `ExecReload=compcache restart --supervisor $MAINPID`) instead of named ones.
+    #[arg(long, value_name = "PID", conflicts_with = "devices")]
+    pub supervisor: Option<u32>,
 }
 
 pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
-    let states = if args.devices.is_empty() { SwapState::all() } else { args.devices.iter().map(|d| SwapState::path_for(d)).collect() };
+    let every = args.devices.is_empty() && args.supervisor.is_none();
+    let states: Vec<PathBuf> = match args.supervisor {
+        Some(pid) => {
+            let mine: Vec<PathBuf> =
+                SwapState::all().into_iter().filter(|p| SwapState::load(p).is_ok_and(|s| s.supervisor == pid)).collect();
+            if mine.is_empty() {
+                return Err(Failure::new(format!("no device is supervised by pid {pid}")));
+            }
+            mine
+        }
+        None if every => SwapState::all(),
+        None => args.devices.iter().map(|d| SwapState::path_for(d)).collect(),
+    };
     if states.is_empty() {
         println!("compcache: no compcache swap devices");
         return Ok(());
@@ -35,6 +52,11 @@ pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
     let mut failed = Vec::new();
     for path in states {
         let state = SwapState::load(&path)?;
+        if every && !(state.supervisor != 0 && state.takeover) {
+            // Without names, the devices that cannot be handed over keep their server.
+            println!("compcache: restart {}: skipped, its server cannot be replaced ({})", state.device.display(), why_not(&state));
+            continue;
+        }
         match restart_one(&state, &path) {
             Ok(new) => println!("compcache: restart {}: server pid {} handed over to pid {new}", state.device.display(), state.pid),
             Err(e) => {
@@ -49,20 +71,20 @@ pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
     }
 }
 
+/// Why `state`'s server cannot be handed over.
+fn why_not(state: &SwapState) -> String {
+    if state.supervisor == 0 {
+        return format!("its {} server has no supervisor: only a device set up by swapon can be restarted", state.frontend);
+    }
+    "its store's state does not outlive the server (a backing device, the cold tier), so a successor could not take it over; \
+     `compcache swapoff` and `swapon` change the binary"
+        .into()
+}
+
 /// Hands `state`'s device over; the new server's pid.
 fn restart_one(state: &SwapState, record: &std::path::Path) -> Result<u32, String> {
-    if state.supervisor == 0 {
-        return Err(format!(
-            "its {} server has no supervisor: only a device set up by this version's swapon can be restarted",
-            state.frontend
-        ));
-    }
-    if !state.takeover {
-        return Err(
-            "its store's state does not outlive the server, so a successor could not take it over; restarting would lose every page \
-                    (`compcache swapoff` and `swapon` to change the binary)"
-                .into(),
-        );
+    if state.supervisor == 0 || !state.takeover {
+        return Err(why_not(state));
     }
     // SAFETY: kill with a pid and a signal number.
     if unsafe { libc::kill(state.pid as libc::pid_t, libc::SIGUSR2) } != 0 {

@@ -187,7 +187,7 @@ fn wait_ready_line(r: OwnedFd) -> Option<String> {
 }
 
 /// Whether `pid` is a live (not zombie) process.
-fn alive(pid: u32) -> bool {
+pub(super) fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
         Err(_) => false,

@@ -119,11 +119,7 @@ impl Supervisor {
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
         let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
         let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
-        let command = args.first().and_then(|a| a.to_str()).unwrap_or_default();
-        let frontend = Frontend::ALL
-            .into_iter()
-            .find(|f| f.server_command() == command)
-            .ok_or_else(|| Failure::new(format!("{command:?} is not a swap server's command")))?;
+        let frontend = frontend_of(&args)?;
         let mut s = Supervisor {
             frontend,
             exe,
@@ -146,6 +142,62 @@ impl Supervisor {
                 Ok(s)
             }
             Err(status) => Err(Failure::new(format!("the {frontend} server did not bring a device up ({})", describe(status)))),
+        }
+    }
+
+    /// Adopts a device from descriptors a supervisor before this one stored in systemd's store
+    /// (`held`, handed back as LISTEN_FDS when systemd restarted the unit): the server still
+    /// running, `old_server`, is asked to hand over (SIGUSR2) and awaited, then a successor is
+    /// started with the descriptors. The device it serves.
+    pub(super) fn adopt(
+        exe: PathBuf,
+        args: Vec<OsString>,
+        held: Vec<(String, OwnedFd)>,
+        systemd: Option<OsString>,
+        old_server: u32,
+    ) -> Result<Supervisor, Failure> {
+        if old_server != 0 && super::server::alive(old_server) {
+            log::info(&format!("asking the running server (pid {old_server}) to hand over"));
+            // SAFETY: kill with a pid and a signal number; the pid is the device's recorded
+            // server, checked alive just now.
+            unsafe { libc::kill(old_server as libc::pid_t, libc::SIGUSR2) };
+            let start = Instant::now();
+            while super::server::alive(old_server) {
+                if start.elapsed() > Duration::from_secs(60) {
+                    return Err(Failure::new(format!("the running server (pid {old_server}) did not hand over within a minute")));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
+        let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
+        let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let frontend = frontend_of(&args)?;
+        let mut s = Supervisor {
+            frontend,
+            exe,
+            args,
+            output: Output::Inherit,
+            socket,
+            held,
+            systemd,
+            child: None,
+            pidfd: None,
+            device: PathBuf::new(),
+            deaths: VecDeque::new(),
+            pause: Duration::ZERO,
+            started: Vec::new(),
+        };
+        match s.spawn(true) {
+            Ok(dev) => {
+                s.device = dev;
+                s.drain();
+                Ok(s)
+            }
+            Err(status) => Err(Failure::new(format!(
+                "the successor did not take the device over ({}); its descriptors stay in systemd's store",
+                describe(status)
+            ))),
         }
     }
 
@@ -430,6 +482,15 @@ impl Supervisor {
             std::mem::forget(c);
         }
     }
+}
+
+/// The front end of a server's command line (`args[0]`: `ublk`, `nbd-attach`, `fuse`).
+fn frontend_of(args: &[OsString]) -> Result<Frontend, Failure> {
+    let command = args.first().and_then(|a| a.to_str()).unwrap_or_default();
+    Frontend::ALL
+        .into_iter()
+        .find(|f| f.server_command() == command)
+        .ok_or_else(|| Failure::new(format!("{command:?} is not a swap server's command")))
 }
 
 /// How a server ended, for the log.
