@@ -305,7 +305,10 @@ where
         Attached { dev_path: dev_path.clone(), index, size_bytes: info.size, connections: wanted, flags: info.flags, survives: true };
     let none_done = AtomicBool::new(false);
     let up = wait_for_size(index, &none_done);
-    if let (true, Some(max)) = (up, opts.max_request_bytes) {
+    // A successor leaves the cap the first server set: the queue's limits outlive the
+    // connections, and writing the sysfs knob freezes the queue, which waits for every request
+    // in flight, including those the dead server had been sent (up to the 30 s timer).
+    if let (true, Some(max), false) = (up, opts.max_request_bytes, takeover) {
         cap_requests(index, max, &name);
     }
     let live = Arc::clone(&conns.live);
