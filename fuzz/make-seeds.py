@@ -248,6 +248,32 @@ def store():
         write("store_ops", k, v)
 
 
+def store_recover():
+    """Config byte, operations up to 0xff, damage up to 0xff (see fuzz/src/store_recover.rs)."""
+    def wp(index, kind, version):
+        return bytes([0, index, kind, version])
+
+    def disc(index):
+        return bytes([2, index])
+
+    step = bytes([3])  # compaction, the clock on, recompression
+
+    def damage(region, off, val):
+        return bytes([region]) + struct.pack("<II", off, val)
+
+    ops = b"".join(wp(i, i % 5, 1) for i in range(32)) + disc(3) + disc(7) + step + wp(5, 2, 2) + wp(6, 4, 3) + step
+    seeds = {
+        "clean": bytes([0]) + ops + b"\xff" + b"\xff",
+        "recompressed-zstd": bytes([3]) + ops + step + step + b"\xff" + b"\xff",
+        "locks-and-marks": bytes([2]) + ops + b"\xff" + damage(0, 5, 0x8E) + damage(0, 6, 0x80) + b"\xff",
+        "descriptors": bytes([0]) + ops + b"\xff" + damage(1, 0, 7) + damage(1, 0x10001, 0xFFFFFFFF) + damage(1, 0x20002, 3) + b"\xff",
+        "journal": bytes([0]) + ops + b"\xff" + damage(2, 3, 0) + damage(2, 4, 1) + damage(2, 5, 0x502) + b"\xff",
+        "anything": bytes([1]) + ops + b"\xff" + damage(4, 0, 0xdeadbeef) + damage(4, 70000, 0x12345678) + b"\xff",
+    }
+    for k, v in seeds.items():
+        write("store_recover", k, v)
+
+
 def cache():
     """Config byte, then operations: opcode (mod 12) and operands (see fuzz/src/cache_ops.rs)."""
     P = 4096
@@ -334,6 +360,7 @@ if __name__ == "__main__":
     zramconf()
     ublk()
     store()
+    store_recover()
     cache()
     for t in sorted(os.listdir(os.path.join(ROOT, "seeds"))):
         print(t, len(os.listdir(os.path.join(ROOT, "seeds", t))), "seeds")

@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 FUZZ_DIR=$PWD
 
-ALL_TARGETS=(nbd_handshake nbd_transmission control zramconf ublk_request store_ops cache_ops)
+ALL_TARGETS=(nbd_handshake nbd_transmission control zramconf ublk_request store_ops store_recover cache_ops)
 declare -A DICT=([nbd_handshake]=nbd [nbd_transmission]=nbd [control]=control [zramconf]=zramconf)
 
 mode=""

@@ -15,6 +15,8 @@ kernel send the requests in flight again (FUSE_NOTIFY_RESEND).
   compcache that can read the state is installed again, the waiting read is served;
 - supervisor gone too: the last holder of the connection is gone, so reads fail with an I/O
   error, never data;
+- `compcache fuse` with a holder (NOTIFY_SOCKET) stores the state, the INIT record and all of
+  its /dev/fuse descriptors before READY, and serves through /dev/fuse even with --io-uring;
 - the kernel swaps a workload whose every page is checked (tools/scan -V, in a memory cgroup
   three times smaller than it) to the device while its server is SIGKILLed several times and
   restarted once to a different build: the workload exits 0.
@@ -408,3 +410,40 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
                 remove_cgroup(cgroup)
             if dev:
                 dev.teardown()
+
+
+def test_a_held_server_stores_before_serving_and_uses_dev_fuse(compcache_bin, tmp_path):
+    """`compcache fuse` with a NOTIFY_SOCKET (a holder) stores the store's state, the INIT
+    record and every /dev/fuse descriptor it serves on before it reports READY, and with
+    --io-uring serves through /dev/fuse all the same (a ring cannot be taken over)."""
+    need_fuse()
+    from test_systemd import Notify
+    notify = Notify(tmp_path / "notify.sock")
+    r, w = os.pipe()
+    log = open(tmp_path / "fuse.log", "wb")
+    proc = subprocess.Popen([compcache_bin, "fuse", "--size", "16M", "--no-loop", "--threads", "3", "--reserve", "0",
+                             "--io-uring", "--ready-fd", str(w)], pass_fds=[w], stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": notify.path})
+    os.close(w)
+    try:
+        ready = os.read(r, 4096).decode()
+        assert ready.startswith("READY "), (tmp_path / "fuse.log").read_text()
+        notify.drain()
+        names = sorted(n for n, _ in notify.store)
+        assert names == ["compcache-fuse"] * 4 + ["compcache-fuse-init", "compcache-store"], names
+        init = next(fd for n, fd in notify.store if n == "compcache-fuse-init")
+        record = os.pread(init, 4096, 0).decode()
+        assert record.startswith("fuse-init minor=") and "max_write=131072" in record and "dir=/run/compcache/fuse-" in record, record
+        out = (tmp_path / "fuse.log").read_text()
+        assert "fuse transport: /dev/fuse (FUSE over io_uring cannot be taken over" in out, out
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+        with open("/proc/self/mountinfo") as f:
+            assert f"/run/compcache/fuse-{proc.pid} " not in f.read(), "a clean stop still unmounts"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        os.close(r)
+        log.close()
+        notify.close()

@@ -14,6 +14,7 @@
 //! - [`zramconf`]: zram-generator.conf parsing, interpretation and size expressions;
 //! - [`ublk_request`]: ublk descriptor decoding and execution, checked against a byte model;
 //! - [`store_ops`]: sequences of store operations checked against a byte-array model;
+//! - [`store_recover`]: a successor taking a damaged state file over (`Store::recover`);
 //! - [`cache_ops`]: sequences of operations on a store in cache mode over a fault-injecting
 //!   origin, checked against a byte-array model of the origin.
 //!
@@ -25,6 +26,7 @@ pub mod control;
 pub mod nbd_handshake;
 pub mod nbd_transmission;
 pub mod store_ops;
+pub mod store_recover;
 pub mod ublk_request;
 pub mod zramconf;
 

@@ -56,3 +56,8 @@ fn store_ops() {
 fn cache_ops() {
     replay("cache_ops", compcache_fuzz::cache_ops::run);
 }
+
+#[test]
+fn store_recover() {
+    replay("store_recover", compcache_fuzz::store_recover::run);
+}

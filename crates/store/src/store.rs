@@ -153,6 +153,23 @@ impl Store {
         (self.backing.is_none() && self.cache.is_none()).then(|| self.ram.state_fd())
     }
 
+    /// Where each part of the state is in the state file (tests and fuzz targets that damage
+    /// it on purpose).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn state_regions(&self) -> crate::testing::StateRegions {
+        let l = self.ram.layout();
+        crate::testing::StateRegions {
+            journal: l.journal,
+            dicts: l.dicts,
+            slots: l.slots,
+            descs: l.arena.descs_offset,
+            pages: l.arena.pages_offset,
+            len: l.file_len,
+            num_pages: l.num_pages,
+            capacity_pages: l.capacity_pages as u64,
+        }
+    }
+
     fn build(cfg: Config, backing: Option<Backing>, cache: Option<Cache>) -> Result<Store, StoreError> {
         let ram = Ram::new(cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes, cfg.algorithm.name()).map_err(
             |(what, e)| {

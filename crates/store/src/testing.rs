@@ -322,3 +322,19 @@ impl FaultyOrigin {
         }
     }
 }
+
+/// Where each part of a store's state file is, in bytes from its start (`ram/layout.rs`; from
+/// [`crate::Store::state_regions`]): for tests that damage it on purpose. Slots are 16 bytes
+/// (meta word, then data word: `slot.rs`), page descriptors 20 (`next`, `inuse`, `free_head`,
+/// `list_prev`, `list_next`, each a u32: `zspool/arena.rs`), journal records 64.
+#[derive(Debug, Clone, Copy)]
+pub struct StateRegions {
+    pub journal: usize,
+    pub dicts: usize,
+    pub slots: usize,
+    pub descs: usize,
+    pub pages: usize,
+    pub len: usize,
+    pub num_pages: u64,
+    pub capacity_pages: u64,
+}

@@ -12,7 +12,7 @@
 //!   every page of the device against a model (an acknowledged write reads back exactly; the
 //!   one write each thread had in flight reads as its old or its new content, never anything
 //!   else) and the gauges against the pages, and lets the next child take over from there.
-//!   `COMPCACHE_KILLS` sets the number of kills (default 300; the closing figures of issue 29
+//!   `COMPCACHE_KILLS` sets the number of kills (default 1000; the closing figures of issue 29
 //!   used 3000).
 
 mod common;
@@ -226,7 +226,7 @@ fn a_successor_refuses_what_it_cannot_read() {
 }
 
 fn killed_at_random_a_successor_serves_every_acknowledged_write() {
-    let kills: u64 = std::env::var("COMPCACHE_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let kills: u64 = std::env::var("COMPCACHE_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let seed = std::env::var("COMPCACHE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_u64 ^ std::process::id() as u64);
     eprintln!("  {kills} kills, seed {seed} (COMPCACHE_KILLS, COMPCACHE_SEED)");
     let state = dup(&Store::new(config()).unwrap());
@@ -238,6 +238,8 @@ fn killed_at_random_a_successor_serves_every_acknowledged_write() {
     let mut next = [0u64; WRITERS as usize];
     let mut rng = xorshift(seed);
     let (mut total_ops, mut in_flight, mut undone, mut freed, mut max_recovery) = (0u64, 0u64, 0u64, 0u64, Duration::ZERO);
+    // The most recompressed pages and dictionaries a successor found.
+    let (mut recompressed, mut dicts) = (0u64, 0u64);
     let mut out = vec![0u8; PAGE];
     for k in 0..kills {
         let (s, p) = (state.try_clone().unwrap(), progress.fd.try_clone().unwrap());
@@ -268,6 +270,7 @@ fn killed_at_random_a_successor_serves_every_acknowledged_write() {
         max_recovery = max_recovery.max(started.elapsed());
         assert_eq!(report.lost_pages, 0, "kill {k}: {report}");
         undone += report.undone;
+        dicts = dicts.max(report.dicts);
         freed += report.freed_objects;
         let mut ctx = store.context();
         // Apply what each writer finished; its op in flight may have happened or not.
@@ -309,12 +312,17 @@ fn killed_at_random_a_successor_serves_every_acknowledged_write() {
             stored += u64::from(want.is_some());
         }
         let s = store.stats();
+        recompressed = recompressed.max(s.recomp_pages);
         assert_eq!(s.orig_data_size, stored * PAGE as u64, "kill {k}: the recomputed gauges follow the pages");
         drop((ctx, store));
     }
     eprintln!(
         "  {kills} kills: {total_ops} writes and discards acknowledged, {in_flight} in flight at a kill, \
-         {undone} entry changes undone, {freed} orphaned objects freed, recovery at most {:.1} ms",
+         {undone} entry changes undone, {freed} orphaned objects freed, up to {recompressed} recompressed pages \
+         and {dicts} dictionaries taken over, recovery at most {:.1} ms",
         max_recovery.as_secs_f64() * 1000.0
     );
+    if kills >= 100 {
+        assert!(recompressed > 0 && dicts > 0, "the children recompressed and trained dictionaries before a kill");
+    }
 }

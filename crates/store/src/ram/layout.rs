@@ -148,8 +148,8 @@ impl Header {
         if num_pages != want.num_pages {
             return Err(format!(
                 "the state file is of a {} MiB device, the configuration asks for {} MiB: take it over with the size it was made with",
-                (num_pages * PAGE_SIZE as u64) >> 20,
-                (want.num_pages * PAGE_SIZE as u64) >> 20
+                num_pages.saturating_mul(PAGE_SIZE as u64) >> 20,
+                want.num_pages.saturating_mul(PAGE_SIZE as u64) >> 20
             ));
         }
         let algorithm = algorithm_name([self.algorithm[0].load(Relaxed), self.algorithm[1].load(Relaxed)]);

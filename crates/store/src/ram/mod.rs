@@ -57,8 +57,9 @@ use mover::{Clock, Mover, Records};
 
 /// The RAM state of a device; see the module docs.
 pub(crate) struct Ram {
-    /// The state file everything below that outlives the process is in.
+    /// The state file everything below that outlives the process is in, and where.
     map: Arc<StateMap>,
+    layout: Layout,
     slots: ZeroedSlice<Slot>,
     journal: Journal,
     pool: ZsPool,
@@ -153,12 +154,18 @@ impl Ram {
             huge_threshold_bytes,
             dicts: Dicts::in_map(&map, l.dicts),
             map,
+            layout: *l,
         }
     }
 
     /// The state file's descriptor: whoever keeps it open keeps every page for a successor.
     pub fn state_fd(&self) -> BorrowedFd<'_> {
         self.map.fd()
+    }
+
+    /// Where each part is in the state file.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// The recovery journal (`journal.rs`), for callers that replace entries under a slot

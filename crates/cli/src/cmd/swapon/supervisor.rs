@@ -106,8 +106,7 @@ pub(super) struct Supervisor {
     pidfd: Option<OwnedFd>,
     /// The device the server serves.
     pub(super) device: PathBuf,
-    deaths: VecDeque<Instant>,
-    pause: Duration,
+    backoff: Backoff,
     /// Every server this supervisor started: only their messages are taken.
     started: Vec<u32>,
 }
@@ -116,6 +115,8 @@ impl Supervisor {
     /// Starts the first server, `exe` with `args`, and waits until its device is up. `systemd`:
     /// the NOTIFY_SOCKET to forward stored descriptors to.
     pub(super) fn start(exe: PathBuf, args: Vec<OsString>, output: Output, systemd: Option<OsString>) -> Result<Supervisor, Failure> {
+        // On the way back from a dead server: never to be swapped out to its device (module docs).
+        crate::process::pin_swap_server(true)?;
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
         let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
         let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
@@ -131,8 +132,7 @@ impl Supervisor {
             child: None,
             pidfd: None,
             device: PathBuf::new(),
-            deaths: VecDeque::new(),
-            pause: Duration::ZERO,
+            backoff: Backoff::default(),
             started: Vec::new(),
         };
         match s.spawn(false) {
@@ -156,6 +156,7 @@ impl Supervisor {
         systemd: Option<OsString>,
         old_server: u32,
     ) -> Result<Supervisor, Failure> {
+        crate::process::pin_swap_server(true)?;
         if old_server != 0 && super::server::alive(old_server) {
             log::info(&format!("asking the running server (pid {old_server}) to hand over"));
             // SAFETY: kill with a pid and a signal number; the pid is the device's recorded
@@ -184,8 +185,7 @@ impl Supervisor {
             child: None,
             pidfd: None,
             device: PathBuf::new(),
-            deaths: VecDeque::new(),
-            pause: Duration::ZERO,
+            backoff: Backoff::default(),
             started: Vec::new(),
         };
         match s.spawn(true) {
@@ -379,7 +379,7 @@ impl Supervisor {
     /// returned).
     fn revive(&mut self, mut status: Option<ExitStatus>, seen: Instant, signals: &StopSignals, record: &Path) -> Option<i32> {
         loop {
-            let pause = self.pause_after(status);
+            let pause = self.backoff.after(status.and_then(|s| s.code()), Instant::now());
             log::warning(&format!(
                 "the {} server of {} ended ({}); {}",
                 self.frontend,
@@ -410,9 +410,7 @@ impl Supervisor {
                         (seen.elapsed().saturating_sub(pause)).as_secs_f64() * 1e3,
                     ));
                     self.drain();
-                    // A successor is up: the next death starts from no pause (a crash loop is
-                    // caught by the death count).
-                    self.pause = Duration::ZERO;
+                    self.backoff.up();
                     update_record(record, self.server_pid());
                     return None;
                 }
@@ -422,26 +420,6 @@ impl Supervisor {
                 }
             }
         }
-    }
-
-    /// The pause before the next successor after a server ended with `status`.
-    fn pause_after(&mut self, status: Option<ExitStatus>) -> Duration {
-        let now = Instant::now();
-        self.deaths.push_back(now);
-        while self.deaths.front().is_some_and(|t| now.duration_since(*t) > DEATH_WINDOW) {
-            self.deaths.pop_front();
-        }
-        let code = status.and_then(|s| s.code());
-        let refused = code == Some(TAKEOVER_REFUSED);
-        if code == Some(HANDED_OVER) {
-            self.deaths.pop_back();
-            return Duration::ZERO;
-        }
-        if refused || self.deaths.len() > DEATHS_BEFORE_PAUSE {
-            self.pause = (self.pause * 2).clamp(PAUSE_FIRST, PAUSE_MAX);
-            return self.pause;
-        }
-        Duration::ZERO
     }
 
     /// Sleeps until the server exits, a notify message comes, or `timeout` passes.
@@ -491,6 +469,41 @@ fn frontend_of(args: &[OsString]) -> Result<Frontend, Failure> {
         .into_iter()
         .find(|f| f.server_command() == command)
         .ok_or_else(|| Failure::new(format!("{command:?} is not a swap server's command")))
+}
+
+/// When to start the next successor (module docs): at once, except after a refusal of the
+/// state or in a crash loop (more than [`DEATHS_BEFORE_PAUSE`] deaths within
+/// [`DEATH_WINDOW`]), when the pause doubles from [`PAUSE_FIRST`] up to [`PAUSE_MAX`].
+#[derive(Debug, Default)]
+struct Backoff {
+    deaths: VecDeque<Instant>,
+    pause: Duration,
+}
+
+impl Backoff {
+    /// The pause before the successor of a server that ended at `now` with exit `code` (None:
+    /// killed by a signal, or it never reported).
+    fn after(&mut self, code: Option<i32>, now: Instant) -> Duration {
+        if code == Some(HANDED_OVER) {
+            // Asked for: no death.
+            return Duration::ZERO;
+        }
+        self.deaths.push_back(now);
+        while self.deaths.front().is_some_and(|t| now.duration_since(*t) > DEATH_WINDOW) {
+            self.deaths.pop_front();
+        }
+        if code == Some(TAKEOVER_REFUSED) || self.deaths.len() > DEATHS_BEFORE_PAUSE {
+            self.pause = (self.pause * 2).clamp(PAUSE_FIRST, PAUSE_MAX);
+            return self.pause;
+        }
+        Duration::ZERO
+    }
+
+    /// A successor is up: the next death starts from no pause (a crash loop is caught by the
+    /// death count).
+    fn up(&mut self) {
+        self.pause = Duration::ZERO;
+    }
 }
 
 /// How a server ended, for the log.
@@ -570,7 +583,6 @@ pub struct SupervisorArgs {
 /// Runs the detached supervisor until its server stops or it is told to stop.
 pub fn run_supervisor(args: SupervisorArgs) -> Result<(), Failure> {
     let signals = StopSignals::block_with_handover()?;
-    crate::process::pin_swap_server(true)?;
     // Not under systemd: nothing to forward (`swapon --foreground` is systemd's supervisor).
     let mut sup = Supervisor::start(args.exe, args.server, Output::Log(args.log), None)?;
     let held = u8::from(sup.holds_connection());
@@ -588,5 +600,33 @@ pub fn run_supervisor(args: SupervisorArgs) -> Result<(), Failure> {
         Watch::Lost(why) => {
             Err(Failure::new(format!("{}: {why}; the device's pages are gone (`compcache swapoff` cleans up)", sup.device.display())))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn successors_start_at_once_unless_refused_or_in_a_crash_loop() {
+        let mut b = Backoff::default();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        // Kills and hand-overs: at once, five deaths in the window are not yet a loop.
+        for i in 0..5 {
+            assert_eq!(b.after(None, t0 + s(i)), Duration::ZERO, "death {i}");
+            assert_eq!(b.after(Some(HANDED_OVER), t0 + s(i)), Duration::ZERO, "a hand-over is no death");
+        }
+        // The sixth within ten seconds: a crash loop, 1 s, then doubling.
+        assert_eq!(b.after(Some(101), t0 + s(5)), s(1));
+        assert_eq!(b.after(None, t0 + s(6)), s(2));
+        b.up();
+        // Deaths spread out: the window forgets the old ones, the pause starts again at none.
+        assert_eq!(b.after(None, t0 + s(60)), Duration::ZERO);
+        // A refused state pauses at once, doubling to a minute, while no successor comes up.
+        let got: Vec<u64> = (0..9).map(|i| b.after(Some(TAKEOVER_REFUSED), t0 + s(100 + 100 * i)).as_secs()).collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        b.up();
+        assert_eq!(b.after(Some(TAKEOVER_REFUSED), t0 + s(10_000)), s(1));
     }
 }
