@@ -255,6 +255,7 @@ def test_a_restarted_supervisor_adopts_the_device(fg, tmp_path, compcache_bin):
         assert msg.get("READY") == "1" and "taken over from the descriptors systemd kept" in msg.get("STATUS", ""), (msg, log_of(tmp_path))
         new = compcache_devices()[dev]
         assert new["supervisor"] == p2.pid and new["pid"] != state["pid"], new
+        assert not os.path.exists(f"/run/compcache/swap/notify-{p.pid}.sock"), "the killed swapon's notify socket is left"
         wait_for(lambda: not os.path.exists(f"/proc/{state['pid']}") or "compcache" not in open(f"/proc/{state['pid']}/cmdline").read(),
                  "the old server to hand over and exit")
         run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])

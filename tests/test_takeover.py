@@ -70,9 +70,15 @@ def install(src, dst):
 
 
 def alive(pid):
+    """Whether `pid` is a live compcache server or supervisor (argv[0] `@compcache...`), not a
+    zombie: pids are reused quickly on a busy machine (pid_max 32768 here), so a pid alone does
+    not say it is still ours."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"@compcache")
     except OSError:
         return False
 

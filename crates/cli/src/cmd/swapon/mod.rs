@@ -419,6 +419,10 @@ fn adopt(
 ) -> Result<(), Failure> {
     let args = server::server_args(Frontend::Fuse, s, &s.reserve);
     let sup = Supervisor::adopt(server::installed_exe()?, args, handed, std::env::var_os("NOTIFY_SOCKET"), state.pid)?;
+    // The supervisor before this one was killed: its notify socket is left.
+    if state.supervisor != 0 && !server::alive(state.supervisor) {
+        let _ = std::fs::remove_file(format!("{}/notify-{}.sock", state::STATE_DIR, state.supervisor));
+    }
     (state.pid, state.supervisor, state.takeover) = (sup.server_pid(), std::process::id(), sup.holds_connection());
     state.log = PathBuf::from(server::JOURNAL);
     state.save()?;

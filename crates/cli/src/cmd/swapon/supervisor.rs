@@ -12,7 +12,7 @@
 //!   the one place that says it per front end), a successor is
 //!   started: the same binary path and arguments plus `--takeover`, the held descriptors as
 //!   `LISTEN_FDS` from 3 with their names in `LISTEN_FDNAMES`. At once after a hand-over or a
-//!   death; after five deaths in ten seconds, or a successor that refused the state
+//!   death; after more than five deaths in ten seconds, or a successor that refused the state
 //!   (`TAKEOVER_REFUSED`), only after a pause that doubles up to a minute (logged), the
 //!   descriptors staying held meanwhile: the device's users wait, nothing guessed is served;
 //! - without them held (the store's state does not survive, so the server stored nothing),
