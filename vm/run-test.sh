@@ -25,7 +25,13 @@
 #                             by vm/fetch-nbd-client.sh; backing: ublk swap with a 16 MiB
 #                             resident limit and a virtual disk (the scan's size, at least
 #                             128 MiB; a sparse file in vm/cache removed afterwards) as its
-#                             backing device)
+#                             backing device; ublk-kill, nbd-kill: `compcache swapon`'s
+#                             server killed with SIGKILL --kills times (default 20) while the
+#                             scan swaps, its supervisor starting successors that take the
+#                             device over; ublk-orphan: that device's server and supervisor
+#                             both killed, its I/O must wait and then fail once `compcache
+#                             swapoff` deletes it; none of the three in the default list)
+#            --kills N        SIGKILLs in the ublk-kill step   --nbd-kills N   in nbd-kill (5)
 #            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
 #                             guest under memory pressure; see docs/swap.md)
@@ -49,7 +55,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128 kills=20 nbd_kills=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=1200 ;;
@@ -59,12 +65,14 @@ while [ $# -gt 0 ]; do
     --passes) passes="$2"; shift ;;
     --reserve) reserve="$2"; shift ;;
     --memcg) memcg="$2"; shift ;;
+    --kills) kills="$2"; shift ;;
+    --nbd-kills) nbd_kills="$2"; shift ;;
     --smp) smp="$2"; shift ;;
     --accel) accel="$2"; shift ;;
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -122,7 +130,7 @@ case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
-append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve${memcg:+ cc.memcg_mib=$memcg}"
+append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve cc.kills=$kills cc.nbd_kills=$nbd_kills${memcg:+ cc.memcg_mib=$memcg}"
 # The backing step's disk: a sparse file (only what the guest writes takes host space), as
 # large as the scan (at least 128 MiB), so that it holds all the scan's pages compressed.
 # The cache step's origin: a second sparse file, named by its serial in the guest.

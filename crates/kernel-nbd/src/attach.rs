@@ -2,10 +2,10 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -16,6 +16,7 @@ use compcache_nbd::Server;
 use thiserror::Error;
 
 use crate::ioctl::*;
+use crate::netlink::{self, Nbd};
 
 /// How this crate's log lines start.
 const WHO: &str = "compcache-kernel-nbd";
@@ -36,6 +37,14 @@ pub enum Error {
     /// The in-process handshake failed: a bug in one side or the other.
     #[error("NBD handshake on connection {connection}: {message}")]
     Handshake { connection: usize, message: String },
+    /// A netlink command on the device failed.
+    #[error("{command} on {device}: {source}")]
+    Netlink {
+        command: &'static str,
+        device: String,
+        #[source]
+        source: io::Error,
+    },
     /// An ioctl on the device failed.
     #[error("{ioctl} on {device}: {source}")]
     Ioctl {
@@ -59,7 +68,9 @@ impl Error {
         match self {
             Error::Unsupported(_) => libc::ENODEV,
             Error::Handshake { .. } => libc::EPROTO,
-            Error::Ioctl { source, .. } | Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Ioctl { source, .. } | Error::Io { source, .. } | Error::Netlink { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
         }
     }
 }
@@ -84,12 +95,24 @@ pub struct AttachOptions {
     /// swap server can hold buffers for the largest request from the start. `None`: as the
     /// kernel sets it.
     pub max_request_bytes: Option<u32>,
+    /// Attach through the `nbd` generic netlink family with this dead-connection timeout, so
+    /// that the device outlives this process: when its connections die the kernel queues the
+    /// I/O for this long, for a successor to give it new connections ([`reattach`]), then
+    /// fails it. `None`: the classic ioctls, and the device dies with the process (also the
+    /// fallback, with a warning, where the kernel has no `nbd` netlink family).
+    pub dead_conn_timeout: Option<Duration>,
 }
 
 impl Default for AttachOptions {
     fn default() -> Self {
         let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-        AttachOptions { device: None, connections: cpus.clamp(1, 8), export_name: String::new(), max_request_bytes: None }
+        AttachOptions {
+            device: None,
+            connections: cpus.clamp(1, 8),
+            export_name: String::new(),
+            max_request_bytes: None,
+            dead_conn_timeout: None,
+        }
     }
 }
 
@@ -102,6 +125,9 @@ pub struct Attached {
     pub connections: usize,
     /// The transmission flags the kernel was given.
     pub flags: u16,
+    /// Attached through netlink with a dead-connection timeout: a successor can take the
+    /// device over ([`reattach`]).
+    pub survives: bool,
 }
 
 /// Says whether this kernel has the NBD driver, and if not, what to do.
@@ -143,6 +169,8 @@ fn index_of(dev: &Path) -> Result<u32, Error> {
 struct Connections {
     ours: Vec<UnixStream>,
     threads: Vec<JoinHandle<()>>,
+    /// Server threads still serving.
+    live: Arc<AtomicUsize>,
 }
 
 impl Drop for Connections {
@@ -164,10 +192,18 @@ impl Connections {
         let (mut ours, theirs) = UnixStream::pair().map_err(io_err("socketpair"))?;
         let srv = Arc::clone(server);
         let peer = format!("{label} connection {i}");
+        let live = Arc::clone(&self.live);
+        live.fetch_add(1, Ordering::SeqCst);
         let t = thread::Builder::new()
             .name(format!("nbd-conn-{i}"))
-            .spawn(move || srv.serve_connection(theirs, &peer))
-            .map_err(io_err("spawning a server thread"))?;
+            .spawn(move || {
+                srv.serve_connection(theirs, &peer);
+                live.fetch_sub(1, Ordering::SeqCst);
+            })
+            .map_err(|e| {
+                self.live.fetch_sub(1, Ordering::SeqCst);
+                Error::Io { context: "spawning a server thread".into(), source: e }
+            })?;
         self.threads.push(t);
         let hs = |e: compcache_nbd::client::ClientError| Error::Handshake { connection: i, message: e.to_string() };
         greet(&mut ours).map_err(hs)?;
@@ -181,11 +217,174 @@ impl Connections {
 /// then disconnects it. `while_up(attached, alive)` runs on the calling thread once the
 /// device has its size; `alive()` turns false if the kernel ended the connection by itself.
 /// Block the signals you wait for before calling: the threads started here inherit the mask.
+/// With `opts.dead_conn_timeout`, through netlink (the device outlives the process); else, or
+/// where the kernel has no `nbd` netlink family (with a warning), with the classic ioctls.
 pub fn attach<W>(server: Arc<Server>, opts: &AttachOptions, while_up: W) -> Result<(), Error>
 where
     W: FnOnce(&Attached, &dyn Fn() -> bool),
 {
     kernel_support()?;
+    if opts.dead_conn_timeout.is_some() {
+        match Nbd::open() {
+            Ok(nl) => return attach_netlink(nl, server, opts, false, while_up),
+            Err(e) => compcache_log::warning(
+                WHO,
+                &format!("{e}: attaching with the classic ioctls, so the device dies with this process (no takeover)"),
+            ),
+        }
+    }
+    attach_ioctl(server, opts, while_up)
+}
+
+/// Takes over `opts.device`, attached through netlink by a server that has died: gives the
+/// kernel new connections to `server` in place of the dead ones (`NBD_CMD_RECONFIGURE`), then
+/// serves it as [`attach`] does. The kernel queued the device's I/O meanwhile (for the
+/// dead-connection timeout the first server set), and sends it on the new connections; the
+/// requests the dead server had been sent are sent again when the block layer's timer (30 s)
+/// fires for them.
+pub fn reattach<W>(server: Arc<Server>, opts: &AttachOptions, while_up: W) -> Result<(), Error>
+where
+    W: FnOnce(&Attached, &dyn Fn() -> bool),
+{
+    kernel_support()?;
+    if opts.device.is_none() {
+        return Err(Error::Unsupported("a takeover needs the device (/dev/nbdN)".into()));
+    }
+    let nl = Nbd::open().map_err(|e| Error::Unsupported(format!("{e}: a device cannot be taken over without netlink")))?;
+    attach_netlink(nl, server, opts, true, while_up)
+}
+
+/// How long a successor waits for the kernel to take its new connections.
+const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The netlink path of [`attach`] and [`reattach`].
+fn attach_netlink<W>(mut nl: Nbd, server: Arc<Server>, opts: &AttachOptions, takeover: bool, while_up: W) -> Result<(), Error>
+where
+    W: FnOnce(&Attached, &dyn Fn() -> bool),
+{
+    let (dev_path, index) = match &opts.device {
+        Some(p) => (p.clone(), index_of(p)?),
+        None => find_free_device()?,
+    };
+    let name = dev_path.display().to_string();
+    let nl_err = |command: &'static str| {
+        let device = name.clone();
+        move |source| Error::Netlink { command, device, source }
+    };
+    let label = format!("kernel nbd{index}");
+    let mut conns = Connections { ours: Vec::new(), threads: Vec::new(), live: Arc::new(AtomicUsize::new(0)) };
+    let info = conns.open(&server, 0, &label, &opts.export_name)?;
+    // Without multi-conn, one; else at least two: with one connection and no request timeout,
+    // the requests a dead server had been sent would wait for it forever (the kernel requeues
+    // them on its 30 s timer only when there is another connection).
+    let wanted = if info.flags & FLAG_CAN_MULTI_CONN != 0 { opts.connections.max(2) } else { 1 };
+    for i in 1..wanted {
+        conns.open(&server, i, &label, &opts.export_name)?;
+    }
+    if info.size == 0 || info.size % BLOCK_BYTES != 0 {
+        return Err(Error::Unsupported(format!("export size {} is not a whole number of 4 KiB blocks", info.size)));
+    }
+    let fds: Vec<RawFd> = conns.ours.iter().map(|s| s.as_raw_fd()).collect();
+    let dead_conn_timeout_s = opts.dead_conn_timeout.map_or(0, |d| d.as_secs().max(1));
+    if takeover {
+        reconnect(&mut nl, &mut conns, &server, index, &label, &opts.export_name).map_err(nl_err("NBD_CMD_RECONFIGURE"))?;
+    } else {
+        let cfg = netlink::Config {
+            index,
+            size_bytes: info.size,
+            block_bytes: BLOCK_BYTES,
+            server_flags: info.flags as u64,
+            dead_conn_timeout_s,
+        };
+        nl.connect(&cfg, &fds).map_err(nl_err("NBD_CMD_CONNECT"))?;
+        // The kernel holds its own reference to each socket: ours are closed, not shut down
+        // (shutting one down would end the kernel's connection).
+        conns.ours.clear();
+    }
+    let attached =
+        Attached { dev_path: dev_path.clone(), index, size_bytes: info.size, connections: wanted, flags: info.flags, survives: true };
+    let none_done = AtomicBool::new(false);
+    let up = wait_for_size(index, &none_done);
+    // A successor leaves the cap the first server set: the queue's limits outlive the
+    // connections, and writing the sysfs knob freezes the queue, which waits for every request
+    // in flight, including those the dead server had been sent (up to the 30 s timer).
+    if let (true, Some(max), false) = (up, opts.max_request_bytes, takeover) {
+        cap_requests(index, max, &name);
+    }
+    let live = Arc::clone(&conns.live);
+    let alive = || live.load(Ordering::SeqCst) > 0;
+    if up {
+        while_up(&attached, &alive);
+    }
+    // As in the ioctl path: never disconnect a device that is still swap.
+    let mut waited = false;
+    while alive() && listed_in_proc_swaps(&dev_path) {
+        if !std::mem::replace(&mut waited, true) {
+            compcache_log::warning(WHO, &format!("{name} is still swap: it stays attached until `swapoff {name}` succeeds"));
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
+    // The kernel sends NBD_CMD_DISC on each connection and shuts them down: the server
+    // threads end, and dropping `conns` joins them.
+    if let Err(e) = nl.disconnect(index) {
+        compcache_log::error(WHO, &format!("NBD_CMD_DISCONNECT on {name}: {e}"));
+    }
+    drop(conns);
+    if !up {
+        return Err(Error::Unsupported(format!("{name} did not come up within {READY_TIMEOUT:?}")));
+    }
+    Ok(())
+}
+
+/// Gives device `index` this process's connections in place of its dead ones, and checks that
+/// the kernel took them: the kernel replaces only connections it has already found dead and
+/// ignores the rest without an error, so each one it did not take (its server thread sees the
+/// socket close once our descriptor is closed) is opened again and offered again, until all
+/// are taken or [`RECONNECT_TIMEOUT`] passes.
+fn reconnect(nl: &mut Nbd, conns: &mut Connections, server: &Arc<Server>, index: u32, label: &str, export: &str) -> io::Result<()> {
+    let wanted = conns.ours.len();
+    let start = Instant::now();
+    let mut next = wanted;
+    loop {
+        let fds: Vec<RawFd> = conns.ours.iter().map(|s| s.as_raw_fd()).collect();
+        nl.reconfigure(index, &fds)?;
+        conns.ours.clear();
+        // Long enough for a thread whose socket the kernel did not take to see it close.
+        thread::sleep(Duration::from_millis(250));
+        let live = conns.live.load(Ordering::SeqCst);
+        if live >= wanted {
+            return Ok(());
+        }
+        if start.elapsed() > RECONNECT_TIMEOUT {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the kernel took {live} of {wanted} connections within {RECONNECT_TIMEOUT:?} (are the old ones dead?)"),
+            ));
+        }
+        for _ in live..wanted {
+            conns.open(server, next, label, export).map_err(|e| io::Error::other(e.to_string()))?;
+            next += 1;
+        }
+    }
+}
+
+/// Caps the kernel's requests at `max` bytes: no request larger than this comes.
+fn cap_requests(index: u32, max: u32, name: &str) {
+    let knob = format!("/sys/block/nbd{index}/queue/max_sectors_kb");
+    if let Err(e) = std::fs::write(&knob, format!("{}\n", (max / 1024).max(4))) {
+        compcache_log::warning(
+            WHO,
+            &format!("cannot cap {name}'s requests at {max} bytes ({knob}: {e}); larger requests are served with buffers grown on demand"),
+        );
+    }
+}
+
+/// The classic ioctl path of [`attach`]: `NBD_DO_IT` on a thread of its own; the device dies
+/// with the process.
+fn attach_ioctl<W>(server: Arc<Server>, opts: &AttachOptions, while_up: W) -> Result<(), Error>
+where
+    W: FnOnce(&Attached, &dyn Fn() -> bool),
+{
     let (dev_path, index) = match &opts.device {
         Some(p) => (p.clone(), index_of(p)?),
         None => find_free_device()?,
@@ -198,7 +397,7 @@ where
     let dev = OpenOptions::new().read(true).write(true).open(&dev_path).map_err(io_err(format!("opening {name}")))?;
 
     let label = format!("kernel nbd{index}");
-    let mut conns = Connections { ours: Vec::new(), threads: Vec::new() };
+    let mut conns = Connections { ours: Vec::new(), threads: Vec::new(), live: Arc::new(AtomicUsize::new(0)) };
     let info = conns.open(&server, 0, &label, &opts.export_name)?;
     let wanted = if info.flags & FLAG_CAN_MULTI_CONN != 0 { opts.connections.max(1) } else { 1 };
     for i in 1..wanted {
@@ -238,19 +437,18 @@ where
             .map_err(io_err("spawning the NBD_DO_IT thread"))?
     };
 
-    let attached = Attached { dev_path: dev_path.clone(), index, size_bytes: info.size, connections: conns.ours.len(), flags: info.flags };
+    let attached = Attached {
+        dev_path: dev_path.clone(),
+        index,
+        size_bytes: info.size,
+        connections: conns.ours.len(),
+        flags: info.flags,
+        survives: false,
+    };
     let up = wait_for_size(index, &done);
     if let (true, Some(max)) = (up, opts.max_request_bytes) {
         // Before `while_up` (which puts the device to use): no request larger than this comes.
-        let knob = format!("/sys/block/nbd{index}/queue/max_sectors_kb");
-        if let Err(e) = std::fs::write(&knob, format!("{}\n", (max / 1024).max(4))) {
-            compcache_log::warning(
-                WHO,
-                &format!(
-                    "cannot cap {name}'s requests at {max} bytes ({knob}: {e}); larger requests are served with buffers grown on demand"
-                ),
-            );
-        }
+        cap_requests(index, max, &name);
     }
     if up {
         let alive = || !done.load(Ordering::SeqCst);

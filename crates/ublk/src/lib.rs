@@ -23,11 +23,23 @@
 //! cache, no FUA, no zoned mode, no zero copy.
 //!
 //! ## Failure model
-//! The device is created *without* `UBLK_F_USER_RECOVERY`: the pages live in this process's
-//! memory, so a server that restarted after a crash would have nothing to serve and a device
-//! taken over by it would return zeros where the swap map expects data. Without recovery the
-//! kernel aborts the device when the server dies: every queued and later request fails with
-//! an I/O error (a swap-in error kills the process owning the page), never with stale data.
+//! By default the device is created *without* `UBLK_F_USER_RECOVERY`: when the pages live
+//! only in this process's memory, a server that restarted after a crash would have nothing to
+//! serve and a device taken over by it would return zeros where the swap map expects data.
+//! Without recovery the kernel aborts the device when the server dies: every queued and later
+//! request fails with an I/O error (a swap-in error kills the process owning the page), never
+//! with stale data.
+//!
+//! When the store's state outlives the process (`Store::state_fd`) and someone holds it to
+//! start a successor (compcache's swap supervisor, systemd's file descriptor store), the caller
+//! sets [`Options::user_recovery`]: the device is created with `UBLK_F_USER_RECOVERY |
+//! UBLK_F_USER_RECOVERY_REISSUE`, so that when the server dies the kernel quiesces the device,
+//! requeues the requests the dead server had taken, and holds all I/O until a successor calls
+//! [`recover`] on the same device number with the store recovered from that state. Nothing is
+//! guessed: the successor serves what the dead server stored (pages the store cannot vouch for
+//! read as I/O errors). If no successor ever comes, the I/O waits (Linux 6.12 has no
+//! `UBLK_F_USER_RECOVERY_FAIL_IO`) until the device is deleted ([`remove_orphan`]), which
+//! fails it.
 
 pub mod error;
 pub mod params;
@@ -35,4 +47,4 @@ pub mod request;
 pub mod target;
 
 pub use error::Error;
-pub use target::{kernel_support, serve, Device, Options, CONTROL_PATH};
+pub use target::{kernel_support, recover, remove_orphan, serve, Device, Options, CONTROL_PATH};

@@ -58,12 +58,25 @@ pub struct Options {
     pub mlock_io_buffers: bool,
     /// Device number to ask for (`/dev/ublkbN`), or -1 for the next free one.
     pub dev_id: i32,
+    /// Create the device with `UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE`: when this
+    /// process dies the kernel keeps the device and holds its I/O (the requests the dead
+    /// process had taken are issued again) until a successor takes it over ([`recover`]).
+    /// Only for a store whose state outlives the process and is held by someone who will
+    /// start that successor (crate docs, "Failure model").
+    pub user_recovery: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Options { nr_queues: cpus.clamp(1, 64) as u16, queue_depth: 64, io_buf_bytes: 64 << 10, mlock_io_buffers: true, dev_id: -1 }
+        Options {
+            nr_queues: cpus.clamp(1, 64) as u16,
+            queue_depth: 64,
+            io_buf_bytes: 64 << 10,
+            mlock_io_buffers: true,
+            dev_id: -1,
+            user_recovery: false,
+        }
     }
 }
 
@@ -108,6 +121,10 @@ pub fn kernel_support() -> Result<(), Error> {
     }))
 }
 
+/// The `ctrl_flags` of a device created with `user_recovery`: the kernel keeps a device whose
+/// server died and re-issues the requests that server had taken, for a successor.
+const RECOVERY_FLAGS: u64 = (libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE) as u64;
+
 /// Creates a ublk device of `size_bytes` over `store` and serves it while `while_up` runs,
 /// then stops and removes it. `while_up(device, alive)` is called on the calling thread once
 /// the block device exists and accepts I/O; `alive()` is false once every queue has ended
@@ -119,12 +136,7 @@ pub fn serve<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W)
 where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
-    opts.validate()?;
-    if size_bytes == 0 || size_bytes % PAGE_SIZE as u64 != 0 {
-        return Err(Error::Options(format!("device size {size_bytes} is not a whole number of pages")));
-    }
-    kernel_support()?;
-
+    check(size_bytes, opts)?;
     let mut dev_flags = UblkFlags::UBLK_DEV_F_ADD_DEV;
     if opts.mlock_io_buffers {
         dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
@@ -135,14 +147,98 @@ where
         .nr_queues(opts.nr_queues)
         .depth(opts.queue_depth)
         .io_buf_bytes(opts.io_buf_bytes)
-        // No UBLK_F_USER_RECOVERY: see the failure model in the crate docs.
-        .ctrl_flags(0)
+        // User recovery only when asked: see the failure model in the crate docs.
+        .ctrl_flags(if opts.user_recovery { RECOVERY_FLAGS } else { 0 })
         .dev_flags(dev_flags)
         .build()
         .map_err(Error::ublk("adding the device"))?;
+    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, while_up);
+    // Dropping `ctrl` (created with UBLK_DEV_F_ADD_DEV) deletes the device.
+    drop(ctrl);
+    served
+}
 
+/// Takes over the device `opts.dev_id`, created with `user_recovery` by a server that has
+/// died (or is dying), and serves it over `store` (the state that server left) as [`serve`]
+/// does; then stops and removes it. The order is the kernel's (`ublk_drv.c`): the dead
+/// server's `/dev/ublkcN` must be closed (its exit does that) and the device QUIESCED (its
+/// requests requeued) before `START_USER_RECOVERY`, which libublk retries while the kernel
+/// says EBUSY (up to 30 s); then the queues are set up and fetch, and `END_USER_RECOVERY`
+/// lets the held and re-issued requests through. A device that was stopped, or created
+/// without recovery, is refused with an error and left alone.
+pub fn recover<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W) -> Result<(), Error>
+where
+    W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
+{
+    check(size_bytes, opts)?;
+    if opts.dev_id < 0 {
+        return Err(Error::Options("a takeover needs the device's number".into()));
+    }
+    let mut dev_flags = UblkFlags::UBLK_DEV_F_RECOVER_DEV;
+    if opts.mlock_io_buffers {
+        dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
+    }
+    let ctrl = UblkCtrlBuilder::default()
+        .name("compcache")
+        .id(opts.dev_id)
+        .nr_queues(opts.nr_queues)
+        .depth(opts.queue_depth)
+        .io_buf_bytes(opts.io_buf_bytes)
+        .ctrl_flags(RECOVERY_FLAGS)
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(Error::ublk("opening the device to take it over"))?;
+    let info = ctrl.dev_info();
+    if info.flags & RECOVERY_FLAGS != RECOVERY_FLAGS {
+        return Err(Error::Options(format!("ublk device {} was created without user recovery: it cannot be taken over", opts.dev_id)));
+    }
+    if info.state == libublk::sys::UBLK_S_DEV_DEAD as u16 {
+        return Err(Error::Options(format!("ublk device {} is stopped: nothing to take over", opts.dev_id)));
+    }
+    match ctrl.start_user_recover() {
+        Ok(r) if r < 0 => return Err(Error::Ublk { context: "START_USER_RECOVERY", source: libublk::UblkError::OtherError(r) }),
+        Ok(_) => {}
+        Err(e) => return Err(Error::Ublk { context: "START_USER_RECOVERY", source: e }),
+    }
+    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, while_up);
+    // A control opened for recovery does not delete its device when dropped: this server owns
+    // it now, and a stop removes it as the first server's would.
+    if served.is_ok() {
+        let _ = ctrl.del_dev();
+    }
+    served
+}
+
+/// Stops and deletes device `dev_id` whose server is gone for good (it and its holder died):
+/// a device with user recovery would otherwise hold its I/O forever; stopping it fails that
+/// I/O with an I/O error. `Ok(false)`: there is no such device.
+pub fn remove_orphan(dev_id: u32) -> Result<bool, Error> {
+    kernel_support()?;
+    let ctrl = match UblkCtrl::new_simple(dev_id as i32).map_err(Error::ublk("opening the device")) {
+        Ok(c) => c,
+        Err(e) if e.errno() == libc::ENODEV => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let _ = ctrl.kill_dev();
+    ctrl.del_dev().map_err(Error::ublk("deleting the device"))?;
+    Ok(true)
+}
+
+fn check(size_bytes: u64, opts: &Options) -> Result<(), Error> {
+    opts.validate()?;
+    if size_bytes == 0 || size_bytes % PAGE_SIZE as u64 != 0 {
+        return Err(Error::Options(format!("device size {size_bytes} is not a whole number of pages")));
+    }
+    kernel_support()
+}
+
+/// Sets up the queues, starts the device (or ends its recovery), runs `while_up`, and stops
+/// the device once it returns.
+fn run<W>(ctrl: &UblkCtrl, store: Arc<Store>, size_bytes: u64, io_buf_bytes: u32, while_up: W) -> Result<(), Error>
+where
+    W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
+{
     let live_queues = Arc::new(AtomicUsize::new(ctrl.dev_info().nr_hw_queues as usize));
-    let io_buf_bytes = opts.io_buf_bytes;
     // A cache device's writes are durable only once the origin is synced (`params`).
     let write_cache = store.is_cache();
     let tgt_init = move |dev: &mut UblkDev| {
@@ -173,10 +269,7 @@ where
         let _ = ctrl.kill_dev();
     };
 
-    let served = ctrl.run_target(tgt_init, queue_fn, device_fn);
-    // Dropping `ctrl` (created with UBLK_DEV_F_ADD_DEV) deletes the device.
-    drop(ctrl);
-    served.map(|_| ()).map_err(Error::ublk("serving the device"))
+    ctrl.run_target(tgt_init, queue_fn, device_fn).map(|_| ()).map_err(Error::ublk("serving the device"))
 }
 
 /// One queue thread: fetch requests, run each against the store, complete, until the device

@@ -82,6 +82,8 @@ pub struct FuseArgs {
 pub const FD_STORE: &str = "compcache-store";
 pub const FD_INIT: &str = "compcache-fuse-init";
 pub const FD_FUSE: &str = "compcache-fuse";
+/// What a holder must keep for a FUSE successor (`swapon`'s `held_for_takeover`).
+pub const FUSE_HELD: &[&str] = &[FD_STORE, FD_INIT, FD_FUSE];
 
 /// What a successor gets: the store's state, the mount's record, the connection's descriptors.
 struct Handed {

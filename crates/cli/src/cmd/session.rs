@@ -121,13 +121,9 @@ pub(super) enum Ending {
 }
 
 impl Session {
-    pub(super) fn start(store_args: &StoreArgs, server: &ServerArgs, frontend: Frontend) -> Result<Session, Failure> {
-        Self::start_with(store_args, server, frontend, None)
-    }
-
-    /// As [`Session::start`]; with `state`, the store is the one a predecessor left there
-    /// (`Store::recover`) instead of a new one, and the session takes SIGUSR2, the request
-    /// to hand over, as well as the stop signals. A state the store refuses is a
+    /// Makes the store and its threads: a new store, or with `state` the one a predecessor
+    /// left there (`Store::recover`); the stop signals and SIGUSR2, the request to hand over,
+    /// are blocked for the session to take. A state the store refuses is a
     /// [`TAKEOVER_REFUSED`](crate::failure::TAKEOVER_REFUSED) failure of one line.
     pub(super) fn start_with(
         store_args: &StoreArgs,
@@ -136,7 +132,9 @@ impl Session {
         state: Option<OwnedFd>,
     ) -> Result<Session, Failure> {
         // Before any thread exists: every thread inherits the blocked mask and the flags.
-        let signals = if frontend == Frontend::Fuse { StopSignals::block_with_handover()? } else { StopSignals::block()? };
+        // SIGUSR2 (hand over, `compcache restart`) too: a server that cannot hand over logs and
+        // ignores it rather than dying of it.
+        let signals = StopSignals::block_with_handover()?;
         pin_swap_server(!server.no_mlock)?;
         let cfg = store_args.config()?;
         let size_bytes = cfg.disksize_bytes;
@@ -181,21 +179,10 @@ impl Session {
         Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend, start })
     }
 
-    /// Runs while the device is up: announce it, serve `compcache stat`, wait for a stop
-    /// signal, and take the device out of swap use before it goes.
-    pub(super) fn while_up(&self, dev: &Path, detail: &str, alive: &dyn Fn() -> bool) {
-        let name = dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        self.while_up_named(dev, &name, detail, alive)
-    }
-
-    /// The same, with the control socket and statistics named `name` (`/run/compcache/<name>.ctl`)
-    /// rather than after the device.
-    pub(super) fn while_up_named(&self, dev: &Path, name: &str, detail: &str, alive: &dyn Fn() -> bool) {
-        self.while_up_handing_over(dev, name, detail, alive, false);
-    }
-
-    /// The same; with `can_hand_over` (a supervised FUSE server whose descriptors are held),
-    /// SIGUSR2 ends it as [`Ending::HandOver`]: nothing is taken down, no statistics are
+    /// Runs while the device is up: announce it, serve `compcache stat` (the control socket and
+    /// statistics named `name`: `/run/compcache/<name>.ctl`), wait for a stop signal, and take
+    /// the device out of swap use before it goes. With `can_hand_over` (a supervised server
+    /// whose descriptors are held), SIGUSR2 ends it as [`Ending::HandOver`]: nothing is taken down, no statistics are
     /// written, and the caller hands the connection over and exits. Without it SIGUSR2 is
     /// logged and ignored.
     pub(super) fn while_up_handing_over(

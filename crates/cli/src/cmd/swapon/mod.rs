@@ -292,9 +292,9 @@ fn set_up(
     forget_in_systemd(&handed);
     drop(handed);
     let (server, dev) = match (frontend, foreground.is_some()) {
-        // In the foreground, swapon is the FUSE server's supervisor itself (supervisor.rs),
+        // In the foreground, swapon is the server's supervisor itself (supervisor.rs),
         // forwarding what the server stores to systemd's store.
-        (Frontend::Fuse, true) => {
+        (_, true) => {
             let args = server::server_args(frontend, s, &s.reserve);
             let sup = Supervisor::start(server::installed_exe()?, args, Output::Inherit, std::env::var_os("NOTIFY_SOCKET"))?;
             let dev = sup.device.clone();
@@ -319,6 +319,10 @@ fn set_up(
             st
         }
     };
+    // A previous device of the same name may have left its final statistics: they are not
+    // this one's (a server that dies without a successor writes none, and swapoff must not
+    // print another device's).
+    let _ = std::fs::remove_file(&state.stats);
     state.save()?;
     // Swap is enabled through the hibernation-safe name, so that systemd never writes a
     // hibernation image to it (swapdev::HIBERNATION_SAFE_PREFIX); the device's own name if
@@ -453,6 +457,7 @@ pub fn run_swapoff(args: SwapoffArgs) -> Result<(), Failure> {
         let state = SwapState::load(&path)?;
         let dev = state.device.clone();
         let result = (|| -> Result<(), Failure> {
+            server::release_orphan(&state);
             if is_active_swap(&dev) {
                 swapoff(&dev)?;
             }

@@ -1,26 +1,26 @@
-//! `compcache restart`: replace the running FUSE server of each device with the installed
-//! binary, keeping every page (docs/swap.md, "When the server dies").
+//! `compcache restart`: replace the running server of each device with the installed binary,
+//! keeping every page (docs/swap.md, "When the server dies").
 //!
-//! The server is asked to hand over (SIGUSR2): it stops taking requests, answers those in
-//! flight and exits without taking anything down; its supervisor starts the binary installed
+//! The server is asked to hand over (SIGUSR2): it exits without taking anything down (FUSE
+//! first stops taking requests and answers those in flight; ublk and nbd leave them to the
+//! kernel, which holds them for the successor); its supervisor starts the binary installed
 //! at the path it was started from, with `--takeover`, which recovers the store and serves the
-//! same FUSE connection. `restart` waits until the record names a new, live server.
+//! same device. `restart` waits until the record names a new, live server.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::state::SwapState;
 use crate::failure::Failure;
-use crate::frontend::Frontend;
 use crate::log;
 
 /// How long a hand-over may take (the successor's start included).
 const RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Replace the running FUSE swap server with the installed compcache, keeping every page.
+/// Replace the running swap server with the installed compcache, keeping every page.
 #[derive(clap::Args, Debug)]
 pub struct RestartArgs {
-    /// The devices to restart (/dev/loopN as `compcache swapon` printed it) [default: every
+    /// The devices to restart (as `compcache swapon` printed them) [default: every
     /// device `compcache swapon` set up].
     #[arg(value_name = "DEVICE")]
     pub devices: Vec<PathBuf>,
@@ -52,7 +52,7 @@ pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
     let mut failed = Vec::new();
     for path in states {
         let state = SwapState::load(&path)?;
-        if every && !(state.frontend == Frontend::Fuse && state.supervisor != 0 && state.takeover) {
+        if every && !(state.supervisor != 0 && state.takeover) {
             // Without names, the devices that cannot be handed over keep their server.
             println!("compcache: restart {}: skipped, its server cannot be replaced ({})", state.device.display(), why_not(&state));
             continue;
@@ -73,8 +73,8 @@ pub fn run_restart(args: RestartArgs) -> Result<(), Failure> {
 
 /// Why `state`'s server cannot be handed over.
 fn why_not(state: &SwapState) -> String {
-    if state.frontend != Frontend::Fuse || state.supervisor == 0 {
-        return format!("its {} server has no supervisor: only a FUSE device set up by swapon can be restarted", state.frontend);
+    if state.supervisor == 0 {
+        return format!("its {} server has no supervisor: only a device set up by swapon can be restarted", state.frontend);
     }
     "its store's state does not outlive the server (a backing device, the cold tier), so a successor could not take it over; \
      `compcache swapoff` and `swapon` change the binary"
@@ -83,7 +83,7 @@ fn why_not(state: &SwapState) -> String {
 
 /// Hands `state`'s device over; the new server's pid.
 fn restart_one(state: &SwapState, record: &std::path::Path) -> Result<u32, String> {
-    if state.frontend != Frontend::Fuse || state.supervisor == 0 || !state.takeover {
+    if state.supervisor == 0 || !state.takeover {
         return Err(why_not(state));
     }
     // SAFETY: kill with a pid and a signal number.

@@ -25,8 +25,8 @@ pub(super) const JOURNAL: &str = "the journal (stderr of compcache swapon --fore
 /// How long a stopped server may take to exit after swapoff.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A started server whose device is up (or, for FUSE, the detached supervisor that started
-/// it: `supervisor.rs`).
+/// A started server whose device is up, through the detached supervisor that started it
+/// (`supervisor.rs`).
 pub(super) struct ServerProcess {
     child: Child,
     log: PathBuf,
@@ -58,13 +58,9 @@ impl ServerProcess {
 
         let exe = installed_exe()?;
         let mut cmd = Command::new(&exe);
-        if frontend == Frontend::Fuse {
-            // The supervisor (docs/swap.md, "When the server dies") starts the server itself.
-            cmd.arg0("@compcache-supervisor").arg("swap-supervisor").arg("--exe").arg(&exe).arg("--log").arg(&log);
-            cmd.arg("--ready-fd").arg(ready_w.as_raw_fd().to_string()).arg("--").args(server_args(frontend, s, reserve));
-        } else {
-            cmd.arg0("@compcache").args(server_command(frontend, s, reserve, ready_w.as_raw_fd()));
-        }
+        // The supervisor (docs/swap.md, "When the server dies") starts the server itself.
+        cmd.arg0("@compcache-supervisor").arg("swap-supervisor").arg("--exe").arg(&exe).arg("--log").arg(&log);
+        cmd.arg("--ready-fd").arg(ready_w.as_raw_fd().to_string()).arg("--").args(server_args(frontend, s, reserve));
         cmd.stdin(Stdio::null()).process_group(0);
         if let Some(file) = output {
             cmd.stdout(file.try_clone().map_err(|e| Failure::new(e.to_string()))?).stderr(file);
@@ -73,14 +69,13 @@ impl ServerProcess {
         drop(ready_w);
 
         match wait_ready_line(ready_r) {
-            Some(line) if frontend == Frontend::Fuse => {
+            Some(line) => {
                 // "<device> <server pid> <held 0|1>" from the supervisor.
                 let mut w = line.rsplitn(3, ' ');
                 let (held, pid, dev) =
                     (w.next() == Some("1"), w.next().and_then(|p| p.parse().ok()).unwrap_or(0), w.next().unwrap_or_default());
                 Ok((ServerProcess { child, log, supervised: Some((pid, held)) }, PathBuf::from(dev)))
             }
-            Some(dev) => Ok((ServerProcess { child, log, supervised: None }, PathBuf::from(dev))),
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -128,7 +123,9 @@ pub(super) fn installed_exe() -> Result<PathBuf, Failure> {
 }
 
 /// The arguments of the server `swapon` starts for `frontend`: the settings, the reserve, where
-/// its final statistics go and the descriptor it reports readiness on.
+/// its final statistics go and the descriptor it reports readiness on (the supervisor adds the
+/// last itself: only the tests build the whole line).
+#[cfg(test)]
 fn server_command(frontend: Frontend, s: &Settings, reserve: &str, ready_fd: i32) -> Vec<OsString> {
     let mut v = server_args(frontend, s, reserve);
     v.extend(["--ready-fd".into(), ready_fd.to_string().into()]);
@@ -222,6 +219,44 @@ pub(super) fn stop_server(state: &SwapState) -> Result<(), Failure> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// A ublk or nbd device whose server and supervisor are both dead (docs/swap.md, "Supervisor
+/// gone too"): nobody will start a successor, and the kernel holds (ublk, user recovery) or
+/// queues (nbd, netlink) its I/O. Deleting it (ublk: STOP_DEV, DEL_DEV) or disconnecting it
+/// (nbd) fails that I/O with an I/O error, so that swapoff can finish (the pages are gone: their
+/// owners get SIGBUS, never other data). Does nothing while the server or its supervisor lives.
+/// Failures are logged.
+pub(super) fn release_orphan(state: &SwapState) {
+    if state.frontend == Frontend::Fuse || alive(state.pid) || (state.supervisor != 0 && alive(state.supervisor)) {
+        return;
+    }
+    let name = state.device.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    match state.frontend {
+        Frontend::Ublk => {
+            let Some(id) = name.strip_prefix("ublkb").and_then(|n| n.parse().ok()) else { return };
+            match compcache_ublk::remove_orphan(id) {
+                Ok(true) => crate::log::warning(&format!(
+                    "{}: its server and supervisor are gone: deleted the device, its held I/O fails",
+                    state.device.display()
+                )),
+                Ok(false) => {}
+                Err(e) => crate::log::warning(&format!("{}: deleting the orphaned device: {e}", state.device.display())),
+            }
+        }
+        Frontend::Nbd => {
+            let Some(index) = name.strip_prefix("nbd").and_then(|n| n.parse().ok()) else { return };
+            // A device attached with the ioctls was cleared when its server died: the kernel
+            // then refuses the disconnect, which is nothing to report.
+            if compcache_kernel_nbd::netlink::Nbd::open().and_then(|mut nl| nl.disconnect(index)).is_ok() {
+                crate::log::warning(&format!(
+                    "{}: its server and supervisor are gone: disconnected the device, its queued I/O fails",
+                    state.device.display()
+                ));
+            }
+        }
+        Frontend::Fuse => {}
+    }
 }
 
 /// What a FUSE server that died (killed, crashed) left behind once its swap is off: the loop

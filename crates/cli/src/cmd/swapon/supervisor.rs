@@ -1,5 +1,5 @@
-//! The supervisor of a FUSE swap server: the holder of its descriptors, and the one that starts
-//! a successor when it dies (docs/swap.md, "When the server dies").
+//! The supervisor of a swap server (ublk, nbd or FUSE): the holder of its descriptors, and the
+//! one that starts a successor when it dies (docs/swap.md, "When the server dies").
 //!
 //! It plays systemd's part of the file descriptor store protocol (`crate::fdstore`): the
 //! server's `NOTIFY_SOCKET` is the supervisor's own socket (in the private `STATE_DIR`), and
@@ -8,14 +8,15 @@
 //! gets them back. When the server exits:
 //! - with status 0, it was stopped on purpose (swapoff, SIGTERM): the supervisor ends too;
 //! - otherwise (killed, crashed, `HANDED_OVER` by `compcache restart`, a successor that
-//!   refused the state) and while the connection's descriptors are held, a successor is
+//!   refused the state) and while what its front end needs is held ([`held_for_takeover`]:
+//!   the one place that says it per front end), a successor is
 //!   started: the same binary path and arguments plus `--takeover`, the held descriptors as
 //!   `LISTEN_FDS` from 3 with their names in `LISTEN_FDNAMES`. At once after a hand-over or a
 //!   death; after more than five deaths in ten seconds, or a successor that refused the state
 //!   (`TAKEOVER_REFUSED`), only after a pause that doubles up to a minute (logged), the
 //!   descriptors staying held meanwhile: the device's users wait, nothing guessed is served;
-//! - without the connection's descriptors held (the store's state does not survive, so the
-//!   server stored nothing), the device is gone with the server, as before supervision.
+//! - without them held (the store's state does not survive, so the server stored nothing),
+//!   the device is gone with the server, as before supervision.
 //!
 //! The binary is started by the path it was installed at (`exe`, resolved when swapon ran),
 //! not `/proc/self/exe`, which after an upgrade names the deleted old file. The supervisor is
@@ -35,12 +36,26 @@ use super::server::wait_ready;
 use super::state::{SwapState, STATE_DIR};
 use crate::failure::{Failure, HANDED_OVER, TAKEOVER_REFUSED};
 use crate::fdstore::{NotifySocket, LISTEN_FDS_START};
+use crate::frontend::Frontend;
 use crate::log;
 use crate::process::StopSignals;
 
-/// The name under which the server stores the connection's `/dev/fuse` descriptors: without
-/// them held there is nothing to take over.
-const CONNECTION: &str = crate::cmd::fuse::FD_FUSE;
+/// What a holder must keep so that a successor of `frontend`'s server can take its device
+/// over, by the names the server stores them under (each front end's module says why):
+/// - ublk: the store's state and the device's number (`device.rs`); the kernel keeps the
+///   device and holds its I/O (user recovery), and `/dev/ublkcN` must not be held;
+/// - nbd: the store's state and the device's index (`device.rs`); the kernel keeps the
+///   device and queues its I/O for the dead-connection timeout, and the sockets must not be
+///   held (their closing is how the kernel learns the server died);
+/// - FUSE: the store's state, the mount's record and every `/dev/fuse` descriptor of the
+///   connection (`fuse.rs`): the connection dies with its last descriptor.
+pub(super) fn held_for_takeover(frontend: Frontend) -> &'static [&'static str] {
+    match frontend {
+        Frontend::Ublk => crate::cmd::device::UBLK_HELD,
+        Frontend::Nbd => crate::cmd::device::NBD_HELD,
+        Frontend::Fuse => crate::cmd::fuse::FUSE_HELD,
+    }
+}
 /// Deaths within this window ...
 const DEATH_WINDOW: Duration = Duration::from_secs(10);
 /// ... beyond this many make the supervisor pause before the next successor.
@@ -72,9 +87,12 @@ pub(super) enum Watch {
 }
 
 pub(super) struct Supervisor {
+    /// The front end of the server (from its command, `args[0]`).
+    frontend: Frontend,
     /// The compcache binary, by the path it is installed at.
     exe: PathBuf,
-    /// The server's arguments (`fuse ...`), without `--ready-fd` and `--takeover`.
+    /// The server's arguments (`ublk ...`, `nbd-attach ...`, `fuse ...`), without `--ready-fd`
+    /// and `--takeover`.
     args: Vec<OsString>,
     output: Output,
     socket: NotifySocket,
@@ -102,7 +120,9 @@ impl Supervisor {
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
         let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
         let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let frontend = frontend_of(&args)?;
         let mut s = Supervisor {
+            frontend,
             exe,
             args,
             output,
@@ -121,7 +141,7 @@ impl Supervisor {
                 s.drain();
                 Ok(s)
             }
-            Err(status) => Err(Failure::new(format!("the fuse server did not bring a device up ({})", describe(status)))),
+            Err(status) => Err(Failure::new(format!("the {frontend} server did not bring a device up ({})", describe(status)))),
         }
     }
 
@@ -153,7 +173,9 @@ impl Supervisor {
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
         let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
         let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let frontend = frontend_of(&args)?;
         let mut s = Supervisor {
+            frontend,
             exe,
             args,
             output: Output::Inherit,
@@ -184,9 +206,9 @@ impl Supervisor {
         self.child.as_ref().map_or(0, Child::id)
     }
 
-    /// Whether the connection's descriptors are held (a successor could take over).
+    /// Whether everything a successor needs is held ([`held_for_takeover`]).
     pub(super) fn holds_connection(&self) -> bool {
-        self.held.iter().any(|(n, _)| n == CONNECTION)
+        held_for_takeover(self.frontend).iter().all(|name| self.held.iter().any(|(n, _)| n == name))
     }
 
     /// Starts the server (a successor with `takeover`) and waits for its READY line: the
@@ -345,7 +367,7 @@ impl Supervisor {
                 return Watch::Stopped;
             }
             if !self.holds_connection() {
-                return Watch::Lost(format!("the server exited ({}) and no one holds its FUSE connection", describe(status)));
+                return Watch::Lost(format!("the server exited ({}) and nothing a successor needs is held", describe(status)));
             }
             if let Some(sig) = self.revive(status, seen, signals, record) {
                 return Watch::Signal(sig);
@@ -359,7 +381,8 @@ impl Supervisor {
         loop {
             let pause = self.backoff.after(status.and_then(|s| s.code()), Instant::now());
             log::warning(&format!(
-                "the fuse server of {} ended ({}); {}",
+                "the {} server of {} ended ({}); {}",
+                self.frontend,
                 self.device.display(),
                 describe(status),
                 if pause.is_zero() {
@@ -437,6 +460,15 @@ impl Supervisor {
             std::mem::forget(c);
         }
     }
+}
+
+/// The front end of a server's command line (`args[0]`: `ublk`, `nbd-attach`, `fuse`).
+fn frontend_of(args: &[OsString]) -> Result<Frontend, Failure> {
+    let command = args.first().and_then(|a| a.to_str()).unwrap_or_default();
+    Frontend::ALL
+        .into_iter()
+        .find(|f| f.server_command() == command)
+        .ok_or_else(|| Failure::new(format!("{command:?} is not a swap server's command")))
 }
 
 /// When to start the next successor (module docs): at once, except after a refusal of the
@@ -531,7 +563,7 @@ fn pidfd_open(pid: u32) -> Option<OwnedFd> {
 }
 
 /// `compcache swap-supervisor` (hidden): the detached supervisor `compcache swapon` starts for
-/// a FUSE device (module docs).
+/// each device (module docs).
 #[derive(clap::Args, Debug)]
 pub struct SupervisorArgs {
     /// The compcache binary to start servers from.
@@ -543,7 +575,7 @@ pub struct SupervisorArgs {
     /// Where to write "READY <device> <server pid> <1 if the connection is held, else 0>".
     #[arg(long, value_name = "FD", value_parser = crate::cmd::session::parse_ready_fd)]
     ready_fd: i32,
-    /// The server's command line (`fuse ...`).
+    /// The server's command line (`ublk ...`, `nbd-attach ...`, `fuse ...`).
     #[arg(last = true, required = true)]
     server: Vec<OsString>,
 }
