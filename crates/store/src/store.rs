@@ -131,9 +131,11 @@ impl Store {
     /// algorithm against `cfg`, undoes the entry changes the dead process had not finished,
     /// frees what they left, rebuilds the pool and recomputes the counters. Pages it cannot
     /// vouch for read as I/O errors (the report counts them). The error is one line saying what
-    /// is wrong; the file is then untouched. Stores with a backing device, the cold tier or an
-    /// origin (cache mode) are not taken over: part of their state is not in the file
-    /// ([`Store::state_fd`]).
+    /// is wrong; the file is then untouched. With a backing file or block device, the device
+    /// at `cfg.backing.path` must be the one the file names (`backing/keep.rs`): it is reopened
+    /// without being discarded and its records are vouched for by the slots that name them.
+    /// Stores with the cold tier or an origin (cache mode) are not taken over: part of their
+    /// state is not in the file ([`Store::state_fd`]).
     pub fn recover(cfg: Config, fd: OwnedFd) -> Result<(Store, RecoveryReport), StoreError> {
         cfg.validate()?;
         if cfg.origin.is_some() || cfg.backing.as_ref().is_some_and(|b| b.in_ram()) {

@@ -36,7 +36,8 @@
 //! index lives in the server's RAM, and records are useless to any other run: `seal.rs`).
 //!
 //! # Stale contents
-//! The data area is discarded when the device is opened and again by
+//! The data area is discarded when the device is opened (not when a successor reopens it to
+//! take a dead server's records over: [`FileDevice::reopen`]) and again by
 //! [`BackingDevice::discard_all`] when the tier is closed (`Backing`'s drop, or
 //! `Store::close_backing` from a server about to exit): a regular file is truncated to its
 //! superblock and extended again (sparse, no page data left, on every file system); a block
@@ -72,7 +73,8 @@ pub use crate::buf::ReadBuf;
 /// the page cache, so that a later `read_at` returns them). Offsets and lengths are any bytes
 /// inside `0..size_bytes()`; the tier never writes the same byte range from two threads at
 /// once. Errors are returned, never retried here: the tier turns them into a request error
-/// and a log line. Nothing needs to survive the process: the tier's index is in RAM.
+/// and a log line. Records outlive the process only for a successor that takes the device
+/// over (`keep.rs`), which reopens it by path: nothing is fsync'd.
 pub trait BackingDevice: Send + Sync {
     /// Usable bytes.
     fn size_bytes(&self) -> u64;
@@ -747,6 +749,33 @@ mod tests {
         drop(d);
         let d = FileDevice::open(&path, opts(0, 1)).unwrap();
         assert_eq!(d.size_bytes(), 2 << 20, "an existing file's size, less the superblock");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_reopen_takes_only_the_same_device_of_the_same_size_and_changes_nothing() {
+        let dir = std::env::temp_dir().join(format!("compcache-reopen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        let d = FileDevice::open(&a, opts(0, 1 << 20)).unwrap();
+        d.write_at(b"a dead server's record", 8000).unwrap();
+        let id = d.identity().unwrap();
+        drop(d); // as a kill would: nothing discarded
+        let r = FileDevice::reopen(&a, id).unwrap();
+        let mut back = [0u8; 22];
+        r.read_at(&mut back, 8000).unwrap();
+        assert_eq!(&back, b"a dead server's record", "not discarded");
+        assert_eq!((r.size_bytes(), r.created()), (1 << 20, false));
+        let e = FileDevice::reopen(&a, id).err().unwrap().to_string();
+        assert!(e.contains("in use by another compcache server"), "{e}");
+        drop(r);
+        drop(FileDevice::open(&b, opts(0, 1 << 20)).unwrap());
+        let e = FileDevice::reopen(&b, id).err().unwrap().to_string();
+        assert!(e.contains("/b: is file") && e.contains("records are on file"), "another file: {e}");
+        let e = FileDevice::reopen(&a, Identity { size_bytes: 2 << 20, ..id }).err().unwrap().to_string();
+        assert!(e.contains("resized"), "another size: {e}");
+        let e = FileDevice::reopen(&dir.join("gone"), id).err().unwrap().to_string();
+        assert!(e.contains("cannot open it"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -20,7 +20,8 @@
 //! page read twice within a few seconds is promoted back into RAM when there is room. Discard,
 //! overwrite and promotion free the record's bytes in the space map (`space.rs`).
 //!
-//! One job per file: `device.rs` (file I/O), `log.rs` (records, log heads, batches),
+//! One job per file: `device.rs` (file I/O), `keep.rs` (the tier's part of the state file),
+//! `log.rs` (records, log heads, batches),
 //! `space.rs` (segments, live bytes, free list, reclaim), `batch.rs` (the batch writer that
 //! writeback and GC share), `policy.rs` (writeback: watermarks, coldness, budget; promotion),
 //! `gc.rs` (garbage collection), `read.rs` (the read path of pages on the device). Writeback,
@@ -57,7 +58,14 @@
 //! new run key (or, unencrypted, run identifier) that seals every record (`seal.rs`), so
 //! records of another run or server never verify; the data area is discarded when the device is opened and when
 //! the tier is closed (`Backing`'s drop, or `Store::close_backing` from a server that exits
-//! without dropping the store), so no page data outlives the run. A start refused after the
+//! without dropping the store), so no page data outlives the run.
+//!
+//! A run outlives its process when the device is a file or block device opened by path
+//! (`keep.rs`): the key, the generations and the device's identity are in the state file, and
+//! a successor takes the device over ([`Backing::take_over`]: reopened by path, checked, not
+//! discarded), recomputing everything else from the slots. A server that stops still discards
+//! the device (and marks the state file's part closed first); one that is killed leaves it to
+//! its successor. A start refused after the
 //! device was opened calls `Store::abandon_backing`, which also removes a file this run
 //! created. By default records are encrypted under a key of the run that lives only in a
 //! locked page of the server's memory (`seal.rs`).

@@ -42,6 +42,12 @@
 //!    its place (its bytes are freed and the page goes elsewhere, with a new reservation).
 //!
 //! So (generation, `loc as u32`) names one seal of the run. A new run draws a new key.
+//!
+//! A run can outlive its process (a successor takes the device over: `keep.rs`): the key is
+//! then kept in the state file, and so are the counter and each segment's generation, a
+//! generation stored there before any record is sealed with it. The successor goes on from
+//! the counter and never appends to a segment the dead process had open (it is full from
+//! then on), so 1-3 hold across processes too.
 
 use std::io;
 use std::ptr::NonNull;
@@ -52,7 +58,7 @@ use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM, NONCE_LE
 pub const HEADER: usize = 16;
 
 /// How this run seals its records: its secrets, drawn when the device opens and never
-/// written anywhere.
+/// written to disk (kept in the state file, memory, when the run can be taken over).
 pub struct RecordSeal {
     kind: Kind,
 }

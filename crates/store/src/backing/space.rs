@@ -13,7 +13,9 @@
 //! three conditions become true reclaims it. Each opening of a segment takes the next value of
 //! one 64-bit counter as its generation, which is in every record's seal (`seal.rs`: the
 //! checksum, or the AES-GCM nonce): a stale record from an earlier life of the segment never
-//! verifies, and no two lives of any segments share a generation within a run.
+//! verifies, and no two lives of any segments share a generation within a run, also across
+//! a takeover: the generations are in the state file then (`keep.rs`), and a successor
+//! rebuilds everything else from the records the slots name ([`SpaceMap::taking_over`]).
 //!
 //! Locking: the free list is one mutex (a leaf, slot.rs rule 6); everything else is atomics.
 //! Live bytes grow only while a segment is OPEN (under its head's lock), so once a SEALED

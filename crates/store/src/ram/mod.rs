@@ -21,8 +21,8 @@
 //!   whose methods are all safe.
 //!
 //! # State that outlives the process
-//! The slots, the pool's pages and descriptors, the dictionaries and the recovery journal are
-//! in one state file (`shm.rs`: a memfd mapped shared; `layout.rs`: where each part is and the
+//! The slots, the pool's pages and descriptors, the dictionaries, the recovery journal and
+//! the backing tier's region (reserved here, its format the tier's) are in one state file (`shm.rs`: a memfd mapped shared; `layout.rs`: where each part is and the
 //! header naming the layout). The counters, the pool's lists and the arena's free lists are
 //! this process's own. A process that keeps the file's descriptor (`Ram::state_fd`) lets a
 //! successor take the device over after this one dies, at any instruction:
