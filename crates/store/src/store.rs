@@ -429,6 +429,8 @@ impl Store {
 
     /// A start refused after the store was made: [`Store::close_backing`], and remove the
     /// backing file if this store created it (only that file: an existing one is kept, empty).
+    /// A device taken over ([`Store::recover`]) is left with its records instead, for another
+    /// try with the same state file.
     pub fn abandon_backing(&self) {
         if let Some(b) = &self.backing {
             b.abandon();

@@ -577,6 +577,16 @@ fn backing_a_successor_refuses_another_device() {
         store.read_page(&mut ctx, i, &mut out).unwrap();
         assert!(out == page(Kind::Text, i, 1), "page {i}");
     }
+    // A successor whose start is refused later (`abandon_backing`) leaves the records for the
+    // next try.
+    drop(ctx);
+    store.abandon_backing();
+    drop(store);
+    let (store, report) = Store::recover(cfg.clone(), fd.try_clone().unwrap()).unwrap();
+    assert_eq!(report.lost_pages, 0, "{report}");
+    let mut ctx = store.context();
+    store.read_page(&mut ctx, 5, &mut out).unwrap();
+    assert!(out == page(Kind::Text, 5, 1));
     // A server that stops closes the device (its data area discarded): no successor then.
     drop(ctx);
     drop(store);

@@ -132,6 +132,8 @@ pub(crate) struct Backing {
     /// nothing. Set while a takeover is not finished (a refused one leaves the device as the
     /// dead server left it) and by `Store::hand_over`.
     leave: AtomicBool,
+    /// This tier took a dead server's device over (`take_over`).
+    inherited: bool,
 }
 
 impl Drop for Backing {
@@ -270,7 +272,8 @@ impl Backing {
         let t = keep::take_over(region, cfg.segment_bytes)?;
         let dev = FileDevice::reopen(&cfg.path, t.id).map_err(|e| format!("its backing device: {e}"))?;
         let space = SpaceMap::taking_over(t.id.size_bytes, cfg.segment_bytes, t.gens);
-        let b = Backing::build(cfg, Box::new(dev), t.seal, space, Some(t.kept));
+        let mut b = Backing::build(cfg, Box::new(dev), t.seal, space, Some(t.kept));
+        b.inherited = true;
         b.leave.store(true, SeqCst);
         Ok(b)
     }
@@ -322,6 +325,7 @@ impl Backing {
             overflow_writers: AtomicU64::new(0),
             kept,
             leave: AtomicBool::new(false),
+            inherited: false,
         }
     }
 
@@ -363,10 +367,14 @@ impl Backing {
     }
 
     /// A start refused after the device was opened: close it, and remove the file if this
-    /// run created it.
+    /// run created it. A device taken over from a dead server is left as it is instead (its
+    /// records, for the next try with the same state file).
     pub fn abandon(&self) {
+        if self.inherited {
+            self.leave.store(true, SeqCst);
+        }
         if self.leave.load(SeqCst) {
-            return; // a takeover refused: the device stays as the dead server left it
+            return;
         }
         self.close();
         if let Err(e) = self.dev.remove_if_created() {
