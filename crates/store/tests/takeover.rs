@@ -355,6 +355,10 @@ fn kill_loop(mode: Mode, default_kills: u64) {
     let exe = std::env::current_exe().unwrap();
     // page -> its content (None: zeros).
     let mut model: HashMap<u64, Option<(Kind, u64)>> = HashMap::new();
+    // Pages whose last op was in flight at a kill and reads the same either way (a zero page
+    // written over a discarded one, or discarded over a zero page): whether the store holds a
+    // page there (a same-filled one, counted in the gauges) or a hole is not known.
+    let mut unsure: std::collections::HashSet<u64> = std::collections::HashSet::new();
     // Per writer: the op the next child starts at.
     let mut next = [0u64; WRITERS as usize];
     let mut rng = xorshift(seed);
@@ -412,6 +416,7 @@ fn kill_loop(mode: Mode, default_kills: u64) {
             for n in from..done {
                 let (index, c) = op(seed, t, n);
                 model.insert(index, c);
+                unsure.remove(&index);
             }
             total_ops += done - from;
             if begun > done {
@@ -429,6 +434,11 @@ fn kill_loop(mode: Mode, default_kills: u64) {
             store.read_page(&mut ctx, index, &mut out).unwrap();
             let old = model.get(&index).copied().flatten();
             if out == content(new, index) {
+                if new.is_some() != old.is_some() && out == content(old, index) {
+                    unsure.insert(index);
+                } else if out != content(old, index) {
+                    unsure.remove(&index); // the new op happened: its page is known
+                }
                 model.insert(index, new);
             } else {
                 assert!(out == content(old, index), "kill {k}: page {index} in flight is neither its old nor its new content");
@@ -442,15 +452,21 @@ fn kill_loop(mode: Mode, default_kills: u64) {
             let want = model.get(&index).copied().flatten();
             let got = &all[index as usize * PAGE..][..PAGE];
             assert!(got == content(want, index), "kill {k}: page {index} is not its last acknowledged write");
-            stored += u64::from(want.is_some());
+            stored += u64::from(want.is_some() && !unsure.contains(&index));
         }
         let s = store.stats();
         recompressed = recompressed.max(s.recomp_pages);
-        assert_eq!(s.orig_data_size, stored * PAGE as u64, "kill {k}: the recomputed gauges follow the pages");
+        let pages = s.orig_data_size / PAGE as u64;
+        assert!(
+            (stored..=stored + unsure.len() as u64).contains(&pages),
+            "kill {k}: the recomputed gauges follow the pages: {pages} stored, {stored} acknowledged and {} unsure",
+            unsure.len()
+        );
         assert_eq!(s.bd_errors, 0, "kill {k}: every record the slots name verifies");
-        if let Mode::Backing(_) = mode {
+        if matches!(mode, Mode::Backing(_)) && k % 4 == 0 {
             // The successor's own tier works on the taken-over segments: write back, collect,
-            // and every page still reads back.
+            // and every page still reads back (every fourth kill: it costs more than the rest
+            // of the check).
             store.advance_clock(60);
             store.writeback_idle(30, WritebackBudget { max_bytes: 512 << 10 });
             store.gc(u64::MAX);
