@@ -180,11 +180,12 @@ impl Store {
         (kept && self.cache.is_none()).then(|| self.ram.state_fd())
     }
 
-    /// Ends this process's use of the device as a kill would, but orderly: every page stays
-    /// for a successor that takes the state file over ([`Store::recover`]), including the
-    /// records on a backing device, which dropping (or [`Store::close_backing`]) discards.
-    /// Without a backing device a drop does the same.
-    pub fn hand_over(self) {
+    /// Leaves every page for a successor that takes the state file over ([`Store::recover`]),
+    /// as a kill would: from now on neither dropping the store nor [`Store::close_backing`]
+    /// discards the records on a backing device (without one, a drop leaves every page
+    /// anyway). For a server handing its device over (an upgrade): call it, stop serving,
+    /// exit; its threads may still hold the store. Irreversible.
+    pub fn hand_over(&self) {
         if let Some(b) = &self.backing {
             b.leave_for_successor();
         }

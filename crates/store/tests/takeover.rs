@@ -334,6 +334,7 @@ fn backing_killed_at_random() {
 /// Hands a store over to the next process: a backing device's records stay on it.
 fn leave(store: Store) {
     store.hand_over();
+    store.close_backing(); // what a server does on its way out: now it discards nothing
 }
 
 fn kill_loop(mode: Mode, default_kills: u64) {
@@ -523,6 +524,7 @@ fn backing_a_successor_serves_every_page_and_the_same_gauges() {
         let fd = dup(&store);
         drop(ctx);
         store.hand_over();
+        drop(store);
         let (store, report) = Store::recover(cfg.clone(), fd).unwrap();
         assert_eq!((report.lost_pages, report.backing_pages), (0, before.bd_count), "{report}");
         let after = store.stats();
@@ -565,6 +567,7 @@ fn backing_a_successor_refuses_another_device() {
     let fd = dup(&store);
     drop(ctx);
     store.hand_over();
+    drop(store);
     let err = |cfg: Config| Store::recover(cfg, fd.try_clone().unwrap()).err().expect("refused").to_string();
     // Another file, of the same size.
     let other = dir.path().join("other.img");
