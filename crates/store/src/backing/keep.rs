@@ -18,7 +18,9 @@
 //!          word 1 + s the generation of segment s
 //! ```
 //!
-//! Everything else of the tier is recomputed by a successor ([`take_over`]): live bytes per
+//! A successor seals with the kept secret whatever its own `encrypt` says: the records on the
+//! device are the dead run's, and so are the run's next ones. Everything else of the tier is
+//! recomputed by a successor ([`take_over`]): live bytes per
 //! segment from the slots' `BACKING` entries (each checked to lie inside the device and inside
 //! one opened segment, else the slot is LOST), free segments (those no entry uses), fresh log
 //! heads, counters from zero. The key is here, as private as the pool's pages that are here too
