@@ -177,6 +177,16 @@ impl StateMap {
     }
 }
 
+/// A part of a state file handed to the code that owns its format (the backing tier's region,
+/// which the RAM layer reserves without knowing what is in it: `ram/layout.rs`).
+#[derive(Clone)]
+pub(crate) struct Region {
+    pub map: std::sync::Arc<StateMap>,
+    /// Page-aligned, from the start of the file.
+    pub offset: usize,
+    pub len: usize,
+}
+
 impl Drop for StateMap {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping made in `map`; every region borrowing it holds an

@@ -42,16 +42,16 @@ use crate::context::Context;
 use crate::error::StoreError;
 use crate::latency::{self, Latency};
 use crate::ram::mover::{Mover, Records};
-use crate::ram::{Encoded, Fetched, Ram};
+use crate::ram::{Encoded, Fetched, KeptRecords, Ram};
 use crate::recompress::{RecompressReport, RecompressSettings, RecompressTuning, Recompressor};
 use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::{BackingGauges, Counters, Gauges, RecompressGauges, Stats};
 use crate::zspool::PoolFull;
 use crate::{RecoveryReport, PAGE, PAGE_SIZE};
 
-/// Why a store with a backing device or an origin is not taken over.
-const NOT_KEPT: &str = "a device with a backing device, the cold tier or an origin (cache mode) cannot be taken over by a \
-                        successor: part of its state (the tier's records and key, the cache's origin) is not in the state file";
+/// Why a store with the cold tier or an origin is not taken over.
+const NOT_KEPT: &str = "a device with the cold tier or an origin (cache mode) cannot be taken over by a successor: part of \
+                        its state (the cold tier's blocks, the cache's state) is not in the state file";
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
@@ -80,11 +80,11 @@ impl Store {
             let origin = FileOrigin::open(&o.path)?;
             return Store::with_origin(cfg, Box::new(origin));
         }
-        let backing = match &cfg.backing {
-            Some(b) => Some(Backing::open(b, cfg.disksize_bytes)?),
+        let dev = match &cfg.backing {
+            Some(b) => Some(Backing::open_device(b, cfg.disksize_bytes)?),
             None => None,
         };
-        Store::build(cfg, backing, None)
+        Store::build(cfg, dev, None)
     }
 
     /// Creates a device in cache mode in front of `origin` instead of opening
@@ -120,9 +120,10 @@ impl Store {
     /// injecting faults.
     pub fn with_backing_device(cfg: Config, dev: Box<dyn BackingDevice>) -> Result<Store, StoreError> {
         cfg.validate()?;
-        let b = cfg.backing.as_ref().ok_or_else(|| StoreError::Config("a backing device needs a backing configuration".into()))?;
-        let backing = Backing::with_device(b, dev)?;
-        Store::build(cfg, Some(backing), None)
+        if cfg.backing.is_none() {
+            return Err(StoreError::Config("a backing device needs a backing configuration".into()));
+        }
+        Store::build(cfg, Some(dev), None)
     }
 
     /// Takes over the device whose state file a dead (or stopped) store left in `fd`
@@ -130,27 +131,64 @@ impl Store {
     /// algorithm against `cfg`, undoes the entry changes the dead process had not finished,
     /// frees what they left, rebuilds the pool and recomputes the counters. Pages it cannot
     /// vouch for read as I/O errors (the report counts them). The error is one line saying what
-    /// is wrong; the file is then untouched. Stores with a backing device, the cold tier or an
-    /// origin (cache mode) are not taken over: part of their state is not in the file
-    /// ([`Store::state_fd`]).
+    /// is wrong; the file is then untouched. With a backing file or block device, the device
+    /// at `cfg.backing.path` must be the one the file names (`backing/keep.rs`): it is reopened
+    /// without being discarded and its records are vouched for by the slots that name them.
+    /// Stores with the cold tier or an origin (cache mode) are not taken over: part of their
+    /// state is not in the file ([`Store::state_fd`]).
     pub fn recover(cfg: Config, fd: OwnedFd) -> Result<(Store, RecoveryReport), StoreError> {
         cfg.validate()?;
-        if cfg.backing.is_some() || cfg.origin.is_some() {
+        if cfg.origin.is_some() || cfg.backing.as_ref().is_some_and(|b| b.in_ram()) {
             return Err(StoreError::Config(NOT_KEPT.into()));
         }
-        let (ram, report) =
-            Ram::recover(fd, cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes, cfg.algorithm.name())
-                .map_err(|e| StoreError::Config(format!("cannot take the device over: {e}")))?;
-        Ok((Store::build_over(cfg, ram, None, None)?, report))
+        let refused = |e: String| StoreError::Config(format!("cannot take the device over: {e}"));
+        let opened = Ram::open_state(fd, cfg.disksize_bytes / PAGE, cfg.huge_threshold_bytes, cfg.algorithm.name()).map_err(refused)?;
+        // The backing tier checks its part before anything changes: its device is reopened,
+        // not discarded, and left as it is if the takeover is refused.
+        let backing = match (&cfg.backing, opened.tier_region()) {
+            (Some(b), Some(region)) => Some(Backing::take_over(b, &region).map_err(refused)?),
+            (Some(b), None) => {
+                return Err(refused(format!(
+                    "the state file is of a device without a backing device, the configuration has {}",
+                    b.path.display()
+                )))
+            }
+            (None, Some(_)) => {
+                return Err(refused("the state file is of a device with a backing device: configure it (--backing PATH)".into()))
+            }
+            (None, None) => None,
+        };
+        let claims = backing.as_ref().map(|b| b as &dyn KeptRecords);
+        let (ram, report) = opened.recover(cfg.mem_limit_bytes, claims).map_err(refused)?;
+        let store = Store::build_over(cfg, ram, backing, None)?;
+        if let Some(b) = &store.backing {
+            b.taken_over();
+        }
+        Ok((store, report))
     }
 
     /// The state file holding every page of the device (`ram/`): keep this descriptor open
     /// (a supervisor, systemd's file-descriptor store) and a successor can take the device over
-    /// with [`Store::recover`] after this process dies. `None` for a store whose state is not
-    /// all in it (a backing device or the cold tier: the tier's records and key; cache mode):
-    /// such a store dies with its process, and its successor would have nothing to serve.
+    /// with [`Store::recover`] after this process dies. With a backing file or block device the
+    /// file also holds what the tier needs (`backing/keep.rs`: the run's key, the segments'
+    /// generations, the device's identity), and the records stay on the device. `None` for a
+    /// store whose state is not all in it (the cold tier: its blocks; a backing device given
+    /// as an object, which no successor can open again; cache mode): such a store dies with
+    /// its process, and its successor would have nothing to serve.
     pub fn state_fd(&self) -> Option<BorrowedFd<'_>> {
-        (self.backing.is_none() && self.cache.is_none()).then(|| self.ram.state_fd())
+        let kept = self.backing.as_ref().is_none_or(Backing::is_kept);
+        (kept && self.cache.is_none()).then(|| self.ram.state_fd())
+    }
+
+    /// Leaves every page for a successor that takes the state file over ([`Store::recover`]),
+    /// as a kill would: from now on neither dropping the store nor [`Store::close_backing`]
+    /// discards the records on a backing device (without one, a drop leaves every page
+    /// anyway). For a server handing its device over (an upgrade): call it, stop serving,
+    /// exit; its threads may still hold the store. Irreversible.
+    pub fn hand_over(&self) {
+        if let Some(b) = &self.backing {
+            b.leave_for_successor();
+        }
     }
 
     /// Where each part of the state is in the state file (tests and fuzz targets that damage
@@ -170,16 +208,23 @@ impl Store {
         }
     }
 
-    fn build(cfg: Config, backing: Option<Backing>, cache: Option<Cache>) -> Result<Store, StoreError> {
-        let ram = Ram::new(cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes, cfg.algorithm.name()).map_err(
-            |(what, e)| {
+    fn build(cfg: Config, dev: Option<Box<dyn BackingDevice>>, cache: Option<Cache>) -> Result<Store, StoreError> {
+        let tier_bytes = match (&cfg.backing, &dev) {
+            (Some(b), Some(d)) => Backing::kept_bytes(b, &**d),
+            _ => 0,
+        };
+        let ram = Ram::new(cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes, cfg.algorithm.name(), tier_bytes)
+            .map_err(|(what, e)| {
                 // A refused start leaves no backing file it created behind.
-                if let Some(b) = &backing {
-                    b.abandon();
+                if let Some(d) = &dev {
+                    let _ = d.remove_if_created();
                 }
                 StoreError::Config(format!("cannot reserve {what}: {e}"))
-            },
-        )?;
+            })?;
+        let backing = match (&cfg.backing, dev) {
+            (Some(b), Some(d)) => Some(Backing::with_device(b, d, ram.tier_region())?),
+            _ => None,
+        };
         Store::build_over(cfg, ram, backing, cache)
     }
 
@@ -385,6 +430,8 @@ impl Store {
 
     /// A start refused after the store was made: [`Store::close_backing`], and remove the
     /// backing file if this store created it (only that file: an existing one is kept, empty).
+    /// A device taken over ([`Store::recover`]) is left with its records instead, for another
+    /// try with the same state file.
     pub fn abandon_backing(&self) {
         if let Some(b) = &self.backing {
             b.abandon();

@@ -36,7 +36,8 @@
 //! index lives in the server's RAM, and records are useless to any other run: `seal.rs`).
 //!
 //! # Stale contents
-//! The data area is discarded when the device is opened and again by
+//! The data area is discarded when the device is opened (not when a successor reopens it to
+//! take a dead server's records over: [`FileDevice::reopen`]) and again by
 //! [`BackingDevice::discard_all`] when the tier is closed (`Backing`'s drop, or
 //! `Store::close_backing` from a server about to exit): a regular file is truncated to its
 //! superblock and extended again (sparse, no page data left, on every file system); a block
@@ -72,7 +73,8 @@ pub use crate::buf::ReadBuf;
 /// the page cache, so that a later `read_at` returns them). Offsets and lengths are any bytes
 /// inside `0..size_bytes()`; the tier never writes the same byte range from two threads at
 /// once. Errors are returned, never retried here: the tier turns them into a request error
-/// and a log line. Nothing needs to survive the process: the tier's index is in RAM.
+/// and a log line. Records outlive the process only for a successor that takes the device
+/// over (`keep.rs`), which reopens it by path: nothing is fsync'd.
 pub trait BackingDevice: Send + Sync {
     /// Usable bytes.
     fn size_bytes(&self) -> u64;
@@ -119,6 +121,45 @@ pub trait BackingDevice: Send + Sync {
     /// I/O thread pays at its start, not on its first read under memory pressure. Nothing to
     /// do for a file or block device.
     fn prepare_reader(&self) {}
+    /// What names the device to a successor process ([`FileDevice::reopen`]); `None` for a
+    /// device no other process can open again (the cold tier, a test's device): then the
+    /// tier's state is not kept and the store is not taken over.
+    fn identity(&self) -> Option<Identity> {
+        None
+    }
+}
+
+/// What names a backing device across processes: a successor that takes the device over checks
+/// that the path it is given leads to the device the state file's records are on
+/// (`keep.rs`), the same size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// A regular file: its file system's device number and its inode (`st_dev`, `st_ino`);
+    /// 0 for a block device.
+    pub dev: u64,
+    pub ino: u64,
+    /// A block device's number (`st_rdev`); 0 for a regular file.
+    pub rdev: u64,
+    /// Usable bytes (after the superblock).
+    pub size_bytes: u64,
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.rdev != 0 {
+            write!(f, "block device {}:{}", libc::major(self.rdev), libc::minor(self.rdev))
+        } else {
+            write!(f, "file {} on device {}:{}", self.ino, libc::major(self.dev), libc::minor(self.dev))
+        }
+    }
+}
+
+fn identity_of(meta: &std::fs::Metadata, size_bytes: u64) -> Identity {
+    if meta.file_type().is_block_device() {
+        Identity { dev: 0, ino: 0, rdev: meta.rdev(), size_bytes }
+    } else {
+        Identity { dev: meta.dev(), ino: meta.ino(), rdev: 0, size_bytes }
+    }
 }
 
 /// Bytes before the data area: the superblock (see the module docs). A multiple of the
@@ -163,6 +204,7 @@ pub struct FileDevice {
     created: bool,
     /// The block device refused a discard: do not ask again.
     no_discard: AtomicBool,
+    identity: Identity,
 }
 
 /// An error about the path, with what to do.
@@ -210,6 +252,7 @@ impl FileDevice {
                 regular: true,
                 created,
                 no_discard: AtomicBool::new(false),
+                identity: identity_of(&meta, usable),
             })
         })();
         if dev.is_err() && created {
@@ -237,6 +280,7 @@ impl FileDevice {
         write_superblock(&file)?;
         let d = FileDevice {
             direct: reopen_direct(&file),
+            identity: identity_of(&file.metadata()?, usable),
             file,
             path: path.to_path_buf(),
             size_bytes: usable,
@@ -246,6 +290,69 @@ impl FileDevice {
         };
         d.discard_all()?;
         Ok(d)
+    }
+
+    /// Opens `path` again for a successor that takes a dead server's device over (`keep.rs`):
+    /// as [`FileDevice::open`] opens an existing one (no symbolic link but a trusted one to a
+    /// block device, the exclusive claim, the lock, a regular file's signature and privacy),
+    /// but it must be the device `want` names, of its size, and nothing on it is changed: no
+    /// superblock written, no discard (the records are the dead server's, and the successor
+    /// reads them). The dead server's lock died with it.
+    pub fn reopen(path: &Path, want: Identity) -> io::Result<FileDevice> {
+        let file = match open_existing(path) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => match trusted_link_to_block_device(path) {
+                Some(real) => open_existing(&real).map_err(|e| refuse(path, e.kind(), format!("cannot open it: {e}")))?,
+                None => {
+                    return Err(refuse(
+                        path,
+                        e.kind(),
+                        "is a symbolic link not to a block device, or not owned by root or this user".into(),
+                    ))
+                }
+            },
+            Err(e) => return Err(refuse(path, e.kind(), format!("cannot open it: {e}"))),
+        };
+        let meta = file.metadata()?;
+        let ft = meta.file_type();
+        let avail = if ft.is_block_device() {
+            (&file).seek(SeekFrom::End(0))?.saturating_sub(SUPERBLOCK_BYTES)
+        } else if ft.is_file() {
+            lock(path, &file)?;
+            check_existing(path, &file, &meta, false)?;
+            meta.len().saturating_sub(SUPERBLOCK_BYTES)
+        } else {
+            return Err(refuse(path, io::ErrorKind::InvalidInput, "is neither a block device nor a regular file".into()));
+        };
+        let got = identity_of(&meta, want.size_bytes);
+        if (got.dev, got.ino, got.rdev) != (want.dev, want.ino, want.rdev) {
+            return Err(refuse(
+                path,
+                io::ErrorKind::InvalidInput,
+                format!("is {got}, but the state file's records are on {want}: give the backing path the device was started with"),
+            ));
+        }
+        let fits = if ft.is_file() { avail == want.size_bytes } else { avail >= want.size_bytes };
+        if !fits {
+            return Err(refuse(
+                path,
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "has {avail} usable bytes, but the state file's records are on a device of {} bytes: it was resized",
+                    want.size_bytes
+                ),
+            ));
+        }
+        Ok(FileDevice {
+            direct: reopen_direct(&file),
+            file,
+            path: path.to_path_buf(),
+            size_bytes: want.size_bytes,
+            regular: ft.is_file(),
+            created: false,
+            no_discard: AtomicBool::new(false),
+            identity: want,
+        })
     }
 
     /// Whether reads bypass the page cache (O_DIRECT).
@@ -581,6 +688,10 @@ impl BackingDevice for FileDevice {
     fn describe(&self) -> String {
         self.path.display().to_string()
     }
+
+    fn identity(&self) -> Option<Identity> {
+        Some(self.identity)
+    }
 }
 
 #[cfg(test)]
@@ -638,6 +749,33 @@ mod tests {
         drop(d);
         let d = FileDevice::open(&path, opts(0, 1)).unwrap();
         assert_eq!(d.size_bytes(), 2 << 20, "an existing file's size, less the superblock");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_reopen_takes_only_the_same_device_of_the_same_size_and_changes_nothing() {
+        let dir = std::env::temp_dir().join(format!("compcache-reopen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        let d = FileDevice::open(&a, opts(0, 1 << 20)).unwrap();
+        d.write_at(b"a dead server's record", 8000).unwrap();
+        let id = d.identity().unwrap();
+        drop(d); // as a kill would: nothing discarded
+        let r = FileDevice::reopen(&a, id).unwrap();
+        let mut back = [0u8; 22];
+        r.read_at(&mut back, 8000).unwrap();
+        assert_eq!(&back, b"a dead server's record", "not discarded");
+        assert_eq!((r.size_bytes(), r.created()), (1 << 20, false));
+        let e = FileDevice::reopen(&a, id).err().unwrap().to_string();
+        assert!(e.contains("in use by another compcache server"), "{e}");
+        drop(r);
+        drop(FileDevice::open(&b, opts(0, 1 << 20)).unwrap());
+        let e = FileDevice::reopen(&b, id).err().unwrap().to_string();
+        assert!(e.contains("/b: is file") && e.contains("records are on file"), "another file: {e}");
+        let e = FileDevice::reopen(&a, Identity { size_bytes: 2 << 20, ..id }).err().unwrap().to_string();
+        assert!(e.contains("resized"), "another size: {e}");
+        let e = FileDevice::reopen(&dir.join("gone"), id).err().unwrap().to_string();
+        assert!(e.contains("cannot open it"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -20,7 +20,8 @@
 //! page read twice within a few seconds is promoted back into RAM when there is room. Discard,
 //! overwrite and promotion free the record's bytes in the space map (`space.rs`).
 //!
-//! One job per file: `device.rs` (file I/O), `log.rs` (records, log heads, batches),
+//! One job per file: `device.rs` (file I/O), `keep.rs` (the tier's part of the state file),
+//! `log.rs` (records, log heads, batches),
 //! `space.rs` (segments, live bytes, free list, reclaim), `batch.rs` (the batch writer that
 //! writeback and GC share), `policy.rs` (writeback: watermarks, coldness, budget; promotion),
 //! `gc.rs` (garbage collection), `read.rs` (the read path of pages on the device). Writeback,
@@ -57,7 +58,14 @@
 //! new run key (or, unencrypted, run identifier) that seals every record (`seal.rs`), so
 //! records of another run or server never verify; the data area is discarded when the device is opened and when
 //! the tier is closed (`Backing`'s drop, or `Store::close_backing` from a server that exits
-//! without dropping the store), so no page data outlives the run. A start refused after the
+//! without dropping the store), so no page data outlives the run.
+//!
+//! A run outlives its process when the device is a file or block device opened by path
+//! (`keep.rs`): the key, the generations and the device's identity are in the state file, and
+//! a successor takes the device over ([`Backing::take_over`]: reopened by path, checked, not
+//! discarded), recomputing everything else from the slots. A server that stops still discards
+//! the device (and marks the state file's part closed first); one that is killed leaves it to
+//! its successor. A start refused after the
 //! device was opened calls `Store::abandon_backing`, which also removes a file this run
 //! created. By default records are encrypted under a key of the run that lives only in a
 //! locked page of the server's memory (`seal.rs`).
@@ -65,6 +73,7 @@
 mod batch;
 pub mod device;
 pub(crate) mod gc;
+mod keep;
 pub(crate) mod log;
 pub mod memdev;
 pub(crate) mod policy;
@@ -80,9 +89,11 @@ use std::time::Duration;
 use crate::config::BackingConfig;
 use crate::error::StoreError;
 use crate::ram::mover::{Mover, Records};
+use crate::ram::KeptRecords;
+use crate::shm::Region;
 use crate::stats::BackingCounters;
 pub(crate) use device::trusted_link_to_block_device;
-pub use device::{BackingDevice, DeviceOptions, FileDevice, ReadBuf};
+pub use device::{BackingDevice, DeviceOptions, FileDevice, Identity, ReadBuf};
 pub use gc::GcReport;
 use log::{Batch, LogHead, HEADER};
 pub(crate) use policy::watermark_bytes;
@@ -114,11 +125,27 @@ pub(crate) struct Backing {
     /// and waits for its `pwrite`, or the writer sees `closed` and writes nothing).
     closed: AtomicBool,
     overflow_writers: AtomicU64,
+    /// The tier's part of the state file (`keep.rs`), when its state is kept for a successor
+    /// (a file or block device opened by path); `None`: the tier dies with the process.
+    kept: Option<keep::Kept>,
+    /// The records are left on the device for a successor: `close` (and so drop) discards
+    /// nothing. Set while a takeover is not finished (a refused one leaves the device as the
+    /// dead server left it) and by `Store::hand_over`.
+    leave: AtomicBool,
+    /// This tier took a dead server's device over (`take_over`).
+    inherited: bool,
 }
 
 impl Drop for Backing {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// How recovery vouches for the record a `BACKING` entry names (`ram/recover.rs`).
+impl KeptRecords for Backing {
+    fn claim(&self, loc: u64, len: u16) -> bool {
+        len as usize <= crate::PAGE_SIZE && self.space.claim(loc, (HEADER + len as usize) as u64)
     }
 }
 
@@ -168,9 +195,9 @@ impl Records for Backing {
 
 impl Backing {
     /// Opens (creating if needed) the configured file or device (`device.rs` says what it
-    /// refuses). A device opened but then refused (too small) is closed again, and a file this
-    /// call created is removed.
-    pub fn open(cfg: &BackingConfig, disksize_bytes: u64) -> Result<Backing, StoreError> {
+    /// refuses), or makes the cold tier's. A device opened but then refused (too small) is
+    /// closed again, and a file this call created is removed.
+    pub fn open_device(cfg: &BackingConfig, disksize_bytes: u64) -> Result<Box<dyn BackingDevice>, StoreError> {
         let opts = DeviceOptions {
             size_bytes: cfg.size_bytes,
             default_bytes: disksize_bytes,
@@ -180,7 +207,7 @@ impl Backing {
         if let crate::config::Medium::Memory { level } = cfg.medium {
             let dev = memdev::MemDevice::new(cfg.size_bytes, level)
                 .map_err(|e| StoreError::Config(format!("cannot make the cold tier of {} bytes: {e}", cfg.size_bytes)))?;
-            return Backing::with_device(cfg, Box::new(dev));
+            return Ok(Box::new(dev));
         }
         let dev = FileDevice::open(&cfg.path, opts).map_err(|e| {
             StoreError::Config(format!(
@@ -189,31 +216,93 @@ impl Backing {
             ))
         })?;
         // (FileDevice::open refused a device under MIN_SEGMENTS before writing anything.)
-        match seal::RecordSeal::new(cfg.encrypt) {
-            Ok(run) => Ok(Backing::build(cfg, Box::new(dev), run)),
-            Err(e) => {
-                let _ = dev.remove_if_created();
-                Err(StoreError::Config(format!("cannot draw the backing device's run key (getrandom, mmap): {e}")))
-            }
+        Ok(Box::new(dev))
+    }
+
+    /// Bytes of the state file the tier keeps for a successor (`keep.rs`) over `dev`: 0 when
+    /// it cannot be taken over (the cold tier, whose blocks are this process's memory, or a
+    /// device no other process can open again).
+    pub fn kept_bytes(cfg: &BackingConfig, dev: &dyn BackingDevice) -> usize {
+        match (cfg.medium, dev.identity()) {
+            (crate::config::Medium::File, Some(id)) => keep::region_bytes(id.size_bytes / cfg.segment_bytes),
+            _ => 0,
         }
     }
 
-    pub fn with_device(cfg: &BackingConfig, dev: Box<dyn BackingDevice>) -> Result<Backing, StoreError> {
+    /// The tier over `dev`. With `region` (the state file's part [`Backing::kept_bytes`] sized),
+    /// its state is kept there for a successor. Refused (and a file made for it removed) if
+    /// the device is too small or the run's key cannot be drawn.
+    pub fn with_device(cfg: &BackingConfig, dev: Box<dyn BackingDevice>, region: Option<Region>) -> Result<Backing, StoreError> {
+        let refuse = |dev: &dyn BackingDevice, msg: String| {
+            let _ = dev.remove_if_created();
+            StoreError::Config(msg)
+        };
         if dev.size_bytes() / cfg.segment_bytes < MIN_SEGMENTS {
-            return Err(StoreError::Config(format!(
+            let msg = format!(
                 "backing device {} has {} usable bytes: at least {MIN_SEGMENTS} segments of {} bytes are needed",
                 dev.describe(),
                 dev.size_bytes(),
                 cfg.segment_bytes
-            )));
+            );
+            return Err(refuse(&*dev, msg));
         }
-        let run = seal::RecordSeal::new(cfg.encrypt)
-            .map_err(|e| StoreError::Config(format!("cannot draw the backing device's run key (getrandom, mmap): {e}")))?;
-        Ok(Backing::build(cfg, dev, run))
+        let key_error = |e: std::io::Error| format!("cannot draw the backing device's run key (getrandom, mmap): {e}");
+        let (run, space, kept) = match (region, dev.identity()) {
+            (Some(region), Some(id)) => match keep::Kept::create(&region, id, cfg.segment_bytes, cfg.encrypt) {
+                Ok((kept, run, gens)) => (run, SpaceMap::with_gens(id.size_bytes, cfg.segment_bytes, gens), Some(kept)),
+                Err(e) => return Err(refuse(&*dev, key_error(e))),
+            },
+            _ => match seal::RecordSeal::new(cfg.encrypt) {
+                Ok(run) => (run, SpaceMap::new(dev.size_bytes(), cfg.segment_bytes), None),
+                Err(e) => return Err(refuse(&*dev, key_error(e))),
+            },
+        };
+        Ok(Backing::build(cfg, dev, run, space, kept))
     }
 
-    fn build(cfg: &BackingConfig, dev: Box<dyn BackingDevice>, run: seal::RecordSeal) -> Backing {
-        let space = SpaceMap::new(dev.size_bytes(), cfg.segment_bytes);
+    /// A successor's tier over the device a dead server's state file `region` names
+    /// (`keep.rs`): reopened by `cfg.path`, which must lead to that device, of that size, and
+    /// not discarded. The space map holds no live bytes until recovery claims the records the
+    /// slots name (`KeptRecords`) and [`Backing::taken_over`] ends it. Until then a refused
+    /// takeover leaves the device as it is. The error is one line.
+    pub fn take_over(cfg: &BackingConfig, region: &Region) -> Result<Backing, String> {
+        if cfg.in_ram() {
+            return Err("the cold tier's blocks are not in the state file".into());
+        }
+        let t = keep::take_over(region, cfg.segment_bytes)?;
+        let dev = FileDevice::reopen(&cfg.path, t.id).map_err(|e| format!("its backing device: {e}"))?;
+        let space = SpaceMap::taking_over(t.id.size_bytes, cfg.segment_bytes, t.gens);
+        let mut b = Backing::build(cfg, Box::new(dev), t.seal, space, Some(t.kept));
+        b.inherited = true;
+        b.leave.store(true, SeqCst);
+        Ok(b)
+    }
+
+    /// Ends a takeover once every slot was checked: segments no record uses are free, the
+    /// others full (`SpaceMap::taken_over`); from now on the device's life is this process's.
+    pub fn taken_over(&self) {
+        self.space.taken_over();
+        self.leave.store(false, SeqCst);
+    }
+
+    /// Whether a successor can take this tier over (its state is in the state file).
+    pub fn is_kept(&self) -> bool {
+        self.kept.is_some()
+    }
+
+    /// Leaves the records on the device for a successor that takes the state file over:
+    /// closing (and dropping) the tier will not discard them (`Store::hand_over`).
+    pub fn leave_for_successor(&self) {
+        self.leave.store(true, SeqCst);
+    }
+
+    fn build(
+        cfg: &BackingConfig,
+        dev: Box<dyn BackingDevice>,
+        run: seal::RecordSeal,
+        space: SpaceMap,
+        kept: Option<keep::Kept>,
+    ) -> Backing {
         Backing {
             dev,
             run,
@@ -234,12 +323,18 @@ impl Backing {
             ctr: BackingCounters::default(),
             closed: AtomicBool::new(false),
             overflow_writers: AtomicU64::new(0),
+            kept,
+            leave: AtomicBool::new(false),
+            inherited: false,
         }
     }
 
     /// Discards the whole device: the end of its life (module docs). Writes fail from now on
     /// and pages still on it read as I/O errors. Idempotent; failures are logged.
     pub fn close(&self) {
+        if self.leave.load(SeqCst) {
+            return; // for a successor (`leave_for_successor`)
+        }
         // Under the maintenance mutex: no writeback or GC batch lands after the discard.
         let m = self.maint.lock();
         if self.closed.swap(true, SeqCst) {
@@ -247,6 +342,11 @@ impl Backing {
         }
         while self.overflow_writers.load(SeqCst) != 0 {
             std::thread::yield_now(); // an overflow pwrite in flight: one write's time
+        }
+        // Before the discard: a successor given the state file now refuses it in one line
+        // rather than finding records gone.
+        if let Some(k) = &self.kept {
+            k.close();
         }
         if let Err(e) = self.dev.discard_all() {
             let _ = self.error(u64::MAX, format!("discarding the device at close failed: {e}; its records may stay on it"));
@@ -267,8 +367,15 @@ impl Backing {
     }
 
     /// A start refused after the device was opened: close it, and remove the file if this
-    /// run created it.
+    /// run created it. A device taken over from a dead server is left as it is instead (its
+    /// records, for the next try with the same state file).
     pub fn abandon(&self) {
+        if self.inherited {
+            self.leave.store(true, SeqCst);
+        }
+        if self.leave.load(SeqCst) {
+            return;
+        }
         self.close();
         if let Err(e) = self.dev.remove_if_created() {
             compcache_log::error(

@@ -42,6 +42,12 @@
 //!    its place (its bytes are freed and the page goes elsewhere, with a new reservation).
 //!
 //! So (generation, `loc as u32`) names one seal of the run. A new run draws a new key.
+//!
+//! A run can outlive its process (a successor takes the device over: `keep.rs`): the key is
+//! then kept in the state file, and so are the counter and each segment's generation, a
+//! generation stored there before any record is sealed with it. The successor goes on from
+//! the counter and never appends to a segment the dead process had open (it is full from
+//! then on), so 1-3 hold across processes too.
 
 use std::io;
 use std::ptr::NonNull;
@@ -52,7 +58,7 @@ use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM, NONCE_LE
 pub const HEADER: usize = 16;
 
 /// How this run seals its records: its secrets, drawn when the device opens and never
-/// written anywhere.
+/// written to disk (kept in the state file, memory, when the run can be taken over).
 pub struct RecordSeal {
     kind: Kind,
 }
@@ -62,16 +68,53 @@ enum Kind {
     Checksum { run: u64 },
 }
 
+/// A run's secret as the state file keeps it (`keep.rs`), so that a successor that takes the
+/// device over opens the records of the run it continues: the key's 32 bytes, or the run
+/// identifier. The state file is as private as the pool's pages, which are in it too.
+pub(crate) enum Secret {
+    Key([u8; 32]),
+    Run(u64),
+}
+
 impl RecordSeal {
     /// A new run's seal: a fresh AES-256-GCM key with `encrypt`, a fresh run identifier
     /// without. Fails only if the kernel's random generator does.
     pub fn new(encrypt: bool) -> io::Result<RecordSeal> {
+        RecordSeal::drawn(encrypt, &mut |_| ())
+    }
+
+    /// As [`RecordSeal::new`], and gives the secret to `keep` (the state file's tier region)
+    /// before this copy of it is wiped.
+    pub(crate) fn drawn(encrypt: bool, keep: &mut dyn FnMut(&Secret)) -> io::Result<RecordSeal> {
         let kind = if encrypt {
-            Kind::Aead(KeyPage::new()?)
+            Kind::Aead(KeyPage::new(getrandom, &mut |raw| {
+                let mut s = Secret::Key(*raw);
+                keep(&s);
+                if let Secret::Key(k) = &mut s {
+                    wipe(k.as_mut_ptr(), k.len());
+                }
+            })?)
         } else {
             let mut run = [0u8; 8];
             getrandom(&mut run)?;
-            Kind::Checksum { run: u64::from_le_bytes(run) }
+            let run = u64::from_le_bytes(run);
+            keep(&Secret::Run(run));
+            Kind::Checksum { run }
+        };
+        Ok(RecordSeal { kind })
+    }
+
+    /// The seal of a run taken over (`keep.rs`): the secret its state file kept.
+    pub(crate) fn from_secret(secret: &Secret) -> io::Result<RecordSeal> {
+        let kind = match secret {
+            Secret::Key(key) => Kind::Aead(KeyPage::new(
+                |raw| {
+                    raw.copy_from_slice(key);
+                    Ok(())
+                },
+                &mut |_| (),
+            )?),
+            Secret::Run(run) => Kind::Checksum { run: *run },
         };
         Ok(RecordSeal { kind })
     }
@@ -216,7 +259,9 @@ const _: () = {
 };
 
 impl KeyPage {
-    fn new() -> io::Result<KeyPage> {
+    /// A key page whose 32 key bytes `fill` writes (drawn, or a kept key copied in); `keep`
+    /// sees them once before they are wiped.
+    fn new(fill: impl FnOnce(&mut [u8]) -> io::Result<()>, keep: &mut dyn FnMut(&[u8; 32])) -> io::Result<KeyPage> {
         // SAFETY: an anonymous private mapping at an address the kernel chooses; no memory of
         // ours is touched. The result is checked for MAP_FAILED below.
         let p = unsafe {
@@ -253,8 +298,10 @@ impl KeyPage {
         // SAFETY: the last 32 bytes of our mapping, writable, not aliased; the mapping is
         // zero-filled, so they are initialised.
         let raw = unsafe { std::slice::from_raw_parts_mut(page.as_ptr().add(RAW_KEY_OFFSET), 32) };
-        let key = getrandom(raw)
-            .and_then(|()| UnboundKey::new(&AES_256_GCM, raw).map_err(|_| io::Error::other("AES-256-GCM refused a 32-byte key")));
+        let key = fill(raw).and_then(|()| {
+            keep(<&[u8; 32]>::try_from(&*raw).expect("32 bytes"));
+            UnboundKey::new(&AES_256_GCM, raw).map_err(|_| io::Error::other("AES-256-GCM refused a 32-byte key"))
+        });
         wipe(page.as_ptr().wrapping_add(RAW_KEY_OFFSET), 32);
         let key = match key {
             Ok(k) => LessSafeKey::new(k),
@@ -361,8 +408,27 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_secret_opens_the_records_of_the_run_that_drew_it() {
+        for encrypt in [true, false] {
+            let mut kept = None;
+            let s = RecordSeal::drawn(encrypt, &mut |sec| {
+                kept = Some(match sec {
+                    Secret::Key(k) => Secret::Key(*k),
+                    Secret::Run(r) => Secret::Run(*r),
+                })
+            })
+            .unwrap();
+            let rec = record(&s, 3, 100, 9, b"payload of the dead run");
+            let successor = RecordSeal::from_secret(&kept.unwrap()).unwrap();
+            let mut r = rec.clone();
+            successor.open(3, 100, 9, &mut r).unwrap();
+            assert_eq!(&r[HEADER..], b"payload of the dead run", "encrypt {encrypt}");
+        }
+    }
+
+    #[test]
     fn the_raw_key_is_wiped_once_expanded() {
-        let k = KeyPage::new().unwrap();
+        let k = KeyPage::new(getrandom, &mut |_| ()).unwrap();
         // SAFETY: the page is mapped and initialised while `k` lives; read only.
         let page = unsafe { std::slice::from_raw_parts(k.page.as_ptr(), KEY_PAGE_BYTES) };
         assert!(page[..std::mem::size_of::<LessSafeKey>()].iter().any(|&b| b != 0), "holds the expanded key");

@@ -13,7 +13,9 @@
 //! three conditions become true reclaims it. Each opening of a segment takes the next value of
 //! one 64-bit counter as its generation, which is in every record's seal (`seal.rs`: the
 //! checksum, or the AES-GCM nonce): a stale record from an earlier life of the segment never
-//! verifies, and no two lives of any segments share a generation within a run.
+//! verifies, and no two lives of any segments share a generation within a run, also across
+//! a takeover: the generations are in the state file then (`keep.rs`), and a successor
+//! rebuilds everything else from the records the slots name ([`SpaceMap::taking_over`]).
 //!
 //! Locking: the free list is one mutex (a leaf, slot.rs rule 6); everything else is atomics.
 //! Live bytes grow only while a segment is OPEN (under its head's lock), so once a SEALED
@@ -23,6 +25,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 
 use super::device::BackingDevice;
+use crate::zeroed::ZeroedSlice;
 
 /// Free segments kept for GC (see [`SpaceMap::open_segment`]).
 pub(crate) const GC_RESERVE_SEGMENTS: u64 = 1;
@@ -37,8 +40,6 @@ struct Segment {
     /// segment with none will not be written again: only then may GC read it.
     writers: AtomicU32,
     readers: AtomicU32,
-    /// The generation of its current (or last) life; 0: never opened.
-    gen: AtomicU64,
     state: AtomicU8,
     /// Freed since its bytes were last punched out of the file.
     dirty: AtomicBool,
@@ -51,9 +52,35 @@ pub(crate) struct SpaceMap {
     /// segments are reused before untouched ones (the file stays compact).
     free: Mutex<Vec<u32>>,
     in_use: AtomicU64,
-    /// The last generation given to a segment. Never wraps (2^64 openings), so generations
-    /// never repeat: the AES-GCM nonce relies on it (`seal.rs`).
-    last_gen: AtomicU64,
+    /// Word 0: the last generation given to a segment. Never wraps (2^64 openings), so
+    /// generations never repeat: the AES-GCM nonce relies on it (`seal.rs`). Word 1 + s: the
+    /// generation of segment s's current (or last) life; 0: never opened. In the state file
+    /// when the tier's state is kept (`keep.rs`): a segment's generation is there before any
+    /// record is sealed with it, and a successor continues the counter.
+    gens: GenTable,
+}
+
+/// Where the generations are: this process's memory, or the state file.
+pub(crate) enum GenTable {
+    Own(Box<[AtomicU64]>),
+    Kept(ZeroedSlice<AtomicU64>),
+}
+
+impl std::ops::Deref for GenTable {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        match self {
+            GenTable::Own(b) => b,
+            GenTable::Kept(z) => z,
+        }
+    }
+}
+
+impl GenTable {
+    /// Words a table for `segments` segments takes.
+    pub fn words(segments: u64) -> usize {
+        segments as usize + 1
+    }
 }
 
 /// Keeps a segment from being reused while a reader reads a record in it (slot.rs rule 7).
@@ -72,19 +99,82 @@ impl Drop for Pin<'_> {
 }
 
 impl SpaceMap {
+    /// Segments of `seg_bytes` on a device of `device_bytes`.
+    pub fn segments(device_bytes: u64, seg_bytes: u64) -> u32 {
+        (device_bytes / seg_bytes).min(u32::MAX as u64) as u32
+    }
+
+    /// A new device's map, every segment FREE; the generations in this process's memory.
     pub fn new(device_bytes: u64, seg_bytes: u64) -> SpaceMap {
-        let n = (device_bytes / seg_bytes).min(u32::MAX as u64) as u32;
-        let segs = (0..n)
+        let n = Self::segments(device_bytes, seg_bytes);
+        SpaceMap::with_gens(device_bytes, seg_bytes, GenTable::Own((0..=n).map(|_| AtomicU64::new(0)).collect()))
+    }
+
+    /// A new device's map whose generations are in `gens` (all zero: the state file's tier
+    /// region, `keep.rs`), [`GenTable::words`] long.
+    pub fn with_gens(device_bytes: u64, seg_bytes: u64, gens: GenTable) -> SpaceMap {
+        let n = Self::segments(device_bytes, seg_bytes);
+        assert_eq!(gens.len(), GenTable::words(n as u64));
+        SpaceMap { seg_bytes, segs: Self::fresh(n, FREE), free: Mutex::new((0..n).rev().collect()), in_use: AtomicU64::new(0), gens }
+    }
+
+    fn fresh(n: u32, state: u8) -> Box<[Segment]> {
+        (0..n)
             .map(|_| Segment {
                 live_bytes: AtomicU64::new(0),
                 writers: AtomicU32::new(0),
                 readers: AtomicU32::new(0),
-                gen: AtomicU64::new(0),
-                state: AtomicU8::new(FREE),
+                state: AtomicU8::new(state),
                 dirty: AtomicBool::new(false),
             })
-            .collect();
-        SpaceMap { seg_bytes, segs, free: Mutex::new((0..n).rev().collect()), in_use: AtomicU64::new(0), last_gen: AtomicU64::new(0) }
+            .collect()
+    }
+
+    /// A dead process's map (a takeover): the generations its state file kept, nothing else
+    /// trusted. Until [`SpaceMap::taken_over`], every segment is SEALED with no live bytes
+    /// and [`SpaceMap::claim`] counts the records the slots name.
+    pub fn taking_over(device_bytes: u64, seg_bytes: u64, gens: GenTable) -> SpaceMap {
+        let n = Self::segments(device_bytes, seg_bytes);
+        assert_eq!(gens.len(), GenTable::words(n as u64));
+        SpaceMap { seg_bytes, segs: Self::fresh(n, SEALED), free: Mutex::new(Vec::new()), in_use: AtomicU64::new(n as u64), gens }
+    }
+
+    /// Counts live the record of `bytes` (header and payload) at `loc` a slot names, if it
+    /// lies inside one segment of the device that was opened (its generation is not 0 and
+    /// not past the counter); `false` otherwise (the slot is then LOST).
+    pub fn claim(&self, loc: u64, bytes: u64) -> bool {
+        let seg = loc / self.seg_bytes;
+        let last = self.gens[0].load(Relaxed);
+        let inside = seg < self.segs.len() as u64
+            && bytes <= self.seg_bytes - loc % self.seg_bytes
+            && (1..=last).contains(&self.gens[1 + seg as usize].load(Relaxed));
+        if inside {
+            self.segs[seg as usize].live_bytes.fetch_add(bytes, Relaxed);
+        }
+        inside
+    }
+
+    /// Ends a takeover: every segment holding a claimed record stays SEALED (a segment the
+    /// dead process had open is full: nothing is appended to it under its generation again),
+    /// the others are FREE (and punched out by the next [`SpaceMap::punch_free`] if they were
+    /// ever used); the generation counter goes on from the highest one in use. Returns the
+    /// segments in use.
+    pub fn taken_over(&self) -> u64 {
+        let mut free = self.free.lock();
+        let mut last = self.gens[0].load(Relaxed);
+        for seg in (0..self.segs.len() as u32).rev() {
+            let s = &self.segs[seg as usize];
+            let gen = self.gens[1 + seg as usize].load(Relaxed);
+            last = last.max(gen);
+            if s.live_bytes.load(Relaxed) == 0 {
+                s.state.store(FREE, SeqCst);
+                s.dirty.store(gen != 0, Relaxed);
+                free.push(seg);
+                self.in_use.fetch_sub(1, Relaxed);
+            }
+        }
+        self.gens[0].store(last, SeqCst);
+        self.in_use.load(Relaxed)
     }
 
     pub fn num_segments(&self) -> u64 {
@@ -94,7 +184,7 @@ impl SpaceMap {
         (loc / self.seg_bytes) as u32
     }
     pub fn gen(&self, seg: u32) -> u64 {
-        self.segs[seg as usize].gen.load(Acquire)
+        self.gens[1 + seg as usize].load(Acquire)
     }
     pub fn live_bytes(&self, seg: u32) -> u64 {
         self.segs[seg as usize].live_bytes.load(Relaxed)
@@ -120,7 +210,7 @@ impl SpaceMap {
         };
         let s = &self.segs[seg as usize];
         // A read-modify-write: two heads opening segments at once get different values.
-        s.gen.store(self.last_gen.fetch_add(1, Relaxed) + 1, Release);
+        self.gens[1 + seg as usize].store(self.gens[0].fetch_add(1, Relaxed) + 1, Release);
         s.dirty.store(false, Relaxed);
         s.state.store(OPEN, Release);
         self.in_use.fetch_add(1, Relaxed);
@@ -272,6 +362,29 @@ mod tests {
                 m.seal(s);
             }
         }
+    }
+
+    #[test]
+    fn a_takeover_keeps_what_slots_name_and_never_reuses_a_generation() {
+        let gens = || GenTable::Own((0..5).map(|_| AtomicU64::new(0)).collect());
+        let dead = SpaceMap::with_gens(4 * 65536, 65536, gens());
+        let (a, b) = (dead.open_segment(true).unwrap(), dead.open_segment(true).unwrap());
+        dead.seal(a);
+        // The successor gets the dead map's generations, nothing else.
+        let words: Box<[AtomicU64]> = dead.gens.iter().map(|g| AtomicU64::new(g.load(Relaxed))).collect();
+        let m = SpaceMap::taking_over(4 * 65536, 65536, GenTable::Own(words));
+        assert!(m.claim(65536 + 100, 200), "in segment b, which was open");
+        assert!(!m.claim(65536 - 10, 20), "straddles two segments");
+        assert!(!m.claim(2 * 65536, 20), "in a segment never opened");
+        assert!(!m.claim(4 * 65536, 20), "past the device");
+        assert_eq!(m.taken_over(), 1);
+        assert_eq!(m.live_bytes(b), 200);
+        assert!(m.gc_candidates(100).iter().any(|&(s, _)| s == b), "the dead process's open segment is sealed");
+        let fresh = m.open_segment(true).unwrap();
+        assert_eq!(fresh, a, "a segment no slot names is free again");
+        assert!(m.gen(fresh) > dead.gen(b), "with a generation after every one the dead process gave");
+        m.free(65536 + 100, 200);
+        assert_eq!(m.segments_in_use(), 1, "b freed once its last record goes");
     }
 
     #[test]

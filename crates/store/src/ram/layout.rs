@@ -6,6 +6,8 @@
 //! page 0            Header (below)
 //! journal           journal::RECORDS records of 64 bytes (journal.rs)
 //! dictionaries      a page of lengths, then Codec::DICT_VERSIONS places (compress/dict.rs)
+//! tier              tier_bytes (0 without one): the backing tier's own part, whose format is
+//!                   the tier's (backing/keep.rs); the RAM layer only reserves it and hands it up
 //! slots             num_pages x 16 bytes (slot.rs)
 //! descriptors       capacity_pages x 20 bytes (zspool/arena.rs)
 //! pages             capacity_pages x 4096 bytes (zspool/arena.rs)
@@ -23,7 +25,8 @@ use crate::zspool::{ArenaRegions, ZsPool};
 use crate::PAGE_SIZE;
 
 /// The layout this build writes and reads.
-pub(crate) const LAYOUT_VERSION: u64 = 1;
+/// 2: the tier region (and `tier_bytes` in the header).
+pub(crate) const LAYOUT_VERSION: u64 = 2;
 const MAGIC: u64 = u64::from_le_bytes(*b"ccstate\0");
 
 /// The header, in page 0. Written once by the creator, `magic` last; read by a successor.
@@ -42,6 +45,8 @@ pub(crate) struct Header {
     /// Processes that took the state over since it was made.
     takeovers: AtomicU64,
     file_len: AtomicU64,
+    /// Bytes of the tier region (0: a device without a backing tier whose state is kept).
+    tier_bytes: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= PAGE_SIZE);
@@ -53,6 +58,9 @@ pub(crate) struct Layout {
     pub capacity_pages: u32,
     pub journal: usize,
     pub dicts: usize,
+    /// The tier region: `tier_bytes` at `tier` (page-aligned; empty when `tier_bytes` is 0).
+    pub tier: usize,
+    pub tier_bytes: usize,
     pub slots: usize,
     pub arena: ArenaRegions,
     pub file_len: usize,
@@ -63,10 +71,11 @@ fn page_up(n: usize) -> usize {
 }
 
 impl Layout {
-    pub fn new(num_pages: u64, capacity_pages: u32) -> Layout {
+    pub fn new(num_pages: u64, capacity_pages: u32, tier_bytes: usize) -> Layout {
         let journal = PAGE_SIZE;
         let dicts = journal + page_up(RECORDS * RECORD_BYTES);
-        let slots = dicts + DICTS_BYTES;
+        let tier = dicts + DICTS_BYTES;
+        let slots = tier + page_up(tier_bytes);
         let (desc_bytes, page_bytes) = ZsPool::region_bytes(capacity_pages);
         let descs = slots + page_up(num_pages as usize * 16);
         let pages = descs + page_up(desc_bytes);
@@ -75,6 +84,8 @@ impl Layout {
             capacity_pages,
             journal,
             dicts,
+            tier,
+            tier_bytes,
             slots,
             arena: ArenaRegions { descs_offset: descs, pages_offset: pages },
             file_len: pages + page_bytes,
@@ -125,6 +136,7 @@ impl Header {
         self.clock_origin_ns.store(clock_origin_ns, Relaxed);
         self.takeovers.store(0, Relaxed);
         self.file_len.store(l.file_len as u64, Relaxed);
+        self.tier_bytes.store(l.tier_bytes as u64, Relaxed);
         self.magic.store(MAGIC, Release);
     }
 
@@ -161,7 +173,15 @@ impl Header {
             return Err(format!("the state file's huge threshold is {huge} bytes, the configuration's {}", want.huge_threshold));
         }
         let cap = self.capacity_pages.load(Relaxed);
-        let l = Layout::new(num_pages, u32::try_from(cap).map_err(|_| format!("the state file's arena of {cap} pages is too large"))?);
+        let tier = self.tier_bytes.load(Relaxed);
+        if tier > map.len() as u64 {
+            return Err(format!("the state file's tier region of {tier} bytes is larger than the file: it is damaged"));
+        }
+        let l = Layout::new(
+            num_pages,
+            u32::try_from(cap).map_err(|_| format!("the state file's arena of {cap} pages is too large"))?,
+            tier as usize,
+        );
         if l.file_len as u64 != self.file_len.load(Relaxed) || l.file_len != map.len() {
             return Err(format!(
                 "the state file is {} bytes, its header says {} and its geometry {}: it is damaged",
@@ -189,15 +209,15 @@ mod tests {
 
     #[test]
     fn parts_are_page_aligned_and_in_order() {
-        let l = Layout::new(1000, 2 * 1000 + 16384);
-        let parts = [l.journal, l.dicts, l.slots, l.arena.descs_offset, l.arena.pages_offset, l.file_len];
+        let l = Layout::new(1000, 2 * 1000 + 16384, 100);
+        let parts = [l.journal, l.dicts, l.tier, l.slots, l.arena.descs_offset, l.arena.pages_offset, l.file_len];
         assert!(parts.windows(2).all(|w| w[0] < w[1]));
         assert!(parts.iter().all(|p| p % PAGE_SIZE == 0));
     }
 
     #[test]
     fn a_header_is_checked_against_what_the_successor_wants() {
-        let l = Layout::new(256, 16384 + 512);
+        let l = Layout::new(256, 16384 + 512, 0);
         let map = StateMap::create(l.file_len).unwrap();
         let h = header(&map);
         let want = Expect { num_pages: 256, huge_threshold: 3000, algorithm: "lz4" };
@@ -207,6 +227,6 @@ mod tests {
         assert!(h.check(&map, &Expect { algorithm: "zstd", ..want }).unwrap_err().contains("compressed with lz4"));
         assert!(h.check(&map, &Expect { num_pages: 512, ..want }).unwrap_err().contains("1 MiB device"));
         h.version.store(LAYOUT_VERSION + 1, Relaxed);
-        assert!(h.check(&map, &want).unwrap_err().contains("layout version 2"));
+        assert!(h.check(&map, &want).unwrap_err().contains("layout version 3"));
     }
 }

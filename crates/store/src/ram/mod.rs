@@ -21,8 +21,8 @@
 //!   whose methods are all safe.
 //!
 //! # State that outlives the process
-//! The slots, the pool's pages and descriptors, the dictionaries and the recovery journal are
-//! in one state file (`shm.rs`: a memfd mapped shared; `layout.rs`: where each part is and the
+//! The slots, the pool's pages and descriptors, the dictionaries, the recovery journal and
+//! the backing tier's region (reserved here, its format the tier's) are in one state file (`shm.rs`: a memfd mapped shared; `layout.rs`: where each part is and the
 //! header naming the layout). The counters, the pool's lists and the arena's free lists are
 //! this process's own. A process that keeps the file's descriptor (`Ram::state_fd`) lets a
 //! successor take the device over after this one dies, at any instruction:
@@ -34,6 +34,7 @@ pub(crate) mod layout;
 pub(crate) mod mover;
 mod recover;
 
+pub(crate) use recover::KeptRecords;
 pub use recover::Recovered;
 
 use std::os::fd::BorrowedFd;
@@ -46,7 +47,7 @@ use crate::context::Context;
 use crate::error::StoreError;
 use crate::journal::{Journal, RECORDS};
 use crate::page::{fill_same, same_filled};
-use crate::shm::StateMap;
+use crate::shm::{Region, StateMap};
 use crate::slot::{Entry, Slot, SlotGuard};
 use crate::stats::Counters;
 use crate::zeroed::ZeroedSlice;
@@ -59,7 +60,6 @@ use mover::{Clock, Mover, Records};
 pub(crate) struct Ram {
     /// The state file everything below that outlives the process is in, and where.
     map: Arc<StateMap>,
-    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
     layout: Layout,
     slots: ZeroedSlice<Slot>,
     journal: Journal,
@@ -73,6 +73,10 @@ pub(crate) struct Ram {
     /// The dictionaries recompressed pages may be encoded with (recompression fills them:
     /// `compress/dict.rs` says how long each lives). Empty without recompression.
     dicts: Dicts,
+}
+
+fn tier_region(map: &Arc<StateMap>, l: &Layout) -> Option<Region> {
+    (l.tier_bytes > 0).then(|| Region { map: map.clone(), offset: l.tier, len: l.tier_bytes })
 }
 
 /// A page as the write path's checks left it ([`Ram::classify`]).
@@ -125,18 +129,20 @@ pub(crate) enum Fetched<P> {
 
 impl Ram {
     /// The RAM state of a device of `num_pages` pages, in a new state file; `algorithm` names
-    /// the primary codec (the header records it). Memory is committed only as pages are
+    /// the primary codec (the header records it); `tier_bytes` reserves the backing tier's
+    /// region (0: none; [`Ram::tier_region`]). Memory is committed only as pages are
     /// stored; an error names what could not be reserved.
     pub fn new(
         num_pages: u64,
         mem_limit_bytes: u64,
         huge_threshold_bytes: usize,
         algorithm: &str,
+        tier_bytes: usize,
     ) -> Result<Ram, (&'static str, std::io::Error)> {
         // Address space for the pool: room for every slot raw plus fragmentation; only
         // touched pages cost memory.
         let capacity = (num_pages * 2 + 16384).min(u32::MAX as u64 - 3) as u32;
-        let l = Layout::new(num_pages, capacity);
+        let l = Layout::new(num_pages, capacity, tier_bytes);
         let map = Arc::new(StateMap::create(l.file_len).map_err(|e| ("the state file (memfd)", e))?);
         let clock = Clock::new();
         layout::header(&map).write(&l, huge_threshold_bytes, algorithm, clock.origin_ns());
@@ -166,6 +172,12 @@ impl Ram {
     /// The state file's descriptor: whoever keeps it open keeps every page for a successor.
     pub fn state_fd(&self) -> BorrowedFd<'_> {
         self.map.fd()
+    }
+
+    /// The region the state file keeps for the backing tier (`layout.rs`), whose format is the
+    /// tier's; `None` if none was reserved.
+    pub fn tier_region(&self) -> Option<Region> {
+        tier_region(&self.map, &self.layout)
     }
 
     /// Where each part is in the state file (tests that damage it).

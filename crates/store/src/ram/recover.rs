@@ -9,8 +9,9 @@
 //!    slot is unlocked and its movers' marks cleared;
 //! 3. the dictionaries the file kept (`compress/dict.rs`);
 //! 4. each slot's entry is checked: a kind no version writes, a dictionary codec whose
-//!    dictionary is missing, a `BACKING` entry (a device whose state is not in the file: such
-//!    stores are not taken over) make the slot LOST; the pool objects the others name are
+//!    dictionary is missing, a `BACKING` entry the backing tier does not vouch for
+//!    ([`KeptRecords`]: its record must lie inside the device and one opened segment; without
+//!    a tier every such entry) make the slot LOST; the pool objects the others name are
 //!    checked and the pool rebuilt from them (`zspool/recover.rs`), and a slot whose object
 //!    fails a check is LOST too;
 //! 5. the counters are recomputed from the entries (`Mover::account`), as the writes that
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 use super::layout::{self, Expect};
 use super::mover::Clock;
 use super::Ram;
-use crate::shm::StateMap;
+use crate::shm::{Region, StateMap};
 use crate::slot::{Entry, Slot};
 use crate::zspool::Claim;
 use crate::PAGE_SIZE;
@@ -41,8 +42,10 @@ const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
 /// What [`Ram::recover`] found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovered {
-    /// Slots holding a page (in RAM, same-filled) after recovery.
+    /// Slots holding a page (in RAM, same-filled, on the backing device) after recovery.
     pub pages: u64,
+    /// Of those, pages whose record is on the backing device.
+    pub backing_pages: u64,
     /// Slots whose entry could not be vouched for: their reads fail (I/O error).
     pub lost_pages: u64,
     /// Entry changes the dead process had not finished, undone from the journal.
@@ -58,10 +61,30 @@ pub struct Recovered {
     pub elapsed: Duration,
 }
 
+/// What recovery asks of the tier that keeps the records `BACKING` entries name (the backing
+/// tier, a floor above, which this layer does not import).
+pub(crate) trait KeptRecords {
+    /// Vouches for the record of `len` payload bytes at `loc` that a slot names (it lies inside
+    /// the device and inside one segment that was opened) and counts it live; `false`: the
+    /// slot is LOST.
+    fn claim(&self, loc: u64, len: u16) -> bool;
+}
+
+/// A dead process's state file, mapped, its header checked against the successor's
+/// configuration; nothing in it changed yet ([`Ram::open_state`]).
+pub(crate) struct Opened {
+    map: Arc<StateMap>,
+    layout: layout::Layout,
+    huge_threshold_bytes: usize,
+    start: Instant,
+}
+
 impl Ram {
     /// Takes over the state file `fd` a dead (or stopped) process left, for a device of
-    /// `num_pages` pages compressed with `algorithm` (module docs). No other process may use
-    /// the file any more. The error is one line saying what is wrong.
+    /// `num_pages` pages compressed with `algorithm` (module docs), with no backing tier (its
+    /// `BACKING` entries, if any, are LOST). No other process may use the file any more. The
+    /// error is one line saying what is wrong.
+    #[cfg(test)]
     pub fn recover(
         fd: OwnedFd,
         num_pages: u64,
@@ -69,10 +92,31 @@ impl Ram {
         huge_threshold_bytes: usize,
         algorithm: &str,
     ) -> Result<(Ram, Recovered), String> {
+        Ram::open_state(fd, num_pages, huge_threshold_bytes, algorithm)?.recover(mem_limit_bytes, None)
+    }
+
+    /// Step 1 of recovery: maps the state file `fd` and checks its header; changes nothing, so
+    /// that the tiers above can check their own parts (`Opened::tier_region`) before
+    /// [`Opened::recover`] does.
+    pub fn open_state(fd: OwnedFd, num_pages: u64, huge_threshold_bytes: usize, algorithm: &str) -> Result<Opened, String> {
         let start = Instant::now();
         let map = Arc::new(StateMap::open(fd).map_err(|e| format!("cannot map the state file: {e}"))?);
+        let layout = layout::header(&map).check(&map, &Expect { num_pages, huge_threshold: huge_threshold_bytes, algorithm })?;
+        Ok(Opened { map, layout, huge_threshold_bytes, start })
+    }
+}
+
+impl Opened {
+    /// The backing tier's region, as the header sizes it (`None`: the dead device had none).
+    pub fn tier_region(&self) -> Option<Region> {
+        super::tier_region(&self.map, &self.layout)
+    }
+
+    /// Steps 2-6 (module docs): takes the state over. `records` vouches for the records of
+    /// `BACKING` entries; without it they are LOST.
+    pub fn recover(self, mem_limit_bytes: u64, records: Option<&dyn KeptRecords>) -> Result<(Ram, Recovered), String> {
+        let Opened { map, layout: l, huge_threshold_bytes, start } = self;
         let header = layout::header(&map);
-        let l = header.check(&map, &Expect { num_pages, huge_threshold: huge_threshold_bytes, algorithm })?;
         let clock = Clock::from_origin(header.clock_origin_ns());
         let ram = Ram::over(map.clone(), &l, mem_limit_bytes, huge_threshold_bytes, clock);
         let mut r = Recovered { takeovers: header.took_over(), ..Recovered::default() };
@@ -104,7 +148,9 @@ impl Ram {
             let (meta, data) = slot.raw();
             let e = match Slot::decode_raw(meta, data) {
                 Some(Entry::Compressed { codec, .. }) if codec.dict().is_some_and(|p| ram.dicts.get(p).is_none()) => Entry::Lost,
-                Some(Entry::Backing { .. }) | None => Entry::Lost,
+                Some(Entry::Backing { codec, .. }) if codec.dict().is_some_and(|p| ram.dicts.get(p).is_none()) => Entry::Lost,
+                Some(Entry::Backing { loc, len, .. }) if !records.is_some_and(|k| k.claim(loc, len)) => Entry::Lost,
+                None => Entry::Lost,
                 Some(e) => e,
             };
             match e {
@@ -136,6 +182,7 @@ impl Ram {
                 Some(e) => {
                     mover.account(e, true);
                     r.pages += 1;
+                    r.backing_pages += u64::from(matches!(e, Entry::Backing { .. }));
                 }
             }
         }
@@ -158,9 +205,10 @@ impl std::fmt::Display for Recovered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} pages recovered ({} lost), {} unfinished changes undone, {} orphaned objects freed, {} dictionaries, \
+            "{} pages recovered ({} on the backing device, {} lost), {} unfinished changes undone, {} orphaned objects freed, {} dictionaries, \
              takeover {} of this state, in {:.1} ms",
             self.pages,
+            self.backing_pages,
             self.lost_pages,
             self.undone,
             self.freed_objects,
@@ -177,7 +225,7 @@ mod tests {
     use crate::slot::Entry;
 
     fn ram() -> Ram {
-        Ram::new(64, 0, 3000, "lz4").unwrap()
+        Ram::new(64, 0, 3000, "lz4", 0).unwrap()
     }
 
     fn successor(r: &Ram) -> (Ram, Recovered) {
