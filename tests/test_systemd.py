@@ -14,7 +14,7 @@ the FUSE front end (the one this host has; root).
 - the server killed: swapon, its supervisor, starts a successor that takes the device over
   (the store's state and the FUSE connection survive the server; swapon stored the
   connection's descriptors in "systemd"'s store, FDSTORE=1, which this test's socket keeps);
-  with a backing file the state does not survive: swapon exits 1 and says the device is gone;
+  with the cold tier the state does not survive: swapon exits 1 and says the device is gone;
 - swapon itself killed (Restart= starts it again): the new one gets the stored descriptors
   (LISTEN_FDS, LISTEN_FDNAMES, LISTEN_PID), the running server hands over, a successor serves,
   READY; its SIGTERM takes everything down and removes the descriptors (FDSTOREREMOVE=1);
@@ -271,10 +271,11 @@ def test_a_restarted_supervisor_adopts_the_device(fg, tmp_path, compcache_bin):
 
 
 def test_a_dead_server_is_an_error(fg, tmp_path):
-    """With a backing file the store's state is not all in its memfd (`Store::state_fd` is
-    None): nothing is stored, and a killed server takes the device with it."""
+    """With the cold tier the store's state is not all in its memfd (`Store::state_fd` is
+    None: the tier's compressed blocks are in the server's heap): nothing is stored, and a
+    killed server takes the device with it."""
     go, notify = fg
-    p, dev = go(extra=["--backing", str(tmp_path / "backing")])
+    p, dev = go(extra=["--cold-tier", "8M"])
     notify.drain()
     assert notify.store == [] and not compcache_devices()[dev]["takeover"], notify.store
     pid = compcache_devices()[dev]["pid"]
