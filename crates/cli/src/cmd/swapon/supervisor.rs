@@ -112,37 +112,51 @@ pub(super) struct Supervisor {
 }
 
 impl Supervisor {
-    /// Starts the first server, `exe` with `args`, and waits until its device is up. `systemd`:
-    /// the NOTIFY_SOCKET to forward stored descriptors to.
-    pub(super) fn start(exe: PathBuf, args: Vec<OsString>, output: Output, systemd: Option<OsString>) -> Result<Supervisor, Failure> {
-        // On the way back from a dead server: never to be swapped out to its device (module docs).
-        crate::process::pin_swap_server(true)?;
+    /// A supervisor of `exe` with `args` that has started nothing yet: its notify socket bound
+    /// in the private `STATE_DIR`, `held` the descriptors it already keeps.
+    fn new(
+        exe: PathBuf,
+        args: Vec<OsString>,
+        output: Output,
+        held: Vec<(String, OwnedFd)>,
+        systemd: Option<OsString>,
+    ) -> Result<Supervisor, Failure> {
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
         let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
         let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
-        let frontend = frontend_of(&args)?;
-        let mut s = Supervisor {
-            frontend,
+        Ok(Supervisor {
+            frontend: frontend_of(&args)?,
             exe,
             args,
             output,
             socket,
-            held: Vec::new(),
+            held,
             systemd,
             child: None,
             pidfd: None,
             device: PathBuf::new(),
             backoff: Backoff::default(),
             started: Vec::new(),
-        };
-        match s.spawn(false) {
-            Ok(dev) => {
-                s.device = dev;
-                s.drain();
-                Ok(s)
-            }
-            Err(status) => Err(Failure::new(format!("the {frontend} server did not bring a device up ({})", describe(status)))),
-        }
+        })
+    }
+
+    /// Starts the first server (a successor with `takeover`) and waits for its device.
+    fn bring_up(&mut self, takeover: bool) -> Result<(), Option<ExitStatus>> {
+        self.device = self.spawn(takeover)?;
+        self.drain();
+        Ok(())
+    }
+
+    /// Starts the first server, `exe` with `args`, and waits until its device is up. `systemd`:
+    /// the NOTIFY_SOCKET to forward stored descriptors to.
+    pub(super) fn start(exe: PathBuf, args: Vec<OsString>, output: Output, systemd: Option<OsString>) -> Result<Supervisor, Failure> {
+        // On the way back from a dead server: never to be swapped out to its device (module docs).
+        crate::process::pin_swap_server(true)?;
+        let mut s = Supervisor::new(exe, args, output, Vec::new(), systemd)?;
+        let frontend = s.frontend;
+        s.bring_up(false)
+            .map_err(|status| Failure::new(format!("the {frontend} server did not bring a device up ({})", describe(status))))?;
+        Ok(s)
     }
 
     /// Adopts a device from descriptors a supervisor before this one stored in systemd's store
@@ -170,35 +184,14 @@ impl Supervisor {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
-        let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
-        let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
-        let frontend = frontend_of(&args)?;
-        let mut s = Supervisor {
-            frontend,
-            exe,
-            args,
-            output: Output::Inherit,
-            socket,
-            held,
-            systemd,
-            child: None,
-            pidfd: None,
-            device: PathBuf::new(),
-            backoff: Backoff::default(),
-            started: Vec::new(),
-        };
-        match s.spawn(true) {
-            Ok(dev) => {
-                s.device = dev;
-                s.drain();
-                Ok(s)
-            }
-            Err(status) => Err(Failure::new(format!(
+        let mut s = Supervisor::new(exe, args, Output::Inherit, held, systemd)?;
+        s.bring_up(true).map_err(|status| {
+            Failure::new(format!(
                 "the successor did not take the device over ({}); its descriptors stay in systemd's store",
                 describe(status)
-            ))),
-        }
+            ))
+        })?;
+        Ok(s)
     }
 
     /// The running server's pid (0 while none runs).
