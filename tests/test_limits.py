@@ -61,7 +61,8 @@ def test_out_of_file_descriptors_does_not_stop_the_server(start_server):
     run(["qemu-io", "-f", "raw", server.uri, "-c", "write -P 0x5c 0 1M"])
     pid = server.proc.pid
     # A few descriptors above what the server has open now: the clients below take them.
-    limit = open_fds(pid) + 8
+    baseline = open_fds(pid)
+    limit = baseline + 8
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
     clients = []
     try:
@@ -73,6 +74,12 @@ def test_out_of_file_descriptors_does_not_stop_the_server(start_server):
             s.connect(server.socket)
             clients.append(s)
         wait_for(lambda: "accept failed" in server.log() or not server.alive(), "an NBD accept to fail")
+        # Descriptors come and go while the NBD listener retries (clients that never finish
+        # their handshake are closed at its deadline, and the next ones accepted); with the
+        # limit at what the server had open before any client, none is left for the control
+        # listener, whatever the order in which the two listeners get them (the soft limit:
+        # raising the hard one back would need CAP_SYS_RESOURCE).
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (baseline, limit))
         # Control clients (two descriptors each while served) until the control listener's
         # accept fails as well: it used to return then, and the server stopped with it.
         for _ in range(64):
@@ -89,6 +96,7 @@ def test_out_of_file_descriptors_does_not_stop_the_server(start_server):
     finally:
         for s in clients:
             s.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
     # Once the clients are gone, it serves as before (listeners retry within a second).
     stats = server.stat()
     assert stats["orig_data_size"] >= 1 << 20, stats
