@@ -230,12 +230,19 @@ pub fn serve_with(state: Arc<ControlState>, listener: UnixListener, limits: Limi
 /// open, the one idle the longest makes room ([`Clients::open`]), and only if every one is
 /// running a request is the newcomer refused.
 fn admit(state: &Arc<ControlState>, clients: &Arc<Clients>, mut stream: UnixStream) {
-    let Some(id) = clients.open(&stream) else {
-        let max = clients.limits.max_clients;
-        let msg = json!({"ok": false, "error": format!("too many control clients ({max} at once, each running a request): try again")});
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-        let _ = stream.write_all(format!("{msg}\n").as_bytes());
-        return;
+    let id = match clients.open(&stream) {
+        Ok(id) => id,
+        Err(why) => {
+            let error = match why {
+                Refused::Busy => {
+                    format!("too many control clients ({} at once, each running a request): try again", clients.limits.max_clients)
+                }
+                Refused::Clone(e) => format!("the server cannot take another control client now ({e}): try again"),
+            };
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.write_all(format!("{}\n", json!({"ok": false, "error": error})).as_bytes());
+            return;
+        }
     };
     let (state, table) = (state.clone(), clients.clone());
     let spawned = std::thread::Builder::new().name("control".into()).spawn(move || {
@@ -368,6 +375,14 @@ struct Table {
     open: Vec<Open>,
 }
 
+/// Why a new client is refused ([`Clients::open`]).
+enum Refused {
+    /// Every open client is running a request.
+    Busy,
+    /// Its socket could not be cloned (out of descriptors, most likely).
+    Clone(std::io::Error),
+}
+
 struct Open {
     id: u64,
     /// A second handle on the client's socket: `shutdown` on it ends the serving thread's
@@ -388,20 +403,20 @@ impl Clients {
     }
 
     /// Registers a new client; when the table is full, closes the client idle the longest to
-    /// make room. `None`: every open client is running a request (or the socket cannot be
-    /// cloned), so the newcomer is refused.
-    fn open(&self, stream: &UnixStream) -> Option<u64> {
-        let handle = stream.try_clone().ok()?;
+    /// make room. Refused when every open client is running a request, or when the socket
+    /// cannot be cloned (out of descriptors: a client refused by the server's limits, said so).
+    fn open(&self, stream: &UnixStream) -> Result<u64, Refused> {
+        let handle = stream.try_clone().map_err(Refused::Clone)?;
         let mut t = self.lock();
         if t.open.len() >= self.limits.max_clients {
-            let idlest = t.open.iter().enumerate().filter_map(|(i, o)| o.idle_since.map(|s| (s, i))).min()?.1;
+            let idlest = t.open.iter().enumerate().filter_map(|(i, o)| o.idle_since.map(|s| (s, i))).min().ok_or(Refused::Busy)?.1;
             let evicted = t.open.swap_remove(idlest);
             let _ = evicted.handle.shutdown(std::net::Shutdown::Both);
         }
         let id = t.next_id;
         t.next_id += 1;
         t.open.push(Open { id, handle, idle_since: Some(Instant::now()) });
-        Some(id)
+        Ok(id)
     }
 
     /// Marks a client idle (waiting for its request or for it to take its answer) or busy;
