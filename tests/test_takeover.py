@@ -17,6 +17,10 @@ kernel send the requests in flight again (FUSE_NOTIFY_RESEND).
   error, never data;
 - `compcache fuse` with a holder (NOTIFY_SOCKET) stores the state, the INIT record and all of
   its /dev/fuse descriptors before READY, and serves through /dev/fuse even with --io-uring;
+- a cache (`compcache supervise -- fuse --origin`): O_DIRECT traffic on its file while the
+  server is SIGKILLed and handed over (SIGUSR2); no request fails, no page read is wrong, and
+  after the stop every acknowledged write is on the origin (write-through; the successor starts
+  with an empty cache);
 - the kernel swaps a workload whose every page is checked (tools/scan -V, in a memory cgroup
   three times smaller than it) to the device while its server is SIGKILLed several times and
   restarted once to a different build: the workload exits 0.
@@ -178,6 +182,8 @@ class Traffic:
         self.dev, self.stop_flag = dev, threading.Event()
         self.region = (size - MiB) // threads // PAGE * PAGE
         self.errors, self.done, self.checked = [], 0, 0
+        # Each thread's acknowledged writes when it ended: (first byte, {page: tag}).
+        self.written = [None] * threads
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True) for i in range(threads)]
         for t in self.threads:
@@ -223,6 +229,7 @@ class Traffic:
                     self.done += 1
         finally:
             os.close(fd)
+            self.written[me] = (base, want)
 
     def count(self):
         with self.lock:
@@ -453,3 +460,84 @@ def test_a_held_server_stores_before_serving_and_uses_dev_fuse(compcache_bin, tm
         os.close(r)
         log.close()
         notify.close()
+
+
+def server_of(supervisor):
+    """The pid of the server `supervisor` runs now (its one child), or None."""
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
+            kids = [int(p) for p in f.read().split()]
+        if kids and alive(kids[0]):
+            return kids[0]
+    return None
+
+
+def test_a_supervised_cache_loses_no_acknowledged_write(compcache_bin, tmp_path):
+    """`compcache supervise -- fuse --origin`: kills and a hand-over under write-through traffic."""
+    need_fuse()
+    size = 32 * MiB
+    origin = tmp_path / "origin.img"
+    with open(origin, "wb") as f:
+        f.truncate(size)
+    log = tmp_path / "servers.log"
+    sup = subprocess.Popen([compcache_bin, "supervise", "--log", str(log), "--", "fuse", "--origin", str(origin),
+                            "--mem-limit", "8M", "--no-loop"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    traffic, pids = None, []
+    try:
+        line = sup.stdout.readline()
+        assert "served by pid" in line and "a successor takes over" in line, (line, sup.stderr.read() if sup.poll() is not None else "")
+        file = line.split("supervise: ", 1)[1].split(" served by", 1)[0]
+        ctl = f"/run/compcache/{os.path.basename(os.path.dirname(file))}.ctl"
+        pids.append(server_of(sup.pid))
+        traffic = Traffic(file, size)
+        for i in range(6):
+            time.sleep(0.4)
+            old = pids[-1]
+            # The last one a hand-over (what `compcache restart` asks for), the others kills.
+            if i == 5:
+                os.kill(sup.pid, signal.SIGUSR2)
+            else:
+                os.kill(old, signal.SIGKILL)
+            wait_for(lambda: server_of(sup.pid) not in (None, old), "a successor", timeout=60)
+            pids.append(server_of(sup.pid))
+            served = traffic.count()
+            wait_for(lambda: traffic.count() > served + 20, "requests served by the successor")
+        # `compcache stat` finds the successor at the first server's control socket.
+        stats = json.loads(run([compcache_bin, "stat", "--json", "--control", ctl]).stdout)
+        assert stats["disksize"] == size and stats["origin_writes"] > 0, stats
+        errors = traffic.stop()
+        assert not errors, f"{len(errors)} failed requests or wrong pages, e.g. {errors[:5]}\n{log.read_text()}"
+        print(f"{traffic.count()} requests, {traffic.checked} pages read back and checked")
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(timeout=60) == 0, sup.stderr.read()
+        text = log.read_text()
+        assert text.count("took the FUSE connection over") == 6 and "handed over" in text, text
+        # Every acknowledged write is on the origin, and nothing else changed there.
+        with open(origin, "rb") as f:
+            data = f.read()
+        wrong = 0
+        for base, want in traffic.written:
+            for page, tag in want.items():
+                off = base + page * PAGE
+                wrong += data[off:off + PAGE] != tag
+        assert wrong == 0, f"{wrong} acknowledged page(s) not on the origin"
+        written = {base + page * PAGE for base, want in traffic.written for page in want}
+        assert all(data[o:o + PAGE] == ZERO_PAGE for o in range(0, size, PAGE) if o not in written)
+        assert len(set(pids)) == 7 and not any(alive(p) for p in pids), pids
+        assert not os.path.exists(ctl) and not os.path.exists(os.path.dirname(file))
+    finally:
+        if traffic:
+            traffic.stop()
+        if sup.poll() is None:
+            sup.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sup.wait(timeout=60)
+        for p in pids:
+            if p and alive(p):
+                os.kill(p, signal.SIGKILL)
+        if sup.poll() is None:
+            sup.kill()
+        with open("/proc/self/mountinfo") as f:
+            for d in [l.split()[4] for l in f if "/run/compcache/fuse-" in l.split()[4]]:
+                if pids and pids[0] and d.endswith(f"fuse-{pids[0]}"):
+                    run(["umount", "-l", d], check=False)

@@ -42,6 +42,7 @@ enum Command {
     Swapon(cmd::swapon::SwaponArgs),
     Swapoff(cmd::swapon::SwapoffArgs),
     Restart(cmd::swapon::RestartArgs),
+    Supervise(cmd::supervise::Args),
     /// The supervisor of a FUSE swap server (started by `compcache swapon`).
     #[command(hide = true)]
     SwapSupervisor(cmd::swapon::SupervisorArgs),
@@ -67,6 +68,7 @@ fn main() {
         Command::Swapon(a) => cmd::swapon::run_swapon(a),
         Command::Swapoff(a) => cmd::swapon::run_swapoff(a),
         Command::Restart(a) => cmd::swapon::run_restart(a),
+        Command::Supervise(a) => cmd::supervise::run(a),
         Command::SwapSupervisor(a) => cmd::swapon::run_supervisor(a),
         Command::Ublk(a) => cmd::device::run_ublk(a),
         Command::NbdAttach(a) => cmd::device::run_nbd_attach(a),

@@ -15,16 +15,19 @@
 //! the loop driver has let go of the file, the directory removed, and the backing device (if
 //! any) emptied. A start refused before the device is up removes a backing file it created.
 //!
-//! Supervised (docs/swap.md, "When the server dies"): when a holder is named (`NOTIFY_SOCKET`,
-//! swapon's supervisor or systemd) and the store's state outlives the process
-//! (`Store::state_fd`), the server first gives the holder the state's descriptor
+//! Supervised (docs/swap.md, "When the server dies"): when a holder is named (`NOTIFY_SOCKET`:
+//! swapon's supervisor, `compcache supervise`, or systemd) and the store's state outlives the
+//! process (`Store::state_fd`), the server first gives the holder the state's descriptor
 //! (`compcache-store`), a record of the mount (`compcache-fuse-init`: what INIT agreed, the
 //! mount directory) and every `/dev/fuse` descriptor it will read requests from
 //! (`compcache-fuse`), then serves (`compcache_fuse::mount_held`). A successor is started with
 //! `--takeover` and those descriptors (`LISTEN_FDS`): it recovers the store, serves the same
 //! connection (`compcache_fuse::take_over`, which has the kernel send the requests in flight
 //! again), finds the loop device on the file, and from then on is the server: its stop takes
-//! everything down as the first one's would. SIGUSR2 (`compcache restart`) hands over: stop
+//! everything down as the first one's would. A cache (`--origin`) has no state to keep but
+//! needs none: every acknowledged write is on the origin (write-through), so it stores the
+//! record and the connection only, and its successor serves them with an empty cache over the
+//! same origin (the cached pages are dropped; they are read from the origin again). SIGUSR2 (`compcache restart`) hands over: stop
 //! taking requests, answer those in flight, exit with `HANDED_OVER` without taking anything
 //! down. A panic aborts the process, so that the supervisor sees it die.
 
@@ -82,12 +85,15 @@ pub struct FuseArgs {
 pub const FD_STORE: &str = "compcache-store";
 pub const FD_INIT: &str = "compcache-fuse-init";
 pub const FD_FUSE: &str = "compcache-fuse";
-/// What a holder must keep for a FUSE successor (`swapon`'s `held_for_takeover`).
-pub const FUSE_HELD: &[&str] = &[FD_STORE, FD_INIT, FD_FUSE];
+/// What a holder must keep for a FUSE successor (the supervisor's `SERVERS`): the store's state
+/// (`FD_STORE`) too when the store has one, which the server stores before these; a cache has
+/// none.
+pub const FUSE_HELD: &[&str] = &[FD_INIT, FD_FUSE];
 
-/// What a successor gets: the store's state, the mount's record, the connection's descriptors.
+/// What a successor gets: the store's state (none for a cache), the mount's record, the
+/// connection's descriptors.
 struct Handed {
-    state: OwnedFd,
+    state: Option<OwnedFd>,
     negotiated: compcache_fuse::Negotiated,
     dir: PathBuf,
     fuse: Vec<OwnedFd>,
@@ -107,7 +113,6 @@ impl Handed {
                 _ => {}
             }
         }
-        let state = state.ok_or_else(|| format!("no {FD_STORE} descriptor was handed over"))?;
         let record = record.ok_or_else(|| format!("no {FD_INIT} descriptor was handed over"))?;
         let text = read_record(record)?;
         let mut lines = text.lines();
@@ -266,7 +271,12 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         false => None,
     };
     let (state, handed) = match handed {
-        Some(h) => (Some(h.state), Some((h.negotiated, h.dir, h.fuse))),
+        // A cache's successor starts with an empty cache (every acknowledged write is on the
+        // origin: write-through); any other store must be handed its state.
+        Some(h) if h.state.is_none() && args.store.origin.is_none() => {
+            return Err(with_code(TAKEOVER_REFUSED, format!("cannot take the device over: no {FD_STORE} descriptor was handed over")))
+        }
+        Some(h) => (h.state, Some((h.negotiated, h.dir, h.fuse))),
         None => (None, None),
     };
     let session = Session::start_with(&args.store, &args.server, Frontend::Fuse, state)?;
@@ -294,7 +304,8 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         }
         None => {
             let dir = make_mount_dir()?;
-            let survives = store.state_fd().is_some() && crate::fdstore::holder_named();
+            // A cache survives without its state: its successor starts empty over the origin.
+            let survives = (store.state_fd().is_some() || store.is_cache()) && crate::fdstore::holder_named();
             let mounted = if survives {
                 held = true;
                 let state = store.state_fd();
@@ -359,7 +370,9 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
     // device out of swap use (retrying while swapoff fails) and writes the final statistics.
     let name = match &lo {
         Some(l) => l.dev.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        None => format!("fuse-{}", std::process::id()),
+        // The mount directory's (`fuse-<pid of the first server>`): a successor keeps the name,
+        // and so the control socket's path.
+        None => dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
     };
     if session.while_up_handing_over(&dev, &name, &detail, &alive, held) == Ending::HandOver {
         let answered = mounted.hand_over(HANDOVER_TIMEOUT);

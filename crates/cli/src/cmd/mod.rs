@@ -8,6 +8,7 @@ pub mod recompress;
 pub mod serve;
 pub mod set;
 pub mod stat;
+pub mod supervise;
 pub mod writeback;
 // Swap set-up (swapon/swapoff), the servers it starts (ublk and nbd-attach in device.rs, fuse)
 // and what they share around the device (session.rs).

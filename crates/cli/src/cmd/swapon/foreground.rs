@@ -70,7 +70,7 @@ impl Server {
                 None if p.running() => Ok(None),
                 None => Err(None),
             },
-            Server::Supervised(s) => match s.watch(signals, &SwapState::path_for(&state.device)) {
+            Server::Supervised(s) => match s.watch(signals, Some(&SwapState::path_for(&state.device))) {
                 Watch::Signal(sig) => Ok(Some(sig)),
                 Watch::Stopped => Err(None),
                 Watch::Lost(why) => Err(Some(why)),

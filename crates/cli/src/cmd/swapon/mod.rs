@@ -45,7 +45,7 @@ use server::{stop_server, ServerProcess};
 use settings::{plan, Planned, Settings};
 use state::SwapState;
 pub use supervisor::{run_supervisor, SupervisorArgs};
-use supervisor::{Output, Supervisor};
+pub(crate) use supervisor::{Output, Supervisor, Watch};
 
 /// Set up a compressed RAM swap device in one step (mkswap and swapon included).
 #[derive(clap::Args, Debug)]

@@ -8,8 +8,8 @@
 //! gets them back. When the server exits:
 //! - with status 0, it was stopped on purpose (swapoff, SIGTERM): the supervisor ends too;
 //! - otherwise (killed, crashed, `HANDED_OVER` by `compcache restart`, a successor that
-//!   refused the state) and while what its front end needs is held ([`held_for_takeover`]:
-//!   the one place that says it per front end), a successor is
+//!   refused the state) and while what its server needs is held ([`SERVERS`]: the one place
+//!   that says it per server), a successor is
 //!   started: the same binary path and arguments plus `--takeover`, the held descriptors as
 //!   `LISTEN_FDS` from 3 with their names in `LISTEN_FDNAMES`. At once after a hand-over or a
 //!   death; after more than five deaths in ten seconds, or a successor that refused the state
@@ -36,26 +36,24 @@ use super::server::wait_ready;
 use super::state::{SwapState, STATE_DIR};
 use crate::failure::{Failure, HANDED_OVER, TAKEOVER_REFUSED};
 use crate::fdstore::{NotifySocket, LISTEN_FDS_START};
-use crate::frontend::Frontend;
 use crate::log;
 use crate::process::StopSignals;
 
-/// What a holder must keep so that a successor of `frontend`'s server can take its device
-/// over, by the names the server stores them under (each front end's module says why):
-/// - ublk: the store's state and the device's number (`device.rs`); the kernel keeps the
+/// The servers a supervisor starts, by their command (`args[0]`), and what a holder must keep
+/// so that a successor can take the device over, by the names the server stores them under
+/// (each server's module says why). A server command is added here, with its held names:
+/// - `ublk`: the store's state and the device's number (`device.rs`); the kernel keeps the
 ///   device and holds its I/O (user recovery), and `/dev/ublkcN` must not be held;
-/// - nbd: the store's state and the device's index (`device.rs`); the kernel keeps the
+/// - `nbd-attach`: the store's state and the device's index (`device.rs`); the kernel keeps the
 ///   device and queues its I/O for the dead-connection timeout, and the sockets must not be
 ///   held (their closing is how the kernel learns the server died);
-/// - FUSE: the store's state, the mount's record and every `/dev/fuse` descriptor of the
-///   connection (`fuse.rs`): the connection dies with its last descriptor.
-pub(super) fn held_for_takeover(frontend: Frontend) -> &'static [&'static str] {
-    match frontend {
-        Frontend::Ublk => crate::cmd::device::UBLK_HELD,
-        Frontend::Nbd => crate::cmd::device::NBD_HELD,
-        Frontend::Fuse => crate::cmd::fuse::FUSE_HELD,
-    }
-}
+/// - `fuse`: the mount's record and every `/dev/fuse` descriptor of the connection (`fuse.rs`):
+///   the connection dies with its last descriptor. The store's state too, which the server
+///   stores before these whenever its store has one; a cache (`--origin`) has none, and its
+///   successor starts with an empty cache over the same origin.
+const SERVERS: &[(&str, &[&str])] =
+    &[("ublk", crate::cmd::device::UBLK_HELD), ("nbd-attach", crate::cmd::device::NBD_HELD), ("fuse", crate::cmd::fuse::FUSE_HELD)];
+
 /// Deaths within this window ...
 const DEATH_WINDOW: Duration = Duration::from_secs(10);
 /// ... beyond this many make the supervisor pause before the next successor.
@@ -68,7 +66,7 @@ const TICK: Duration = Duration::from_millis(200);
 
 /// Where the server's output goes.
 #[derive(Debug, Clone)]
-pub(super) enum Output {
+pub(crate) enum Output {
     /// The supervisor's own stderr (`swapon --foreground`: the journal).
     Inherit,
     /// Appended to this file.
@@ -77,7 +75,7 @@ pub(super) enum Output {
 
 /// What ended [`Supervisor::watch`].
 #[derive(Debug)]
-pub(super) enum Watch {
+pub(crate) enum Watch {
     /// A stop signal came (SIGINT, SIGTERM, SIGHUP): the server still runs.
     Signal(i32),
     /// The server exited with status 0: it was stopped on purpose and took its device down.
@@ -86,9 +84,10 @@ pub(super) enum Watch {
     Lost(String),
 }
 
-pub(super) struct Supervisor {
-    /// The front end of the server (from its command, `args[0]`).
-    frontend: Frontend,
+pub(crate) struct Supervisor {
+    /// The server's command (`args[0]`), and the names a successor needs held ([`SERVERS`]).
+    command: &'static str,
+    needs: &'static [&'static str],
     /// The compcache binary, by the path it is installed at.
     exe: PathBuf,
     /// The server's arguments (`ublk ...`, `nbd-attach ...`, `fuse ...`), without `--ready-fd`
@@ -105,7 +104,7 @@ pub(super) struct Supervisor {
     /// The child's pidfd, readable when it exits.
     pidfd: Option<OwnedFd>,
     /// The device the server serves.
-    pub(super) device: PathBuf,
+    pub(crate) device: PathBuf,
     backoff: Backoff,
     /// Every server this supervisor started: only their messages are taken.
     started: Vec<u32>,
@@ -124,8 +123,10 @@ impl Supervisor {
         crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
         let path = PathBuf::from(format!("{STATE_DIR}/notify-{}.sock", std::process::id()));
         let socket = NotifySocket::bind(&path).map_err(|e| Failure::new(format!("{}: {e}", path.display())))?;
+        let (command, needs) = server_of(&args)?;
         Ok(Supervisor {
-            frontend: frontend_of(&args)?,
+            command,
+            needs,
             exe,
             args,
             output,
@@ -149,13 +150,13 @@ impl Supervisor {
 
     /// Starts the first server, `exe` with `args`, and waits until its device is up. `systemd`:
     /// the NOTIFY_SOCKET to forward stored descriptors to.
-    pub(super) fn start(exe: PathBuf, args: Vec<OsString>, output: Output, systemd: Option<OsString>) -> Result<Supervisor, Failure> {
+    pub(crate) fn start(exe: PathBuf, args: Vec<OsString>, output: Output, systemd: Option<OsString>) -> Result<Supervisor, Failure> {
         // On the way back from a dead server: never to be swapped out to its device (module docs).
         crate::process::pin_swap_server(true)?;
         let mut s = Supervisor::new(exe, args, output, Vec::new(), systemd)?;
-        let frontend = s.frontend;
+        let command = s.command;
         s.bring_up(false)
-            .map_err(|status| Failure::new(format!("the {frontend} server did not bring a device up ({})", describe(status))))?;
+            .map_err(|status| Failure::new(format!("the {command} server did not bring a device up ({})", describe(status))))?;
         Ok(s)
     }
 
@@ -163,7 +164,7 @@ impl Supervisor {
     /// (`held`, handed back as LISTEN_FDS when systemd restarted the unit): the server still
     /// running, `old_server`, is asked to hand over (SIGUSR2) and awaited, then a successor is
     /// started with the descriptors. The device it serves.
-    pub(super) fn adopt(
+    pub(crate) fn adopt(
         exe: PathBuf,
         args: Vec<OsString>,
         held: Vec<(String, OwnedFd)>,
@@ -195,13 +196,13 @@ impl Supervisor {
     }
 
     /// The running server's pid (0 while none runs).
-    pub(super) fn server_pid(&self) -> u32 {
+    pub(crate) fn server_pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
     }
 
-    /// Whether everything a successor needs is held ([`held_for_takeover`]).
-    pub(super) fn holds_connection(&self) -> bool {
-        held_for_takeover(self.frontend).iter().all(|name| self.held.iter().any(|(n, _)| n == name))
+    /// Whether everything a successor needs is held ([`SERVERS`]).
+    pub(crate) fn holds_connection(&self) -> bool {
+        self.needs.iter().all(|name| self.held.iter().any(|(n, _)| n == name))
     }
 
     /// Starts the server (a successor with `takeover`) and waits for its READY line: the
@@ -318,7 +319,7 @@ impl Supervisor {
     }
 
     /// Forgets every held descriptor (the device was taken down), here and in systemd's store.
-    pub(super) fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         if let Some(sd) = &self.systemd {
             let mut names: Vec<&str> = self.held.iter().map(|(n, _)| n.as_str()).collect();
             names.dedup();
@@ -331,7 +332,7 @@ impl Supervisor {
 
     /// Waits for a stop signal, starting a successor whenever the server dies (module docs).
     /// SIGUSR2 is passed on to the server (hand over to the installed binary).
-    pub(super) fn watch(&mut self, signals: &StopSignals, record: &Path) -> Watch {
+    pub(crate) fn watch(&mut self, signals: &StopSignals, record: Option<&Path>) -> Watch {
         loop {
             self.wait_event(TICK);
             self.drain();
@@ -370,12 +371,12 @@ impl Supervisor {
 
     /// Starts successors until one is up; a stop signal during a pause ends the attempts (it is
     /// returned).
-    fn revive(&mut self, mut status: Option<ExitStatus>, seen: Instant, signals: &StopSignals, record: &Path) -> Option<i32> {
+    fn revive(&mut self, mut status: Option<ExitStatus>, seen: Instant, signals: &StopSignals, record: Option<&Path>) -> Option<i32> {
         loop {
             let pause = self.backoff.after(status.and_then(|s| s.code()), Instant::now());
             log::warning(&format!(
                 "the {} server of {} ended ({}); {}",
-                self.frontend,
+                self.command,
                 self.device.display(),
                 describe(status),
                 if pause.is_zero() {
@@ -404,7 +405,9 @@ impl Supervisor {
                     ));
                     self.drain();
                     self.backoff.up();
-                    update_record(record, self.server_pid());
+                    if let Some(r) = record {
+                        update_record(r, self.server_pid());
+                    }
                     return None;
                 }
                 Err(s) => {
@@ -427,7 +430,7 @@ impl Supervisor {
 
     /// Stops the server (SIGTERM: it takes its device out of swap and down, and exits 0) and
     /// waits for it; then forgets the descriptors.
-    pub(super) fn stop(&mut self, timeout: Duration) -> Result<(), Failure> {
+    pub(crate) fn stop(&mut self, timeout: Duration) -> Result<(), Failure> {
         if let Some(child) = &mut self.child {
             // SAFETY: kill with our own child's pid (not yet reaped) and a signal number.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -448,20 +451,22 @@ impl Supervisor {
     }
 
     /// Leaves the server running on its own (the machine shuts down): not waited for.
-    pub(super) fn detach(mut self) {
+    pub(crate) fn detach(mut self) {
         if let Some(c) = self.child.take() {
             std::mem::forget(c);
         }
     }
 }
 
-/// The front end of a server's command line (`args[0]`: `ublk`, `nbd-attach`, `fuse`).
-fn frontend_of(args: &[OsString]) -> Result<Frontend, Failure> {
+/// The server of a command line (`args[0]`) and what its successor needs held ([`SERVERS`]).
+fn server_of(args: &[OsString]) -> Result<(&'static str, &'static [&'static str]), Failure> {
     let command = args.first().and_then(|a| a.to_str()).unwrap_or_default();
-    Frontend::ALL
-        .into_iter()
-        .find(|f| f.server_command() == command)
-        .ok_or_else(|| Failure::new(format!("{command:?} is not a swap server's command")))
+    let known: Vec<&str> = SERVERS.iter().map(|(c, _)| *c).collect();
+    SERVERS
+        .iter()
+        .copied()
+        .find(|(c, _)| *c == command)
+        .ok_or_else(|| Failure::new(format!("{command:?} is not a server a supervisor can restart (one of: {})", known.join(", "))))
 }
 
 /// When to start the next successor (module docs): at once, except after a refusal of the
@@ -581,7 +586,7 @@ pub fn run_supervisor(args: SupervisorArgs) -> Result<(), Failure> {
     let held = u8::from(sup.holds_connection());
     crate::cmd::session::signal_ready(Some(args.ready_fd), &format!("READY {} {} {held}\n", sup.device.display(), sup.server_pid()));
     let record = SwapState::path_for(&sup.device);
-    match sup.watch(&signals, &record) {
+    match sup.watch(&signals, Some(&record)) {
         Watch::Signal(sig) => {
             log::info(&format!("signal {sig}: stopping the server of {}", sup.device.display()));
             sup.stop(Duration::from_secs(60))
