@@ -9,8 +9,8 @@ swapoff: this measures the takeover, not swap), then KILLS times: SIGKILL to the
 server (2.1 s apart: more than five deaths in ten seconds make the supervisor pause, as for
 a crash loop), and at once an O_DIRECT 4 KiB read of the loop device from this process, which the
 kernel holds until the successor serves it. Prints per kill the time from the kill to the read's
-return, and the supervisor's own figure (its log: from seeing the death to the successor's
-READY), then p50 and max of both; `compcache swapoff` at the end.
+return, and the supervisor's own figures (its log: from seeing the death to the successor's
+READY, and how long it took to lock the dead server's state), then p50 and max; `compcache swapoff` at the end.
 
 A measurement, not a test (tests/test_takeover.py asserts the behaviour).
 """
@@ -106,6 +106,12 @@ def main():
         print(f"SIGKILL -> read served: p50 {statistics.median(served_ms):.1f} ms, max {max(served_ms):.1f} ms over {len(served_ms)} kills")
         if seen_ms:
             print(f"death seen -> successor READY (supervisor's log): p50 {statistics.median(seen_ms):.1f} ms, max {max(seen_ms):.1f} ms")
+        # The supervisor locks the dead server's state before it starts the successor.
+        pins = [(float(mib), float(ms)) for mib, ms in
+                re.findall(r"locked the state's ([0-9.]+) MiB in memory until a successor is up \(([0-9.]+) ms\)", log)][-a.kills:]
+        if pins:
+            ms = [p[1] for p in pins]
+            print(f"state locked by the supervisor: {pins[-1][0]:.1f} MiB in p50 {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
     finally:
         p = subprocess.run([binary, "swapoff", dev], env=env, capture_output=True, text=True)
         print(p.stdout.strip() or p.stderr.strip())

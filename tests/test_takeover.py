@@ -11,7 +11,8 @@ kernel send the requests in flight again (FUSE_NOTIFY_RESEND).
   fails, no page is wrong, each successor is a new process of the binary at that path, and
   `compcache swapoff` leaves no mount, loop device, process or /run state;
 - a successor that refuses the state (a binary that exits TAKEOVER_REFUSED, 78): the supervisor
-  pauses, growing, keeps the descriptors, and the device's users wait rather than fail; once a
+  pauses, growing, keeps the descriptors and the state's pages locked (VmLck), and the device's
+  users wait rather than fail; once a
   compcache that can read the state is installed again, the waiting read is served;
 - supervisor gone too: the last holder of the connection is gone, so reads fail with an I/O
   error, never data;
@@ -313,6 +314,16 @@ def test_a_refused_state_keeps_the_device_waiting_not_failing(builds):
         try:
             dev = Device(exe, {})
             dev.out_of_swap()
+            # 8 MiB of random pages (stored as they are: incompressible) for the supervisor to
+            # lock while no server holds them.
+            fd = os.open(dev.dev, os.O_WRONLY | os.O_DIRECT)
+            buf = mmap.mmap(-1, MiB)
+            for i in range(8):
+                buf[:] = os.urandom(MiB)
+                os.pwrite(fd, buf, (i + 2) * MiB)
+            os.close(fd)
+            sup = dev.first["supervisor"]
+            locked_before = locked_kib(sup)
             with open(exe + ".refusing", "w") as f:
                 f.write("#!/bin/sh\necho 'compcache: cannot take the device over: the state has layout 99' >&2\nexit 78\n")
             os.chmod(exe + ".refusing", 0o755)
@@ -339,14 +350,35 @@ def test_a_refused_state_keeps_the_device_waiting_not_failing(builds):
             assert reader.is_alive() and not result, f"the read did not wait: {result}"
             log = dev.log()
             assert "in 1s" in log and "in 2s" in log, "the supervisor did not pause, growing:\n" + log
+            # No server holds the state's pages locked meanwhile: the supervisor does.
+            during = locked_kib(sup)
+            pinned = during - locked_before
+            assert pinned >= 8 * 1024 and state_mapped(sup) and "locked the state's" in log, (pinned, log)
             install(good, exe)
             reader.join(timeout=60)
             assert result.get("n") == 4096, result
-            print(f"the read waited {result['s']:.1f} s and was served")
+            print(f"the read waited {result['s']:.1f} s and was served; meanwhile the supervisor's VmLck was {pinned} KiB"
+                  " higher (the whole mapping of the state file counts), and its log says: "
+                  + next(l for l in log.splitlines() if "locked the state's" in l))
             wait_for(lambda: alive(dev.record()["pid"]) and dev.record()["pid"] != old, "the good successor")
+            # Once the successor is up it holds them, and the supervisor lets go: the mapping
+            # is gone (VmLck counts the thread that held it too, whose stack glibc keeps).
+            wait_for(lambda: locked_kib(sup) <= during - 8 * 1024 and not state_mapped(sup), "the supervisor to unlock the state")
         finally:
             if dev:
                 dev.teardown()
+
+
+def state_mapped(pid):
+    """Whether `pid` maps a memfd (the store's state)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any("/memfd:" in l for l in f)
+
+
+def locked_kib(pid):
+    """VmLck of `pid`, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(l for l in f if l.startswith("VmLck:")).split()[1])
 
 
 def test_supervisor_gone_too_means_io_errors_not_data(builds):

@@ -27,6 +27,7 @@ mod restart;
 mod server;
 mod settings;
 mod state;
+mod state_pin;
 mod supervisor;
 
 use std::path::{Path, PathBuf};

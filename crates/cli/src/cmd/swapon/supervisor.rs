@@ -15,6 +15,9 @@
 //!   death; after more than five deaths in ten seconds, or a successor that refused the state
 //!   (`TAKEOVER_REFUSED`), only after a pause that doubles up to a minute (logged), the
 //!   descriptors staying held meanwhile: the device's users wait, nothing guessed is served;
+//!   Before it starts one, it locks the dead server's state in memory (`state_pin.rs`): the
+//!   server's locks went with it, and the successor locks the pages only once it has
+//!   recovered the store;
 //! - without them held (the store's state does not survive, so the server stored nothing),
 //!   the device is gone with the server, as before supervision.
 //!
@@ -34,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use super::server::wait_ready;
 use super::state::{SwapState, STATE_DIR};
+use super::state_pin::StatePin;
 use crate::failure::{Failure, HANDED_OVER, TAKEOVER_REFUSED};
 use crate::fdstore::{NotifySocket, LISTEN_FDS_START};
 use crate::log;
@@ -108,6 +112,10 @@ pub(crate) struct Supervisor {
     backoff: Backoff,
     /// Every server this supervisor started: only their messages are taken.
     started: Vec<u32>,
+    /// The dead server's state, locked from its death until a successor is up (`state_pin.rs`),
+    /// by a thread of its own while the successor starts.
+    /// Dropping the sender lets the thread go.
+    pin: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
 }
 
 impl Supervisor {
@@ -138,6 +146,7 @@ impl Supervisor {
             device: PathBuf::new(),
             backoff: Backoff::default(),
             started: Vec::new(),
+            pin: None,
         })
     }
 
@@ -363,6 +372,7 @@ impl Supervisor {
             if !self.holds_connection() {
                 return Watch::Lost(format!("the server exited ({}) and nothing a successor needs is held", describe(status)));
             }
+            self.pin_state();
             if let Some(sig) = self.revive(status, seen, signals, record) {
                 return Watch::Signal(sig);
             }
@@ -405,6 +415,8 @@ impl Supervisor {
                     ));
                     self.drain();
                     self.backoff.up();
+                    // The successor has locked the state itself (it maps every page again).
+                    self.unpin();
                     if let Some(r) = record {
                         update_record(r, self.server_pid());
                     }
@@ -415,6 +427,46 @@ impl Supervisor {
                     self.drain();
                 }
             }
+        }
+    }
+
+    /// Locks the held state's pages until a successor is up (`state_pin.rs`) on a thread of its
+    /// own, which starts at once and so runs while the successor starts (it takes tens of
+    /// milliseconds for hundreds of MiB); it logs how much and how long. A refused lock is a
+    /// warning: the successor locks the pages anyway.
+    fn pin_state(&mut self) {
+        self.unpin();
+        let Some((_, fd)) = self.held.iter().find(|(n, _)| n == crate::cmd::fuse::FD_STORE) else { return };
+        let Ok(fd) = fd.try_clone() else { return };
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new().name("state-pin".into()).spawn(move || {
+            let start = Instant::now();
+            match StatePin::lock(fd.as_fd()) {
+                Ok(pin) => {
+                    log::info(&format!(
+                        "locked the state's {:.1} MiB in memory until a successor is up ({:.1} ms)",
+                        pin.locked as f64 / (1 << 20) as f64,
+                        start.elapsed().as_secs_f64() * 1e3
+                    ));
+                    // Held until the supervisor lets go (its end of the channel dropped).
+                    let _ = wait.recv();
+                    drop(pin);
+                }
+                Err(e) => log::warning(&format!("cannot lock the state in memory until a successor is up: {e}")),
+            }
+        });
+        match spawned {
+            Ok(h) => self.pin = Some((h, release)),
+            Err(e) => log::warning(&format!("cannot lock the state in memory until a successor is up: {e}")),
+        }
+    }
+
+    /// Lets go of the state's lock ([`Supervisor::pin_state`]) once the thread holding it has
+    /// taken it: a successor that is up has locked the pages itself.
+    fn unpin(&mut self) {
+        if let Some((h, release)) = self.pin.take() {
+            drop(release);
+            let _ = h.join();
         }
     }
 
