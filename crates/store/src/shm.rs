@@ -149,32 +149,6 @@ impl StateMap {
         // nobody refers to its bytes.
         unsafe { libc::madvise(self.at(offset).as_ptr() as *mut libc::c_void, len, libc::MADV_REMOVE) == 0 }
     }
-
-    /// Frees the memory of `len` bytes at `offset` (page-aligned) whatever the locks on the
-    /// mapping: `fallocate(PUNCH_HOLE)` on the file. Errors are the kernel's.
-    ///
-    /// # Safety
-    /// As for [`StateMap::remove`].
-    pub unsafe fn punch(&self, offset: usize, len: usize) -> io::Result<()> {
-        let len = len.min(self.len.saturating_sub(offset));
-        if len == 0 {
-            return Ok(());
-        }
-        // SAFETY: a plain syscall on our descriptor; the caller guarantees nobody refers to
-        // the bytes, which read as zeros afterwards.
-        let r = unsafe {
-            libc::fallocate(
-                self.fd.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
 }
 
 /// A part of a state file handed to the code that owns its format (the backing tier's region,
@@ -210,7 +184,7 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { b.at(4096 + 7).as_ptr().read() }, 0xa5);
         // SAFETY: nobody refers to the page.
-        unsafe { b.punch(4096, 4096).unwrap() };
+        assert!(unsafe { b.remove(4096, 4096) }, "MADV_REMOVE (this test's memory is not locked)");
         // SAFETY: as above.
         assert_eq!(unsafe { a.at(4096 + 7).as_ptr().read() }, 0, "a hole reads as zeros");
     }

@@ -428,3 +428,46 @@ fn a_new_thread_reads_cold_pages_without_a_page_fault() {
     assert!(good == PAGES.div_ceil(3) + PAGES && st.bd_promoted_pages == 0, "{good} pages read, {st:?}");
     assert_eq!(faults, 0, "page faults reading cold pages on a thread that made its context");
 }
+
+/// A successor that takes a swap server's store over (`Store::recover`) inherits the reserve:
+/// the free pool pages its predecessor had made resident are in the state file, and recovery
+/// files them as resident, so the successor stores pages in fault-free mode at once, without
+/// faulting a reserve in again (which, while memory is short and its own device is the swap
+/// that would free some, might not complete).
+#[test]
+fn a_successor_inherits_the_reserve_and_stores_at_once() {
+    const PAGES: u64 = 2048;
+    const RESERVE_PAGES: u64 = 256;
+    let cfg = Config::with_disksize(PAGES * PAGE as u64);
+    let store = Store::new(cfg.clone()).unwrap();
+    let mut ctx = store.context();
+    assert_eq!(store.prefault(RESERVE_PAGES), RESERVE_PAGES);
+    store.set_fault_free(true);
+    let data: Vec<Vec<u8>> = (0..64).map(|i| page_of(i, 1, 1500)).collect();
+    for (i, d) in data.iter().enumerate() {
+        store.write_page(&mut ctx, i as u64, d).unwrap();
+    }
+    let reserve = store.reserve_free_pages();
+    assert!(reserve > 0 && reserve < RESERVE_PAGES, "{reserve}");
+    let fd = store.state_fd().unwrap().try_clone_to_owned().unwrap();
+    // The server dies (a drop leaves every page of a store without a backing device).
+    drop(ctx);
+    drop(store);
+    let (succ, report) = Store::recover(cfg, fd).unwrap();
+    assert_eq!(report.lost_pages, 0);
+    assert_eq!(succ.reserve_free_pages(), reserve, "the reserve is inherited, page for page");
+    assert_eq!(succ.stats().mem_reserve_free, reserve * PAGE as u64);
+    // Fault-free at once, no prefault: the inherited reserve takes the writes.
+    succ.set_fault_free(true);
+    let mut ctx = succ.context();
+    let more: Vec<Vec<u8>> = (64..128).map(|i| page_of(i, 1, 1500)).collect();
+    for (i, d) in more.iter().enumerate() {
+        succ.write_page(&mut ctx, 64 + i as u64, d).unwrap();
+    }
+    assert!(succ.reserve_free_pages() < reserve);
+    let mut page = vec![0u8; PAGE];
+    for (i, d) in data.iter().chain(more.iter()).enumerate() {
+        succ.read_page(&mut ctx, i as u64, &mut page).unwrap();
+        assert_eq!(&page, d, "page {i}");
+    }
+}

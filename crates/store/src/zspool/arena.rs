@@ -199,37 +199,38 @@ impl Arena {
     }
 
     /// Recovery: the pages in `used` (sorted, distinct) hold live zspages; every other page is
-    /// free. Pages below the highest used one go on the cold list, and the memory of every
-    /// free page (those and the never-used tail, which a dead process's reserve may have
-    /// touched) is given back with hole punching, which works under `mlock` too.
+    /// free. A free page whose memory is still there (data in the file: the dead process's
+    /// reserve, or pages it freed under `mlock`) goes on the resident list, as it would have
+    /// stayed there in the dead process: so a swap server's successor finds the reserve its
+    /// predecessor had made and need not fault it in again, perhaps while memory is short and
+    /// its own device is the swap that would free some. The others are holes and go on the
+    /// cold list. Nothing is punched: the memory is what the dead process held.
     pub fn recovered(&self, used: &[u32]) -> std::io::Result<()> {
-        let next_unused = used.last().map_or(0, |&p| p + 1);
-        let mut cold = Vec::new();
-        let mut it = used.iter().peekable();
+        let pages_len = self.capacity_pages as usize * PAGE_SIZE;
+        let base = self.page_offset(0);
+        let mut resident_pages: Vec<u32> = Vec::new();
+        for r in self.map.data_ranges(base, pages_len) {
+            let (first, last) = (((r.start - base) / PAGE_SIZE) as u32, ((r.end - base).div_ceil(PAGE_SIZE)) as u32);
+            resident_pages.extend(first..last.min(self.capacity_pages));
+        }
+        let next_unused = used.last().map_or(0, |&p| p + 1).max(resident_pages.last().map_or(0, |&p| p + 1));
+        let (mut resident, mut cold) = (Vec::new(), Vec::new());
+        let (mut u, mut r) = (used.iter().peekable(), resident_pages.iter().peekable());
         for pfn in 0..next_unused {
-            if it.peek() == Some(&&pfn) {
-                it.next();
+            while r.peek().is_some_and(|&&p| p < pfn) {
+                r.next();
+            }
+            if u.peek() == Some(&&pfn) {
+                u.next();
+            } else if r.peek() == Some(&&pfn) {
+                resident.push(pfn);
             } else {
                 cold.push(pfn);
             }
         }
-        // Punch runs of free pages, one call per run.
-        let mut i = 0;
-        while i < cold.len() {
-            let mut j = i + 1;
-            while j < cold.len() && cold[j] == cold[j - 1] + 1 {
-                j += 1;
-            }
-            // SAFETY: free pages: no slot names an object on them, and no other thread runs yet.
-            unsafe { self.map.punch(self.page_offset(cold[i]), (j - i) * PAGE_SIZE)? };
-            i = j;
-        }
-        let tail = (self.capacity_pages - next_unused) as usize * PAGE_SIZE;
-        // SAFETY: as above: pages past the last used one are free.
-        unsafe { self.map.punch(self.page_offset(next_unused.min(self.capacity_pages - 1)), tail)? };
         let mut st = self.state.lock();
         st.next_unused = next_unused;
-        st.resident.clear();
+        st.resident = resident;
         st.cold = cold;
         self.used_pages.store(used.len() as u64, Relaxed);
         self.max_used_pages.store(used.len() as u64, Relaxed);
