@@ -106,6 +106,11 @@ def main():
         print(f"SIGKILL -> read served: p50 {statistics.median(served_ms):.1f} ms, max {max(served_ms):.1f} ms over {len(served_ms)} kills")
         if seen_ms:
             print(f"death seen -> successor READY (supervisor's log): p50 {statistics.median(seen_ms):.1f} ms, max {max(seen_ms):.1f} ms")
+        recovered = [float(m) for m in re.findall(r"took the store over: .* in ([0-9.]+) ms", log)][-a.kills:]
+        if recovered:
+            print(f"Store::recover in the successor: p50 {statistics.median(recovered):.1f} ms, max {max(recovered):.1f} ms")
+        standby = log.count(" (the standby) serves ")
+        print(f"successors that were the standby started in advance: {standby} of {len(seen_ms)}")
         # The supervisor locks the dead server's state before it starts the successor.
         pins = [(float(mib), float(ms)) for mib, ms in
                 re.findall(r"locked the state's ([0-9.]+) MiB in memory until a successor is up \(([0-9.]+) ms\)", log)][-a.kills:]

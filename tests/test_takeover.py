@@ -43,6 +43,7 @@ import subprocess
 import threading
 import time
 import mmap
+import re
 import struct
 
 import pytest
@@ -119,6 +120,12 @@ class Device:
     def log(self):
         with open(self.first["log"]) as f:
             return f.read()
+
+    def log_if_any(self):
+        """The servers' log, if it is still there (for a failure's message)."""
+        with contextlib.suppress(OSError):
+            return self.log()[-6000:]
+        return "(no log left)"
 
     def out_of_swap(self):
         """Kernel swapoff only: the mechanics tests use the device as a plain block device."""
@@ -291,12 +298,15 @@ def test_kills_and_a_restart_to_another_build_fail_no_request(builds):
             log = dev.log()
             print("\n".join(l for l in log.splitlines() if "successor" in l or "took" in l or "hand" in l))
             assert log.count("starting a successor") >= 5 and "handed over" in log, log
+            # Each kill's successor was the standby started in advance; the hand-over's is the
+            # build installed since (the standby, of the old build, was dismissed).
+            assert log.count("(the standby) serves") >= 5, log
             assert "FUSE_NOTIFY_RESEND)" in log and "refused FUSE_NOTIFY_RESEND" not in log, log
             pids.append(new)
             assert len(set(pids)) == 7
             p = dev.swapoff()
             assert p.returncode == 0, p.stderr
-            assert dev.leftovers(pids) == []
+            assert dev.leftovers(pids) == [], dev.log_if_any()
         finally:
             if dev:
                 dev.teardown()
@@ -329,7 +339,10 @@ def test_a_refused_state_keeps_the_device_waiting_not_failing(builds):
             os.chmod(exe + ".refusing", 0o755)
             os.replace(exe + ".refusing", exe)
             old = dev.record()["pid"]
-            os.kill(old, signal.SIGKILL)
+            # An upgrade to it (a kill would be taken over by the standby, started from the
+            # good build before the replacement).
+            os.kill(sup, signal.SIGUSR2)
+            wait_for(lambda: not alive(old), "the server to hand over")
             result = {}
 
             def read():
@@ -397,7 +410,7 @@ def test_supervisor_gone_too_means_io_errors_not_data(builds):
             assert p.returncode != 0 and "Input/output error" in p.stderr, p.stderr
             p = dev.swapoff()
             assert p.returncode == 0, p.stderr
-            assert dev.leftovers() == []
+            assert dev.leftovers() == [], dev.log_if_any()
         finally:
             if dev:
                 dev.teardown()
@@ -446,7 +459,7 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
             assert max(swapped_kib, default=0) > 0, "nothing was swapped to the device"
             p = dev.swapoff()
             assert p.returncode == 0, p.stderr
-            assert dev.leftovers() == []
+            assert dev.leftovers() == [], dev.log_if_any()
         finally:
             if proc is not None and proc.poll() is None:
                 proc.kill()
@@ -494,14 +507,31 @@ def test_a_held_server_stores_before_serving_and_uses_dev_fuse(compcache_bin, tm
         notify.close()
 
 
-def server_of(supervisor):
-    """The pid of the server `supervisor` runs now (its one child), or None."""
+def children(pid):
     with contextlib.suppress(OSError):
-        with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
-            kids = [int(p) for p in f.read().split()]
-        if kids and alive(kids[0]):
-            return kids[0]
-    return None
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    return []
+
+
+def cmdline(pid):
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    return b""
+
+
+def is_standby(pid):
+    return b"--standby-fd" in cmdline(pid)
+
+
+def server_of(supervisor, first, err):
+    """The pid of the server `supervisor` runs now: the last successor its log `err` names, else
+    `first`, if it is alive."""
+    with open(err) as f:
+        named = re.findall(r"successor pid (\d+)", f.read())
+    pid = int(named[-1]) if named else first
+    return pid if alive(pid) else None
 
 
 def test_a_supervised_cache_loses_no_acknowledged_write(compcache_bin, tmp_path):
@@ -512,15 +542,19 @@ def test_a_supervised_cache_loses_no_acknowledged_write(compcache_bin, tmp_path)
     with open(origin, "wb") as f:
         f.truncate(size)
     log = tmp_path / "servers.log"
-    sup = subprocess.Popen([compcache_bin, "supervise", "--log", str(log), "--", "fuse", "--origin", str(origin),
-                            "--mem-limit", "8M", "--no-loop"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = tmp_path / "supervise.err"
+    with open(err, "w") as f:
+        sup = subprocess.Popen([compcache_bin, "supervise", "--log", str(log), "--", "fuse", "--origin", str(origin),
+                                "--mem-limit", "8M", "--no-loop"], stdout=subprocess.PIPE, stderr=f, text=True)
     traffic, pids = None, []
     try:
         line = sup.stdout.readline()
-        assert "served by pid" in line and "a successor takes over" in line, (line, sup.stderr.read() if sup.poll() is not None else "")
+        assert "served by pid" in line and "a successor takes over" in line, (line, err.read_text())
         file = line.split("supervise: ", 1)[1].split(" served by", 1)[0]
         ctl = f"/run/compcache/{os.path.basename(os.path.dirname(file))}.ctl"
-        pids.append(server_of(sup.pid))
+        first = int(line.split("served by pid ", 1)[1].split()[0])
+        pids.append(first)
+        wait_for(lambda: any(is_standby(k) for k in children(sup.pid)), "a standby")
         traffic = Traffic(file, size)
         for i in range(6):
             time.sleep(0.4)
@@ -530,8 +564,8 @@ def test_a_supervised_cache_loses_no_acknowledged_write(compcache_bin, tmp_path)
                 os.kill(sup.pid, signal.SIGUSR2)
             else:
                 os.kill(old, signal.SIGKILL)
-            wait_for(lambda: server_of(sup.pid) not in (None, old), "a successor", timeout=60)
-            pids.append(server_of(sup.pid))
+            wait_for(lambda: server_of(sup.pid, first, err) not in (None, old), "a successor", timeout=60)
+            pids.append(server_of(sup.pid, first, err))
             served = traffic.count()
             wait_for(lambda: traffic.count() > served + 20, "requests served by the successor")
         # `compcache stat` finds the successor at the first server's control socket.
@@ -541,9 +575,13 @@ def test_a_supervised_cache_loses_no_acknowledged_write(compcache_bin, tmp_path)
         assert not errors, f"{len(errors)} failed requests or wrong pages, e.g. {errors[:5]}\n{log.read_text()}"
         print(f"{traffic.count()} requests, {traffic.checked} pages read back and checked")
         sup.send_signal(signal.SIGTERM)
-        assert sup.wait(timeout=60) == 0, sup.stderr.read()
+        assert sup.wait(timeout=60) == 0, err.read_text()
+        sup_err = err.read_text()
         text = log.read_text()
         assert text.count("took the FUSE connection over") == 6 and "handed over" in text, text
+        # The kills' successors were standbys started in advance; each left none behind.
+        assert sup_err.count("(the standby) serves") == 5, sup_err
+        assert not [p for p in os.listdir("/proc") if p.isdigit() and str(origin).encode() in cmdline(int(p))]
         # Every acknowledged write is on the origin, and nothing else changed there.
         with open(origin, "rb") as f:
             data = f.read()

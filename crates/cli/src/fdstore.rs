@@ -10,6 +10,12 @@
 //!   cannot know its child's pid before the exec, so it sets none, and the server takes the
 //!   descriptors only when told it takes a device over (`--takeover`).
 //!
+//! - A standby (a successor started in advance, waiting): compcache's supervisor sends it the
+//!   held descriptors on a `SOCK_SEQPACKET` socket pair, one `FDNAME=<name>` message per
+//!   name (and per [`MAX_FDS_PER_MESSAGE`]) and then `GO=1` ([`hand_to_standby`]); the standby
+//!   takes them ([`wait_as_standby`]) and [`handed`] returns them. The end of the connection
+//!   before `GO=1` dismisses it.
+//!
 //! Every received descriptor is made close-on-exec at once, as systemd's own readers do.
 
 use std::ffi::OsString;
@@ -33,8 +39,8 @@ fn notify_address(name: &std::ffi::OsStr) -> io::Result<std::os::unix::net::Sock
     }
 }
 
-/// Sends `text` with `fds` (SCM_RIGHTS) on `sock` to `to`.
-fn send_with_fds(sock: &UnixDatagram, text: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+/// Sends `text` with `fds` (SCM_RIGHTS) on the connected socket `sock`.
+fn send_with_fds(sock: BorrowedFd<'_>, text: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if fds.len() > MAX_FDS_PER_MESSAGE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -87,7 +93,7 @@ pub fn notify(text: &str, fds: &[BorrowedFd<'_>]) -> io::Result<bool> {
 pub fn notify_to(name: &std::ffi::OsStr, text: &str, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let sock = UnixDatagram::unbound()?;
     sock.connect_addr(&notify_address(name)?)?;
-    send_with_fds(&sock, text, fds)
+    send_with_fds(std::os::fd::AsFd::as_fd(&sock), text, fds)
 }
 
 /// Whether a holder is named (`$NOTIFY_SOCKET` is set).
@@ -117,11 +123,59 @@ pub fn check_name(name: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// The descriptors a standby was handed ([`wait_as_standby`]), which [`handed`] returns.
+static STANDBY_HANDED: std::sync::Mutex<Option<Vec<(String, OwnedFd)>>> = std::sync::Mutex::new(None);
+
+/// A `SOCK_SEQPACKET` socket pair, both ends close-on-exec: (the supervisor's, the standby's).
+pub fn standby_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: socketpair fills the two-int array it is given.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: socketpair succeeded: two new descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The supervisor's side: sends `held` (names and descriptors, in order) to the standby on
+/// `sock`, then `GO=1`.
+pub fn hand_to_standby(sock: BorrowedFd<'_>, held: &[(String, OwnedFd)]) -> io::Result<()> {
+    let mut i = 0;
+    while i < held.len() {
+        let name = &held[i].0;
+        let run = held[i..].iter().take_while(|(n, _)| n == name).count().min(MAX_FDS_PER_MESSAGE);
+        let fds: Vec<BorrowedFd<'_>> = held[i..i + run].iter().map(|(_, f)| std::os::fd::AsFd::as_fd(f)).collect();
+        send_with_fds(sock, &format!("FDNAME={name}\n"), &fds)?;
+        i += run;
+    }
+    send_with_fds(sock, "GO=1\n", &[])
+}
+
+/// The standby's side: waits on `sock` (blocking) for the descriptors of a device to take
+/// over. `Ok(true)`: they came (and `GO=1`): [`handed`] returns them; `Ok(false)`: dismissed
+/// (the supervisor closed its end, or is gone).
+pub fn wait_as_standby(sock: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut got = Vec::new();
+    loop {
+        let Some(m) = recv_message(sock, 0)? else { return Ok(false) };
+        if m.get("GO") == Some("1") {
+            *STANDBY_HANDED.lock().unwrap_or_else(|p| p.into_inner()) = Some(got);
+            return Ok(true);
+        }
+        let name = m.get("FDNAME").unwrap_or("unknown").to_string();
+        got.extend(m.fds.into_iter().map(|fd| (name.clone(), fd)));
+    }
+}
+
 /// The descriptors handed to this process (`LISTEN_FDS`, `LISTEN_FDNAMES`) with their names,
-/// made close-on-exec; the variables are removed so that children do not see them. With
+/// made close-on-exec; the variables are removed so that children do not see them. A standby
+/// gets those it was sent instead ([`wait_as_standby`]). With
 /// `LISTEN_PID` set, only if it is this process (systemd's rule); without it, only if
 /// `!require_pid`: the caller says the descriptors are its own (`--takeover`).
 pub fn handed(require_pid: bool) -> io::Result<Vec<(String, OwnedFd)>> {
+    if let Some(v) = STANDBY_HANDED.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Ok(v);
+    }
     let n: usize = match std::env::var("LISTEN_FDS") {
         Ok(v) => v.trim().parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("LISTEN_FDS={v:?} is not a number")))?,
         Err(_) => return Ok(Vec::new()),
@@ -207,57 +261,66 @@ impl NotifySocket {
 
     /// The next message, or `None` when none is queued.
     pub fn recv(&self) -> io::Result<Option<Message>> {
-        let mut data = vec![0u8; 4096];
-        // Room for MAX_FDS_PER_MESSAGE descriptors and the credentials.
-        // SAFETY: CMSG_SPACE is arithmetic.
-        let space = unsafe {
-            libc::CMSG_SPACE((MAX_FDS_PER_MESSAGE * size_of::<RawFd>()) as u32) + libc::CMSG_SPACE(size_of::<libc::ucred>() as u32)
-        } as usize;
-        let mut control = vec![0u8; space];
-        let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-        // SAFETY: msghdr is plain data; all-zero is a valid empty header, filled in below.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: `msg` points at `iov` (over `data`) and `control`, alive and writable for
-        // their stated lengths; MSG_CMSG_CLOEXEC makes the received descriptors close-on-exec.
-        let n = unsafe { libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(None),
-                _ => Err(e),
-            };
-        }
-        let mut fds = Vec::new();
-        let mut pid = 0;
-        // SAFETY: the CMSG_* walk stays inside `control` as recvmsg filled it
-        // (msg_controllen); each SCM_RIGHTS entry's data is an array of descriptors now owned
-        // by this process, taken once each; SCM_CREDENTIALS's data is one ucred.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
-                    let p = libc::CMSG_DATA(c).cast::<RawFd>();
-                    for i in 0..count {
-                        fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
-                    }
-                } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
-                    let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                    pid = cred.pid as u32;
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-            // Descriptors that did not fit were closed by the kernel: the message is not whole.
-            return Err(io::Error::other("a notify message carried more descriptors than a holder takes"));
-        }
-        Ok(Some(Message { text: String::from_utf8_lossy(&data[..n as usize]).into_owned(), fds, pid }))
+        recv_message(std::os::fd::AsFd::as_fd(&self.sock), libc::MSG_DONTWAIT)
     }
+}
+
+/// The next message on `sock` (`flags`: `MSG_DONTWAIT` or none), `None` when none is queued
+/// (`MSG_DONTWAIT`) or at the end of a connection (a `SOCK_SEQPACKET` peer gone).
+fn recv_message(sock: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<Option<Message>> {
+    let mut data = vec![0u8; 4096];
+    // Room for MAX_FDS_PER_MESSAGE descriptors and the credentials.
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let space =
+        unsafe { libc::CMSG_SPACE((MAX_FDS_PER_MESSAGE * size_of::<RawFd>()) as u32) + libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) }
+            as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header, filled in below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points at `iov` (over `data`) and `control`, alive and writable for
+    // their stated lengths; MSG_CMSG_CLOEXEC makes the received descriptors close-on-exec.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock => Ok(None),
+            _ => Err(e),
+        };
+    }
+    if n == 0 && flags & libc::MSG_DONTWAIT == 0 {
+        return Ok(None);
+    }
+    let mut fds = Vec::new();
+    let mut pid = 0;
+    // SAFETY: the CMSG_* walk stays inside `control` as recvmsg filled it
+    // (msg_controllen); each SCM_RIGHTS entry's data is an array of descriptors now owned
+    // by this process, taken once each; SCM_CREDENTIALS's data is one ucred.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                let p = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                }
+            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                pid = cred.pid as u32;
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // Descriptors that did not fit were closed by the kernel: the message is not whole.
+        return Err(io::Error::other("a notify message carried more descriptors than a holder takes"));
+    }
+    Ok(Some(Message { text: String::from_utf8_lossy(&data[..n as usize]).into_owned(), fds, pid }))
 }
 
 impl Drop for NotifySocket {
@@ -291,6 +354,40 @@ mod tests {
         assert_eq!(&got, b"x");
         drop(holder);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_standby_gets_every_descriptor_by_name_or_is_dismissed() {
+        let (sup, standby) = standby_pair().unwrap();
+        // 70 descriptors under one name: two messages.
+        let mut held: Vec<(String, OwnedFd)> = Vec::new();
+        let pipes: Vec<_> = (0..35).map(|_| std::os::unix::net::UnixStream::pair().unwrap()).collect();
+        held.push(("compcache-store".into(), pipes[0].0.try_clone().unwrap().into()));
+        for (a, b) in &pipes {
+            held.push(("compcache-fuse".into(), a.try_clone().unwrap().into()));
+            held.push(("compcache-fuse".into(), b.try_clone().unwrap().into()));
+        }
+        held.push(("compcache-fuse-init".into(), pipes[1].0.try_clone().unwrap().into()));
+        let t = std::thread::spawn(move || {
+            assert!(wait_as_standby(standby.as_fd()).unwrap());
+            handed(true).unwrap()
+        });
+        hand_to_standby(sup.as_fd(), &held).unwrap();
+        let got = t.join().unwrap();
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        let want: Vec<&str> = held.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, want);
+        // The same sockets: what is written on the first pair's `a` arrives on the received `b`.
+        std::io::Write::write_all(&mut &pipes[0].0, b"y").unwrap();
+        let b = std::os::unix::net::UnixStream::from(got.into_iter().nth(2).unwrap().1);
+        let mut byte = [0u8; 1];
+        std::io::Read::read_exact(&mut &b, &mut byte).unwrap();
+        assert_eq!(&byte, b"y");
+        // Dismissed: the supervisor's end closed before GO.
+        let (sup, standby) = standby_pair().unwrap();
+        send_with_fds(sup.as_fd(), "FDNAME=compcache-store\n", &[pipes[2].0.as_fd()]).unwrap();
+        drop(sup);
+        assert!(!wait_as_standby(standby.as_fd()).unwrap());
     }
 
     #[test]

@@ -188,6 +188,11 @@ fn fix_malloc_mmap_threshold() {
 ///   every swapped-out page with it (zram's memory is the kernel's, which it cannot kill
 ///   either). nbd-client does the same with `-swap`.
 pub fn pin_swap_server(mlock: bool) -> Result<(), Failure> {
+    // Once per process (a standby pins itself before it is needed, then starts the session).
+    static PINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if PINNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
     if mlock {
         lock_memory("swap server (without --no-mlock)")?;
     }

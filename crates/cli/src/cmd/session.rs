@@ -56,6 +56,46 @@ pub struct ServerArgs {
     /// File descriptor to write "READY <device>" to once the device is up (used by swapon).
     #[arg(long, value_name = "FD", hide = true, value_parser = parse_ready_fd)]
     pub ready_fd: Option<i32>,
+
+    /// Start as a standby (a supervisor's, with --takeover): pin the process, then wait on this
+    /// socket for the descriptors of the device to take over ([`wait_if_standby`]).
+    #[arg(long, value_name = "FD", hide = true, value_parser = parse_standby_fd, requires = "takeover")]
+    pub standby_fd: Option<i32>,
+}
+
+/// Parses `--standby-fd`: a socket (the supervisor's socket pair) above stderr.
+fn parse_standby_fd(text: &str) -> Result<i32, String> {
+    let fd: i32 = text.parse().map_err(|_| format!("{text:?} is not a descriptor number"))?;
+    // SAFETY: stat is plain data; all-zero is valid storage for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes only into `st`; a bad descriptor is EBADF, not undefined behaviour.
+    if fd <= 2 || unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(format!("descriptor {fd} is not the socket a supervisor passes a standby"));
+    }
+    Ok(fd)
+}
+
+/// A standby (`--standby-fd`, started by a supervisor in advance of a server's death): pinned
+/// as a swap server is, its memory locked before it is needed, it waits until its supervisor
+/// hands it the descriptors of the device to take over, and returns; the server then takes
+/// them as it takes `LISTEN_FDS` (`fdstore::handed`). Dismissed (the supervisor closed the
+/// socket, or died), it exits 0. Called first by every server, before it reads what it was
+/// handed. What a successor still needs after this is little: the heap for its recovery's
+/// lists (proportional to the pages it serves, a few MiB for hundreds of MiB) and no reserve
+/// (recovery hands it its predecessor's resident free pages).
+pub fn wait_if_standby(server: &ServerArgs) -> Result<(), Failure> {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    let Some(fd) = server.standby_fd else { return Ok(()) };
+    pin_swap_server(!server.no_mlock)?;
+    // SAFETY: the supervisor passed this descriptor for exactly this use (`parse_standby_fd`
+    // checked it is a socket); nothing else in this process owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    log::info(&format!("standby pid {}: memory locked, waiting for a device to take over", std::process::id()));
+    match crate::fdstore::wait_as_standby(sock.as_fd()) {
+        Ok(true) => Ok(()),
+        Ok(false) => std::process::exit(0),
+        Err(e) => Err(Failure::new(format!("standby: waiting for the descriptors: {e}"))),
+    }
 }
 
 /// Parses `--ready-fd`: the write end of the pipe `compcache swapon` passes. Anything else (a

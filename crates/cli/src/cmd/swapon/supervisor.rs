@@ -17,7 +17,14 @@
 //!   descriptors staying held meanwhile: the device's users wait, nothing guessed is served;
 //!   Before it starts one, it locks the dead server's state in memory (`state_pin.rs`): the
 //!   server's locks went with it, and the successor locks the pages only once it has
-//!   recovered the store;
+//!   recovered the store. The successor is the *standby* when one waits: a process of the
+//!   server started in advance (`--takeover --standby-fd N`), once each server is up, that
+//!   has pinned itself (memory locked) and waits on a socket pair for the held descriptors
+//!   (`fdstore::hand_to_standby`); so the successor of a death needs no exec, no program
+//!   read from disk and no pinning while memory may be short, and comes up sooner. A
+//!   hand-over (SIGUSR2, exit `HANDED_OVER`) dismisses the standby first: its successor is
+//!   the binary installed now. A standby that died or cannot be handed the descriptors is
+//!   replaced by a successor started then;
 //! - without them held (the store's state does not survive, so the server stored nothing),
 //!   the device is gone with the server, as before supervision.
 //!
@@ -114,6 +121,8 @@ pub(crate) struct Supervisor {
     started: Vec<u32>,
     /// The dead server's state, locked from its death until a successor is up (`state_pin.rs`),
     /// by a thread of its own while the successor starts.
+    /// The standby, while one waits (`start_standby`).
+    standby: Option<Standby>,
     /// Dropping the sender lets the thread go.
     pin: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
 }
@@ -146,6 +155,7 @@ impl Supervisor {
             device: PathBuf::new(),
             backoff: Backoff::default(),
             started: Vec::new(),
+            standby: None,
             pin: None,
         })
     }
@@ -154,6 +164,7 @@ impl Supervisor {
     fn bring_up(&mut self, takeover: bool) -> Result<(), Option<ExitStatus>> {
         self.device = self.spawn(takeover)?;
         self.drain();
+        self.start_standby();
         Ok(())
     }
 
@@ -217,35 +228,51 @@ impl Supervisor {
     /// Starts the server (a successor with `takeover`) and waits for its READY line: the
     /// device, or how the server ended when it did not come up.
     fn spawn(&mut self, takeover: bool) -> Result<PathBuf, Option<ExitStatus>> {
-        let handed: Vec<&(String, OwnedFd)> = if takeover { self.held.iter().collect() } else { Vec::new() };
+        let mode = if takeover { Launch::Takeover } else { Launch::Fresh };
+        let (child, ready_r, _) = self.launch(mode).map_err(|()| None)?;
+        self.await_ready(child, ready_r)
+    }
+
+    /// Starts a process of the server: a first one (`Fresh`), a successor handed the held
+    /// descriptors (`Takeover`), or a standby that waits for them on a socket (`Standby`, whose
+    /// end of the socket pair is returned). Errors are logged.
+    fn launch(&mut self, mode: Launch) -> Result<(Child, OwnedFd, Option<OwnedFd>), ()> {
+        let handed: Vec<&(String, OwnedFd)> = if mode == Launch::Takeover { self.held.iter().collect() } else { Vec::new() };
         let n = handed.len() as RawFd;
         let first_free = LISTEN_FDS_START + n;
-        let (ready_r, ready_w) = pipe().map_err(|e| {
-            log::error(&format!("pipe: {e}"));
-            None
-        })?;
+        let (ready_r, ready_w) = pipe().map_err(|e| log::error(&format!("pipe: {e}")))?;
         // Every descriptor the child gets by number lies at or above `first_free`, so that
         // moving the handed ones to 3.. in the child overwrites none of them.
-        let ready_child = dup_above(ready_w.as_fd().as_raw_fd(), first_free, false).map_err(|_| None)?;
+        let ready_child = dup_above(ready_w.as_fd().as_raw_fd(), first_free, false).map_err(|_| ())?;
         let sources: Vec<OwnedFd> = handed.iter().filter_map(|(_, fd)| dup_above(fd.as_raw_fd(), first_free, true).ok()).collect();
         if sources.len() != handed.len() {
             log::error("duplicating the held descriptors failed");
-            return Err(None);
+            return Err(());
         }
+        let standby = match mode {
+            Launch::Standby => {
+                let (ours, theirs) = crate::fdstore::standby_pair().map_err(|e| log::error(&format!("socketpair: {e}")))?;
+                Some((ours, dup_above(theirs.as_raw_fd(), first_free, false).map_err(|_| ())?))
+            }
+            _ => None,
+        };
         let mut cmd = Command::new(&self.exe);
         cmd.arg0("@compcache").args(&self.args).arg("--ready-fd").arg(ready_child.as_raw_fd().to_string());
         cmd.env("NOTIFY_SOCKET", self.socket.env_value()).env_remove("LISTEN_PID").env_remove("LISTEN_FDS").env_remove("LISTEN_FDNAMES");
-        if takeover {
-            let names: Vec<&str> = handed.iter().map(|(name, _)| name.as_str()).collect();
-            cmd.arg("--takeover").env("LISTEN_FDS", handed.len().to_string()).env("LISTEN_FDNAMES", names.join(":"));
+        match (&mode, &standby) {
+            (Launch::Takeover, _) => {
+                let names: Vec<&str> = handed.iter().map(|(name, _)| name.as_str()).collect();
+                cmd.arg("--takeover").env("LISTEN_FDS", handed.len().to_string()).env("LISTEN_FDNAMES", names.join(":"));
+            }
+            (Launch::Standby, Some((_, theirs))) => {
+                cmd.arg("--takeover").arg("--standby-fd").arg(theirs.as_raw_fd().to_string());
+            }
+            _ => {}
         }
         cmd.stdin(Stdio::null()).process_group(0);
         if let Output::Log(path) = &self.output {
-            let file = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| {
-                log::error(&format!("{}: {e}", path.display()));
-                None
-            })?;
-            let copy = file.try_clone().map_err(|_| None)?;
+            let file = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| log::error(&format!("{}: {e}", path.display())))?;
+            let copy = file.try_clone().map_err(|_| ())?;
             cmd.stdout(copy).stderr(file);
         }
         let raw: Vec<RawFd> = sources.iter().map(|f| f.as_raw_fd()).collect();
@@ -262,12 +289,15 @@ impl Supervisor {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| {
-            log::error(&format!("starting {}: {e}", self.exe.display()));
-            None
-        })?;
+        let child = cmd.spawn().map_err(|e| log::error(&format!("starting {}: {e}", self.exe.display())))?;
         drop((ready_w, ready_child, sources));
         self.started.push(child.id());
+        Ok((child, ready_r, standby.map(|(ours, _theirs)| ours)))
+    }
+
+    /// Waits for `child`'s READY line on `ready_r`: then it is the server, and its device is
+    /// returned; else it is not serving (killed if still running), and how it ended.
+    fn await_ready(&mut self, mut child: Child, ready_r: OwnedFd) -> Result<PathBuf, Option<ExitStatus>> {
         self.pidfd = pidfd_open(child.id());
         match wait_ready(ready_r) {
             Some(dev) => {
@@ -283,6 +313,50 @@ impl Supervisor {
                     let _ = child.kill();
                 }
                 Err(child.wait().ok())
+            }
+        }
+    }
+
+    /// Starts a standby for the server that is up (docs/swap.md, "A standby"), if a successor
+    /// could take over (the connection is held) and none waits yet. A failure is logged: the
+    /// successor is then started when needed, as without a standby.
+    fn start_standby(&mut self) {
+        if self.standby.is_some() || !self.holds_connection() {
+            return;
+        }
+        if let Ok((child, ready, Some(sock))) = self.launch(Launch::Standby) {
+            self.standby = Some(Standby { child, ready, sock });
+        }
+    }
+
+    /// Hands the held descriptors to the standby and waits for its READY. `None`: there is no
+    /// live standby, or it could not be handed them (it is then dismissed): start a successor.
+    fn activate_standby(&mut self) -> Option<Result<PathBuf, Option<ExitStatus>>> {
+        let mut s = self.standby.take()?;
+        if !matches!(s.child.try_wait(), Ok(None)) {
+            log::warning(&format!("the standby (pid {}) had ended: starting a successor instead", s.child.id()));
+            let _ = s.child.wait();
+            return None;
+        }
+        if let Err(e) = crate::fdstore::hand_to_standby(s.sock.as_fd(), &self.held) {
+            log::warning(&format!("handing the descriptors to the standby (pid {}): {e}; starting a successor instead", s.child.id()));
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+            return None;
+        }
+        Some(self.await_ready(s.child, s.ready))
+    }
+
+    /// Dismisses the standby, if any (its socket closed: it exits 0), and waits for it.
+    fn dismiss_standby(&mut self) {
+        if let Some(mut s) = self.standby.take() {
+            drop(s.sock);
+            let start = Instant::now();
+            while matches!(s.child.try_wait(), Ok(None)) {
+                if start.elapsed() > Duration::from_secs(5) {
+                    let _ = s.child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
         }
     }
@@ -349,6 +423,9 @@ impl Supervisor {
                 Some(libc::SIGUSR2) => {
                     let pid = self.server_pid();
                     log::info(&format!("SIGUSR2: asking the server (pid {pid}) to hand over to {}", self.exe.display()));
+                    // The standby runs the binary as it was when it started: the successor of a
+                    // hand-over is the one installed now.
+                    self.dismiss_standby();
                     if pid != 0 {
                         // SAFETY: kill with our own child's pid (not yet reaped) and a signal number.
                         unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR2) };
@@ -367,9 +444,11 @@ impl Supervisor {
             self.pidfd = None;
             self.drain();
             if status.is_some_and(|s| s.code() == Some(0)) {
+                self.dismiss_standby();
                 return Watch::Stopped;
             }
             if !self.holds_connection() {
+                self.dismiss_standby();
                 return Watch::Lost(format!("the server exited ({}) and nothing a successor needs is held", describe(status)));
             }
             self.pin_state();
@@ -404,10 +483,19 @@ impl Supervisor {
                     }
                 }
             }
-            match self.spawn(true) {
+            if status.and_then(|s| s.code()) == Some(HANDED_OVER) {
+                // A hand-over (`compcache restart` signals the server itself): its successor is
+                // the binary installed now, not the standby started from the one before.
+                self.dismiss_standby();
+            }
+            let (result, from) = match self.activate_standby() {
+                Some(r) => (r, " (the standby)"),
+                None => (self.spawn(true), ""),
+            };
+            match result {
                 Ok(dev) => {
                     log::info(&format!(
-                        "successor pid {} serves {} {:.1} ms after the server's end was seen (takeover {:.1} ms)",
+                        "successor pid {}{from} serves {} {:.1} ms after the server's end was seen (takeover {:.1} ms)",
                         self.server_pid(),
                         dev.display(),
                         seen.elapsed().as_secs_f64() * 1e3,
@@ -417,6 +505,7 @@ impl Supervisor {
                     self.backoff.up();
                     // The successor has locked the state itself (it maps every page again).
                     self.unpin();
+                    self.start_standby();
                     if let Some(r) = record {
                         update_record(r, self.server_pid());
                     }
@@ -483,6 +572,7 @@ impl Supervisor {
     /// Stops the server (SIGTERM: it takes its device out of swap and down, and exits 0) and
     /// waits for it; then forgets the descriptors.
     pub(crate) fn stop(&mut self, timeout: Duration) -> Result<(), Failure> {
+        self.dismiss_standby();
         if let Some(child) = &mut self.child {
             // SAFETY: kill with our own child's pid (not yet reaped) and a signal number.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -508,6 +598,22 @@ impl Supervisor {
             std::mem::forget(c);
         }
     }
+}
+
+/// What [`Supervisor::launch`] starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    Fresh,
+    Takeover,
+    Standby,
+}
+
+/// A successor started in advance (`--standby-fd`): pinned, waiting on `sock` for the
+/// descriptors; `ready` is its readiness pipe.
+struct Standby {
+    child: Child,
+    ready: OwnedFd,
+    sock: OwnedFd,
 }
 
 /// The server of a command line (`args[0]`) and what its successor needs held ([`SERVERS`]).
