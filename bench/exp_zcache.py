@@ -256,5 +256,5 @@ def memory_per_cached_byte(stats: dict) -> float | None:
     return used / orig
 
 
-__all__ = ["run", "CACHE_CONFIGS", "TEST_NAMES", "averages_per_test", "ratios_vs", "hit_ratio", "read_traffic",
-           "memory_per_cached_byte", "image_bytes", "zcache_fio_argv", "counter_delta", "calibrate"]
+__all__ = ["run", "CACHE_CONFIGS", "COMPCACHE_CACHES", "TEST_NAMES", "averages_per_test", "ratios_vs", "hit_ratio",
+           "read_traffic", "memory_per_cached_byte", "image_bytes", "zcache_fio_argv", "counter_delta", "calibrate"]

@@ -80,9 +80,12 @@ QUICK = {
         # fio's buffer_compress_percentage: each page about half random, half zeros (~2:1).
         "compress_percentage": 50,
         "variants": ["fast", "slow"],
-        "configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache"],
+        # compcache's cache both through nbdfuse + loop (compcache-cache: two userspace hops) and
+        # through its own FUSE file + loop (compcache-fuse-cache: one).
+        "configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-fuse-cache"],
         # zstd only on the slow disk, where a miss costs most (compcache-cache-zstd).
-        "slow_configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-cache-zstd"],
+        "slow_configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-fuse-cache",
+                         "compcache-cache-zstd"],
         # The seed's hard disk: ~75 MB/s sequential, ~700 random 4 KiB reads/s (its iozone
         # random read at 4 KiB records: 2770 KB/s). See bench/cacheconf.py's slow_disk_filters.
         "slow_disk": dict(SEED_HDD),

@@ -276,7 +276,7 @@ def _zcache_variant(z: dict, variant: str, v: dict) -> list:
         dev = r.get("device", {})
         fin = r.get("final_stats", {})
         cached = mem = per = "-"
-        if n in ("compcache-cache", "compcache-cache-zstd"):
+        if n in exp_zcache.COMPCACHE_CACHES:
             sample = dev.get("ratio_sample") or fin
             cached, mem = _mib(sample.get("orig_data_size")), _mib(sample.get("mem_used_total"))
             per = _ratio(exp_zcache.memory_per_cached_byte(sample))
@@ -330,7 +330,9 @@ def zcache_tables(z: dict) -> str:
            f"held to {p['limit_bytes'] >> 20} MiB by a memory cgroup, caches of {p['budget_bytes'] >> 20} MiB", "",
            "direct: ext4 on the origin itself (no cache). nbdkit file: the same origin through `nbdkit file`, "
            "nbdfuse and a loop device (the transport, no cache). nbdkit cache: nbdkit's cache filter "
-           "(uncompressed, in RAM) in front of that. compcache cache: `compcache serve --origin` (compressed). "
+           "(uncompressed, in RAM) in front of that. compcache cache: `compcache serve --origin` (compressed), "
+           "through nbdfuse and a loop device (two userspace hops). compcache cache (FUSE): `compcache fuse "
+           "--origin`, its own FUSE file on a loop device (one hop). "
            f"File content compresses about {100 / max(1, 100 - p['compress_percentage']):.0f}:1 "
            f"(fio buffer_compress_percentage={p['compress_percentage']}).", ""]
     for variant, v in z.get("variants", {}).items():

@@ -549,13 +549,21 @@ class CompcacheFuseSwap(SwapConfig):
             return "no /dev/fuse"
         return compcache_unavailable(self.system, self.binary, "fuse", "--threads", "has no `fuse` subcommand")
 
+    def server_argv(self) -> list:
+        return [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm,
+                *recompression_as_asked(self.extra_args), *self.extra_args]
+
     def setup(self) -> None:
+        self._attach()
+        self._swapon(self.loop, discard="pages")
+
+    def _attach(self) -> None:
+        """The server, which mounts its file and attaches it to a loop device: `self.loop`."""
         base = os.path.join(self.workdir, self.name)
         self.system.mkdir(base)
         self.log_path = os.path.join(base, "server.log")
         self.server_log = self.system.open_log(self.log_path)
-        argv = [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm,
-                *recompression_as_asked(self.extra_args), *self.extra_args]
+        argv = self.server_argv()
         self.info["server_argv"] = argv
         self.server = self.system.spawn(argv, stdout=self.server_log, stderr=subprocess.STDOUT)
         self.ledger.add("pids", self.server.pid)
@@ -578,7 +586,6 @@ class CompcacheFuseSwap(SwapConfig):
         except OSError:
             self.info["loop_dio"] = None
         self.info["loop_device"] = self.loop
-        self._swapon(self.loop, discard="pages")
 
     def _teardown_steps(self):
         def swapoff():

@@ -66,6 +66,8 @@ class FakeSystem:
         self.next_zram = 5
         # What `compcache serve --help` prints (a test may give it --origin).
         self.serve_help = "Usage: compcache serve --size SIZE --socket PATH"
+        self.fuse_help = "Usage: compcache fuse --threads N --origin PATH"
+        self.files["/dev/fuse"] = ""
         self.files["/sys/class/zram-control/hot_add"] = ""
         self.files["/sys/module/zswap/parameters/enabled"] = "N\n"
         self.files["/sys/module/fuse/parameters/enable_uring"] = "N\n"
@@ -185,6 +187,8 @@ class FakeSystem:
             return "     Used\n 1048576\n"
         if argv[1:3] == ["serve", "--help"]:
             return self.serve_help
+        if argv[1:3] == ["fuse", "--help"]:
+            return self.fuse_help
         if argv[1:3] == ["swapon", "--help"]:
             return "Usage: compcache swapon [--frontend <auto|ublk|nbd|fuse>]"
         if argv[1:2] == ["swapon"]:  # compcache swapon --frontend fuse: a server, a loop device, swap

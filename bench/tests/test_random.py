@@ -16,7 +16,6 @@ CONFIGS = ["zram-lz4", "disk", "compcache-swapon"]
 
 
 def _ctx(fs, ledger):
-    fs.files["/dev/fuse"] = ""
     return Context(fs, ledger, Progress(io.StringIO()), "/work", "/repo", [], "/repo/tools/scan/scan",
                    "/bin/compcache", ("v1", "/sys/fs/cgroup/memory"))
 
