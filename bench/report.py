@@ -370,8 +370,8 @@ def random_tables(rnd: dict) -> str:
             title = (f"`scan {sc['mib']} {sc['passes']}` ({sc.get('mode', 'cyclic')}) in a "
                      f"{sc['limit_bytes'] >> 20} MiB machine, in the same rounds")
         else:
-            title = {"lookup_s": "the lookups (random access)", "build_s": "building the table (sequential)",
-                     "wall_s": "the whole program"}[what]
+            title = {"lookup_s": "the lookups (random access)", "wall_s": "the whole program",
+                     "build_s": "building the table (rows appended in key order)"}[what]
         rows = []
         for name, e in s["configs"].items():
             ratio = "-" if "ratio_median" not in e else (
