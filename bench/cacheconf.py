@@ -334,9 +334,13 @@ class CompcacheFuseCacheDisk(CompcacheFuseSwap):
                                      "has no cache mode in `fuse` (its fuse --help names no --origin)")
 
     def server_argv(self) -> list:
-        # No --size: a cache has its origin's size.
+        # No --size: a cache has its origin's size. --reserve 0: `fuse` primes a swap reserve
+        # by reading every page of the device (crates/cli/src/cmd/reserve.rs, `prime`), which in
+        # cache mode reads the whole origin and fills the cache before the first test (measured:
+        # origin_read_bytes = the image's size right after start); `serve`, the nbdfuse chain's
+        # server, keeps no reserve. Without one both start with a cold cache.
         return [self.binary, "fuse", "--origin", self.origin, "--mem-limit", str(self.budget_bytes),
-                "--readahead", self.readahead, *recompression_as_asked(())]
+                "--readahead", self.readahead, "--reserve", "0", *recompression_as_asked(())]
 
     def setup(self) -> None:
         self._attach()

@@ -270,6 +270,7 @@ def test_compcache_fuse_cache_is_one_server_on_its_own_loop_device_without_swap(
         assert argv[1:2] == ["fuse"] and "--origin" in argv and "--mem-limit" in argv
         assert "--size" not in argv, "a cache has its origin's size"
         assert argv[argv.index("--recompress") + 1] == "off"
+        assert argv[argv.index("--reserve") + 1] == "0", "no reserve priming: it would read the whole origin"
         assert d.device in fs.loops and not fs.swaps
         assert not any(c[0] == "nbdfuse" for c in fs.commands)
         assert d.origin_reader_pid() == d.server.pid
