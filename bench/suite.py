@@ -21,7 +21,7 @@ from .system import Ledger, System
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = ("scan", "fio", "app", "zcache", "random")
 # What `run` does without --experiments: zcache (seed 003's cache, ~8 more minutes in --quick)
-# and random (issue 30's random-access swap, ~15 minutes) run only when named.
+# and random (issue 30's random-access swap, 10-12 minutes) run only when named.
 DEFAULT_EXPERIMENTS = ("scan", "fio", "app")
 BASE_TOOLS = ("mkswap", "swapon", "swapoff", "make", "gcc")
 EXPERIMENT_TOOLS = {"fio": ("fio",), "app": ("/usr/bin/python3",), "scan": (), "random": ("/usr/bin/python3",),
