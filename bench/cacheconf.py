@@ -25,6 +25,9 @@ The four configurations over an origin (`device` is what ext4 is mounted from):
   compcache-cache  `compcache serve --origin ORIGIN --mem-limit BUDGET` via nbdfuse + loop
   compcache-cache-zstd  the same with `--algorithm zstd` (denser, slower to decompress: on a
                    slow disk, more of the file in the same budget may beat lz4's speed)
+  compcache-fuse-cache  `compcache fuse --origin ORIGIN --mem-limit BUDGET`: the same cache
+                   through compcache's own FUSE file, attached by the server to a loop device
+                   (one userspace hop, where the nbdfuse chain has two)
 """
 
 from __future__ import annotations
@@ -32,15 +35,17 @@ from __future__ import annotations
 import os
 import subprocess
 
-from .swapconf import (NbdLoopSwap, SwapConfig, compcache_stats, compcache_unavailable, recompression_as_asked,
-                       slow_disk_filters)
+from .swapconf import (CompcacheFuseSwap, NbdLoopSwap, SwapConfig, compcache_stats, compcache_unavailable,
+                       recompression_as_asked, slow_disk_filters)
 from .system import CommandError
 
-CACHE_CONFIGS = ("direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-cache-zstd")
+CACHE_CONFIGS = ("direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-cache-zstd",
+                 "compcache-fuse-cache")
 LABELS = {"direct": "direct", "nbdkit-file": "nbdkit file", "nbdkit-cache": "nbdkit cache",
-          "compcache-cache": "compcache cache", "compcache-cache-zstd": "compcache cache (zstd)"}
+          "compcache-cache": "compcache cache", "compcache-cache-zstd": "compcache cache (zstd)",
+          "compcache-fuse-cache": "compcache cache (FUSE)"}
 # The configurations that are compcache's cache mode (their statistics are compcache's).
-COMPCACHE_CACHES = ("compcache-cache", "compcache-cache-zstd")
+COMPCACHE_CACHES = ("compcache-cache", "compcache-cache-zstd", "compcache-fuse-cache")
 
 
 def _loop_dio(system, loop: str) -> bool | None:
@@ -304,6 +309,49 @@ class CompcacheZstdCacheDisk(CompcacheCacheDisk):
     algorithm = "zstd"
 
 
+class CompcacheFuseCacheDisk(CompcacheFuseSwap):
+    """compcache's cache mode through its own FUSE front end: `compcache fuse --origin ORIGIN
+    --mem-limit BUDGET`, the file attached by the server to a loop device with direct I/O (no
+    nbdfuse, no NBD socket), and no swap on it. The server reads the origin itself, so its
+    /proc/PID/io is what reached the origin, as for `compcache-cache`."""
+
+    cache_name = "compcache-fuse-cache"
+    label = LABELS["compcache-fuse-cache"]
+    readahead = CompcacheCacheDisk.readahead
+
+    def __init__(self, system, ledger, workdir, origin, budget_bytes, tag, binary: str | None):
+        super().__init__(system, ledger, workdir, budget_bytes, binary)
+        self.origin = origin
+        self.budget_bytes = budget_bytes
+        self.name = tag
+        self.device: str | None = None
+
+    def unavailable(self):
+        why = super().unavailable()
+        if why:
+            return why
+        return compcache_unavailable(self.system, self.binary, "fuse", "--origin",
+                                     "has no cache mode in `fuse` (its fuse --help names no --origin)")
+
+    def server_argv(self) -> list:
+        # No --size: a cache has its origin's size. --reserve 0: `fuse` primes a swap reserve
+        # by reading every page of the device (crates/cli/src/cmd/reserve.rs, `prime`), which in
+        # cache mode reads the whole origin and fills the cache before the first test (measured:
+        # origin_read_bytes = the image's size right after start); `serve`, the nbdfuse chain's
+        # server, keeps no reserve. Without one both start with a cold cache.
+        return [self.binary, "fuse", "--origin", self.origin, "--mem-limit", str(self.budget_bytes),
+                "--readahead", self.readahead, "--reserve", "0", *recompression_as_asked(())]
+
+    def setup(self) -> None:
+        self._attach()
+        self.device = self.loop
+        self.info["device"] = self.device
+
+    def origin_reader_pid(self) -> int | None:
+        srv = getattr(self, "server", None)
+        return None if srv is None else srv.pid
+
+
 def make_disk(name: str, system, ledger, workdir: str, origin: str, budget_bytes: int, tag: str,
               compcache_bin: str | None = None) -> SwapConfig:
     if name == "direct":
@@ -316,6 +364,8 @@ def make_disk(name: str, system, ledger, workdir: str, origin: str, budget_bytes
         return CompcacheCacheDisk(system, ledger, workdir, origin, budget_bytes, tag, compcache_bin)
     if name == "compcache-cache-zstd":
         return CompcacheZstdCacheDisk(system, ledger, workdir, origin, budget_bytes, tag, compcache_bin)
+    if name == "compcache-fuse-cache":
+        return CompcacheFuseCacheDisk(system, ledger, workdir, origin, budget_bytes, tag, compcache_bin)
     raise ValueError(f"unknown cache configuration {name!r} (known: {', '.join(CACHE_CONFIGS)})")
 
 
@@ -379,5 +429,5 @@ def block_stat(system, device: str) -> dict:
             "reads": st["num_reads"], "writes": st["num_writes"]}
 
 
-__all__ = ["CACHE_CONFIGS", "LABELS", "SlowOrigin", "is_block_device", "make_disk", "Ext4Mount", "block_stat", "proc_io",
-           "parse_df_used", "slow_disk_filters"]
+__all__ = ["CACHE_CONFIGS", "COMPCACHE_CACHES", "LABELS", "SlowOrigin", "is_block_device", "make_disk", "Ext4Mount",
+           "block_stat", "proc_io", "parse_df_used", "slow_disk_filters"]

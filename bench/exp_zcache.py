@@ -80,8 +80,10 @@ def run(ctx, p: dict, compcache_bin: str | None = None) -> dict:
     ctx.ledger.add("files", master)
     try:
         ctx.system.run(["truncate", "-s", str(image_bytes(p["file_bytes"])), master])
-        ctx.system.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0", master],
-                       timeout=600)
+        # -b 4096: below 512 MiB mke2fs would pick 1 KiB blocks ("small"), which a loop device
+        # with 4 KiB sectors (compcache fuse attaches its file so) cannot mount.
+        ctx.system.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", "-E", "lazy_itable_init=0,lazy_journal_init=0",
+                        master], timeout=600)
         for variant in p["variants"]:
             names = p["configs"] if variant == "fast" else p["slow_configs"]
             v = {"configs": {}, "order": list(names)}
@@ -256,5 +258,5 @@ def memory_per_cached_byte(stats: dict) -> float | None:
     return used / orig
 
 
-__all__ = ["run", "CACHE_CONFIGS", "TEST_NAMES", "averages_per_test", "ratios_vs", "hit_ratio", "read_traffic",
-           "memory_per_cached_byte", "image_bytes", "zcache_fio_argv", "counter_delta", "calibrate"]
+__all__ = ["run", "CACHE_CONFIGS", "COMPCACHE_CACHES", "TEST_NAMES", "averages_per_test", "ratios_vs", "hit_ratio",
+           "read_traffic", "memory_per_cached_byte", "image_bytes", "zcache_fio_argv", "counter_delta", "calibrate"]

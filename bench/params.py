@@ -80,14 +80,36 @@ QUICK = {
         # fio's buffer_compress_percentage: each page about half random, half zeros (~2:1).
         "compress_percentage": 50,
         "variants": ["fast", "slow"],
-        "configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache"],
+        # compcache's cache both through nbdfuse + loop (compcache-cache: two userspace hops) and
+        # through its own FUSE file + loop (compcache-fuse-cache: one).
+        "configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-fuse-cache"],
         # zstd only on the slow disk, where a miss costs most (compcache-cache-zstd).
-        "slow_configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-cache-zstd"],
+        "slow_configs": ["direct", "nbdkit-file", "nbdkit-cache", "compcache-cache", "compcache-fuse-cache",
+                         "compcache-cache-zstd"],
         # The seed's hard disk: ~75 MB/s sequential, ~700 random 4 KiB reads/s (its iozone
         # random read at 4 KiB records: 2770 KB/s). See bench/cacheconf.py's slow_disk_filters.
         "slow_disk": dict(SEED_HDD),
         # Seconds of fio on the slow origin alone, per run, to record what it delivers (0: skip).
         "calibrate_s": 2,
+    },
+    "random": {
+        # Issue 30: SQLite (bench/apps/sqlite_lookup.py) builds an in-memory table of
+        # table_mib, two and a half times what the cgroup lets it keep in RAM, then answers `lookups`
+        # point queries by random key: most lookups wait for a swap-in.
+        "limit_bytes": 128 * MiB,
+        "table_mib": 320,
+        "lookups": 150000,
+        "seed": 30,
+        # Each round sets up every configuration in turn (the order rotated per round) and
+        # runs the program, then the scan recipe below, against it.
+        "rounds": 3,
+        "configs": ["zram-lz4", "disk", "compcache-swapon"],
+        # Ratios are taken to this configuration's run in the same round.
+        "baseline": "zram-lz4",
+        # The README's sequential figure: `scan 480 10` in 256 MiB. None: the program only.
+        "scan": {"mib": 480, "passes": 10, "limit_bytes": 256 * MiB, "mode": "cyclic"},
+        "swap_size_bytes": 1024 * MiB,
+        "run_timeout_s": 600,
     },
 }
 
@@ -121,6 +143,7 @@ FULL["zcache"].update({
     "run_timeout_s": 900,
     "calibrate_s": 5,
 })
+FULL["random"].update({"rounds": 5})
 FULL["app"].update({
     "limit_bytes": 512 * MiB,
     "instance_mib": 32,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from . import exp_zcache
+from . import exp_random, exp_zcache
 from .exp_fio import TEST_NAMES, compare
 
 
@@ -276,7 +276,7 @@ def _zcache_variant(z: dict, variant: str, v: dict) -> list:
         dev = r.get("device", {})
         fin = r.get("final_stats", {})
         cached = mem = per = "-"
-        if n in ("compcache-cache", "compcache-cache-zstd"):
+        if n in exp_zcache.COMPCACHE_CACHES:
             sample = dev.get("ratio_sample") or fin
             cached, mem = _mib(sample.get("orig_data_size")), _mib(sample.get("mem_used_total"))
             per = _ratio(exp_zcache.memory_per_cached_byte(sample))
@@ -330,11 +330,62 @@ def zcache_tables(z: dict) -> str:
            f"held to {p['limit_bytes'] >> 20} MiB by a memory cgroup, caches of {p['budget_bytes'] >> 20} MiB", "",
            "direct: ext4 on the origin itself (no cache). nbdkit file: the same origin through `nbdkit file`, "
            "nbdfuse and a loop device (the transport, no cache). nbdkit cache: nbdkit's cache filter "
-           "(uncompressed, in RAM) in front of that. compcache cache: `compcache serve --origin` (compressed). "
+           "(uncompressed, in RAM) in front of that. compcache cache: `compcache serve --origin` (compressed), "
+           "through nbdfuse and a loop device (two userspace hops). compcache cache (FUSE): `compcache fuse "
+           "--origin`, its own FUSE file on a loop device (one hop). "
            f"File content compresses about {100 / max(1, 100 - p['compress_percentage']):.0f}:1 "
            f"(fio buffer_compress_percentage={p['compress_percentage']}).", ""]
     for variant, v in z.get("variants", {}).items():
         out += _zcache_variant(z, variant, v)
+    return "\n".join(out)
+
+
+def _n(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def random_tables(rnd: dict) -> str:
+    """Issue 30's experiment: per measure, each configuration's times and its ratio to the
+    baseline in the same round."""
+    p = rnd["params"]
+    cfgs = rnd["configs"]
+    base = rnd["baseline"]
+    base_label = cfgs.get(base, {}).get("label", base)
+    out = [f"#### random-access swap (issue 30): SQLite point lookups in a {p['table_mib']} MiB in-memory table "
+           f"in a {p['limit_bytes'] >> 20} MiB machine, {p['lookups']} lookups, {p['rounds']} rounds alternating", ""]
+    for name, c in cfgs.items():
+        bad = [f"round {r['round'] + 1}: {r.get('skipped') or r.get('error')}" for r in c["rounds"]
+               if r.get("skipped") or r.get("error")]
+        if bad:
+            out.append(f"- {c['label']}: " + "; ".join(bad))
+    if out[-1] != "":
+        out.append("")
+    summ = rnd.get("summary", {})
+    for workload, what, label in exp_random.MEASURES:
+        s = summ.get(f"{workload}:{what}")
+        if not s:
+            continue
+        if workload == "scan":
+            sc = p["scan"]
+            title = (f"`scan {sc['mib']} {sc['passes']}` ({sc.get('mode', 'cyclic')}) in a "
+                     f"{sc['limit_bytes'] >> 20} MiB machine, in the same rounds")
+        else:
+            title = {"lookup_s": "the lookups (random access)", "wall_s": "the whole program",
+                     "build_s": "building the table (rows appended in key order)"}[what]
+        rows = []
+        for name, e in s["configs"].items():
+            ratio = "-" if "ratio_median" not in e else (
+                f"{e['ratio_median']:.2f}x ({e['ratio_min']:.2f}-{e['ratio_max']:.2f})")
+            rows.append([cfgs[name]["label"], " ".join(f"{t:.2f}" for t in e["times"]) + (
+                f" ({e['failed']} failed)" if e["failed"] else ""), _t(e["median_s"]), ratio,
+                _n(e.get("majflt")), _n(e.get("pswpin")), _n(e.get("pswpout")), _n(e.get("device_reads"))])
+        faults = "major faults (lookups, the program's own)" if what == "lookup_s" else "major faults (cgroup)"
+        out += [f"Time of {title}:", "",
+                table(["config", "runs (s)", "median (s)", f"ratio to {base_label}: median (range)", faults,
+                       "pswpin", "pswpout", "device reads"], rows), ""]
+    out += [f"Ratios are taken within a round (the same minutes), then the median and range over the rounds. "
+            "pswpin and pswpout are /proc/vmstat's changes over the whole run (machine-wide, under the host-swap "
+            "lock), device reads the device's own read requests (none for a swap file); medians over the runs.", ""]
     return "\n".join(out)
 
 
@@ -355,6 +406,8 @@ def markdown(results: dict) -> str:
         out.append(app_tables(exps["app"]))
     if "zcache" in exps:
         out.append(zcache_tables(exps["zcache"]))
+    if "random" in exps:
+        out.append(random_tables(exps["random"]))
     if results.get("leftovers"):
         out.append("**Left behind after the run:** " + ", ".join(results["leftovers"]))
     return "\n".join(out) + "\n"

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from . import cgroup as cgroup_mod
-from . import exp_app, exp_fio, exp_scan, exp_zcache, params as params_mod
+from . import exp_app, exp_fio, exp_random, exp_scan, exp_zcache, params as params_mod
 from .context import Context
 from .parse import parse_proc_swaps
 from .runner import Progress
@@ -19,12 +19,12 @@ from .swapconf import ALL_CONFIGS, find_compcache, make_config
 from .system import Ledger, System
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPERIMENTS = ("scan", "fio", "app", "zcache")
+EXPERIMENTS = ("scan", "fio", "app", "zcache", "random")
 # What `run` does without --experiments: zcache (seed 003's cache, ~8 more minutes in --quick)
-# runs only when named.
+# and random (issue 30's random-access swap, 10-12 minutes) run only when named.
 DEFAULT_EXPERIMENTS = ("scan", "fio", "app")
 BASE_TOOLS = ("mkswap", "swapon", "swapoff", "make", "gcc")
-EXPERIMENT_TOOLS = {"fio": ("fio",), "app": ("/usr/bin/python3",), "scan": (),
+EXPERIMENT_TOOLS = {"fio": ("fio",), "app": ("/usr/bin/python3",), "scan": (), "random": ("/usr/bin/python3",),
                     "zcache": ("fio", "mkfs.ext4", "truncate", "cp", "mount", "umount", "df", "losetup", "nbdkit",
                                "nbdfuse", "fusermount3")}
 APT_HINT = {"fio": "fio", "nbdkit": "nbdkit", "nbdfuse": "libnbd-bin", "fusermount3": "fuse3", "gcc": "gcc",
@@ -182,6 +182,13 @@ def run_suite(profile: str, experiments: list, configs: list, out_dir: str, work
             progress(f"experiment zcache (seed 003), variants {', '.join(p['zcache']['variants'])}, configs: "
                      f"{', '.join(p['zcache']['configs'])}")
             results["experiments"]["zcache"] = exp_zcache.run(ctx, p["zcache"], compcache_bin)
+            _save(results, out_dir)
+        if "random" in experiments:
+            progress(f"experiment random (issue 30), {p['random']['rounds']} rounds, configs: "
+                     f"{', '.join(p['random']['configs'])}")
+            from .soak import HostSwapLock
+
+            results["experiments"]["random"] = exp_random.run(ctx, p["random"], HostSwapLock(log=progress))
             _save(results, out_dir)
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -22,6 +22,8 @@ end, so one stuck step does not leave the rest behind.
                 idle 30 s go there; docs/backing.md "The cold tier")
   compcache-fuse-uring  the same with --io-uring: FUSE over io_uring (Linux 6.14+); the
                 module's enable_uring is Y only while the server starts, then as found
+  compcache-swapon  `compcache swapon --frontend fuse`: what a user gets, swapon's defaults
+                (recompression on); `compcache swapoff` takes it down
 """
 
 from __future__ import annotations
@@ -547,13 +549,21 @@ class CompcacheFuseSwap(SwapConfig):
             return "no /dev/fuse"
         return compcache_unavailable(self.system, self.binary, "fuse", "--threads", "has no `fuse` subcommand")
 
+    def server_argv(self) -> list:
+        return [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm,
+                *recompression_as_asked(self.extra_args), *self.extra_args]
+
     def setup(self) -> None:
+        self._attach()
+        self._swapon(self.loop, discard="pages")
+
+    def _attach(self) -> None:
+        """The server, which mounts its file and attaches it to a loop device: `self.loop`."""
         base = os.path.join(self.workdir, self.name)
         self.system.mkdir(base)
         self.log_path = os.path.join(base, "server.log")
         self.server_log = self.system.open_log(self.log_path)
-        argv = [self.binary, "fuse", "--size", str(self.size_bytes), "--algorithm", self.algorithm,
-                *recompression_as_asked(self.extra_args), *self.extra_args]
+        argv = self.server_argv()
         self.info["server_argv"] = argv
         self.server = self.system.spawn(argv, stdout=self.server_log, stderr=subprocess.STDOUT)
         self.ledger.add("pids", self.server.pid)
@@ -576,7 +586,6 @@ class CompcacheFuseSwap(SwapConfig):
         except OSError:
             self.info["loop_dio"] = None
         self.info["loop_device"] = self.loop
-        self._swapon(self.loop, discard="pages")
 
     def _teardown_steps(self):
         def swapoff():
@@ -672,8 +681,87 @@ class CompcacheFuseUringSwap(CompcacheFuseSwap):
             raise RuntimeError(f"compcache fuse --io-uring is not serving through io_uring; see {self.log_path}")
         self.info["transport"] = "io_uring"
 
+class CompcacheSwaponSwap(SwapConfig):
+    """`compcache swapon --frontend fuse --no-config --size SIZE`: the device a user gets, with
+    swapon's defaults (recompression on, discard, a reserve, supervised: docs/swap.md), not the
+    suite's `--recompress off`. swapon starts the server, which attaches its loop device, and
+    runs mkswap and swapon itself; `compcache swapoff DEV` takes it out of swap and stops the
+    server, which detaches its loop device and unmounts."""
+
+    name = "compcache-swapon"
+    label = "compcache swapon (FUSE, defaults)"
+    tools = ("mkswap", "swapon", "swapoff", "losetup")
+
+    def __init__(self, system, ledger, workdir, size_bytes, binary: str | None):
+        super().__init__(system, ledger, workdir, size_bytes)
+        self.binary = binary
+        self.dev: str | None = None
+
+    def unavailable(self):
+        if self.binary and not self.system.exists("/dev/fuse"):
+            return "no /dev/fuse"
+        return compcache_unavailable(self.system, self.binary, "swapon", "--frontend",
+                                     "has no `swapon --frontend`")
+
+    def setup(self) -> None:
+        argv = [self.binary, "swapon", "--frontend", "fuse", "--no-config", "--size", str(self.size_bytes),
+                "--priority", str(SWAP_PRIORITY), "--json"]
+        self.info["swapon_argv"] = argv
+        devices = json.loads(self.system.run(argv, timeout=300))["devices"]
+        if len(devices) != 1 or not devices[0].get("device"):
+            raise RuntimeError(f"compcache swapon set up {devices!r}, not one device")
+        d = devices[0]
+        # In the ledger at once, so that leftovers() would name what swapoff did not take down.
+        self.dev = d["device"]
+        self.ledger.add("loops", self.dev)
+        self.swap_name = d.get("swap_name") or self.dev
+        self.ledger.add("swaps", self.swap_name)
+        self.pid = d.get("pid")
+        if self.pid:
+            self.ledger.add("pids", self.pid)
+        self.control = d.get("control")
+        self.info.update({"loop_device": self.dev, "swap_name": self.swap_name, "control": self.control,
+                          "server_pid": self.pid, "log": d.get("log")})
+
+    def _teardown_steps(self):
+        def swapoff():
+            if self.dev is None:
+                return
+            self.system.run([self.binary, "swapoff", "--json", self.dev], timeout=600)
+            self.ledger.drop("swaps", self.swap_name)
+
+        def server_gone():
+            # swapoff stops the server; it detaches its loop device and unmounts on the way out.
+            if self.dev is None:
+                return
+            deadline = self.system.monotonic() + 60
+            while self.pid and self.system.pid_alive(self.pid):
+                if self.system.monotonic() > deadline:
+                    raise RuntimeError(f"compcache server {self.pid} still running after swapoff")
+                self.system.sleep(0.1)
+            self.ledger.drop("pids", self.pid)
+            self.ledger.drop("loops", self.dev)
+
+        return [swapoff, server_gone]
+
+    def server_rss_bytes(self) -> int | None:
+        if not getattr(self, "pid", None):
+            return None
+        try:
+            kib = parse_proc_status_kib(self.system.read(f"/proc/{self.pid}/status"))
+        except OSError:
+            return None
+        return None if kib is None else kib * 1024
+
+    def stats(self) -> dict:
+        if not getattr(self, "control", None):
+            return {}
+        return compcache_stats(self.system, self.binary, self.control, self.server_rss_bytes())
+
+
 ALL_CONFIGS = ("noswap", "disk", "disk-hdd", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache",
-               "compcache-fuse", "compcache-fuse-recompress", "compcache-fuse-cold", "compcache-fuse-uring")
+               "compcache-fuse", "compcache-fuse-recompress", "compcache-fuse-cold", "compcache-fuse-uring",
+               "compcache-swapon")
 
 
 def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_bytes: int,
@@ -700,4 +788,6 @@ def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_by
         return CompcacheFuseColdSwap(system, ledger, workdir, size_bytes, compcache_bin)
     if name == "compcache-fuse-uring":
         return CompcacheFuseUringSwap(system, ledger, workdir, size_bytes, compcache_bin)
+    if name == "compcache-swapon":
+        return CompcacheSwaponSwap(system, ledger, workdir, size_bytes, compcache_bin)
     raise ValueError(f"unknown configuration {name!r} (known: {', '.join(ALL_CONFIGS)})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 import subprocess
 
@@ -33,8 +34,11 @@ class FakeProc:
         self.returncode = -9
 
     def communicate(self, timeout=None):
-        """Workloads: answer like scan does."""
+        """Workloads: answer like scan does, or like bench/apps/sqlite_lookup.py."""
         self.returncode = 0
+        if any(str(a).endswith("sqlite_lookup.py") for a in self.argv):
+            return (b'{"build_s": 2.0, "lookup_s": 1.0, "lookups": 10, "rows": 100, "db_bytes": 4096, '
+                    b'"majflt_build": 3, "majflt_lookup": 7, "rss_kib": 1024, "checksum": 1}\n', b"")
         return (b"scan mib=1 passes=1 mode=cyclic total_s=0.1 verify=off mismatches=0\n", b"")
 
 
@@ -62,12 +66,16 @@ class FakeSystem:
         self.next_zram = 5
         # What `compcache serve --help` prints (a test may give it --origin).
         self.serve_help = "Usage: compcache serve --size SIZE --socket PATH"
+        self.fuse_help = "Usage: compcache fuse --threads N --origin PATH"
+        self.files["/dev/fuse"] = ""
         self.files["/sys/class/zram-control/hot_add"] = ""
         self.files["/sys/module/zswap/parameters/enabled"] = "N\n"
         self.files["/sys/module/fuse/parameters/enable_uring"] = "N\n"
         self.logs: dict = {}  # path -> StringIO of open_log
         self.files["/sys/module/zswap/parameters/compressor"] = "lzo\n"
         self.files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "9223372036854771712\n"
+        self.vmstat_reads = 0
+        self.files["/proc/loadavg"] = "1.50 2.00 2.50 3/100 1234\n"
 
     # helpers -------------------------------------------------------------------------
     def _maybe_fail(self, key):
@@ -87,6 +95,10 @@ class FakeSystem:
             self.files[f"{base}/mm_stat"] = "8388608 2097152 2359296 0 2359296 10 0 3 3\n"
             self.files[f"{base}/stat"] = "10 0 80 0 20 0 160 0 0 0 0 0 0 0 0 0 0\n"
             return f"{z}\n"
+        if path == "/proc/vmstat":  # every read a little later: 5 more swap-ins, 9 more swap-outs
+            self.vmstat_reads += 1
+            n = self.vmstat_reads
+            return f"pgmajfault {100 + 6 * n}\npswpin {10 + 5 * n}\npswpout {20 + 9 * n}\n"
         if path == "/proc/swaps":
             return "Filename Type Size Used Priority\n" + "".join(f"{s} partition 1024 0 100\n" for s in self.swaps)
         if path == "/proc/self/mounts":
@@ -175,6 +187,29 @@ class FakeSystem:
             return "     Used\n 1048576\n"
         if argv[1:3] == ["serve", "--help"]:
             return self.serve_help
+        if argv[1:3] == ["fuse", "--help"]:
+            return self.fuse_help
+        if argv[1:3] == ["swapon", "--help"]:
+            return "Usage: compcache swapon [--frontend <auto|ublk|nbd|fuse>]"
+        if argv[1:2] == ["swapon"]:  # compcache swapon --frontend fuse: a server, a loop device, swap
+            dev = f"/dev/loop{self.next_loop}"
+            self.next_loop += 1
+            self.loops.append(dev)
+            server = FakeProc([argv[0], "fuse", "--supervised"])
+            self.procs.append(server)
+            name = f"/dev/zram-compcache-{os.path.basename(dev)}"
+            self.swaps.append(name)
+            return json.dumps({"devices": [{"device": dev, "swap_name": name, "pid": server.pid, "frontend": "fuse",
+                                            "control": f"/run/compcache/{os.path.basename(dev)}.ctl"}],
+                               "stood_down": None})
+        if argv[1:2] == ["swapoff"]:  # compcache swapoff DEV: swapoff, the server stops and takes its loop down
+            dev = argv[-1]
+            self.swaps.remove(f"/dev/zram-compcache-{os.path.basename(dev)}")
+            self.loops.remove(dev)
+            for p in self.procs:
+                if p.argv[1:3] == ["fuse", "--supervised"] and p.returncode is None:
+                    p.returncode = 0
+            return '{"devices": []}'
         if argv[1:3] == ["stat", "--json"]:
             return '{"orig_data_size": 4096000, "mem_used_total": 1024000}'
         return ""

@@ -261,3 +261,24 @@ def test_ext4_mount_unmounts_lazily_when_busy():
         pass
     assert ["umount", "-l", "/work/mnt"] in fs.commands
     assert ledger.mounts == []
+
+
+def test_compcache_fuse_cache_is_one_server_on_its_own_loop_device_without_swap():
+    fs, ledger = FakeSystem(), Ledger()
+    with _disk("compcache-fuse-cache", fs, ledger) as d:
+        argv = d.info["server_argv"]
+        assert argv[1:2] == ["fuse"] and "--origin" in argv and "--mem-limit" in argv
+        assert "--size" not in argv, "a cache has its origin's size"
+        assert argv[argv.index("--recompress") + 1] == "off"
+        assert argv[argv.index("--reserve") + 1] == "0", "no reserve priming: it would read the whole origin"
+        assert d.device in fs.loops and not fs.swaps
+        assert not any(c[0] == "nbdfuse" for c in fs.commands)
+        assert d.origin_reader_pid() == d.server.pid
+        assert d.stats()["orig_data_size"] == 4096000
+    _assert_clean(fs, ledger)
+
+
+def test_compcache_fuse_cache_needs_fuse_origin():
+    fs, ledger = FakeSystem(), Ledger()
+    fs.fuse_help = "Usage: compcache fuse --threads N"
+    assert "names no --origin" in _disk("compcache-fuse-cache", fs, ledger).unavailable()
