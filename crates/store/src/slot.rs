@@ -239,6 +239,17 @@ impl Slot {
     }
 
     /// The raw words, for recovery (no live process uses the state): (meta, data).
+    /// Makes the slot's memory resident and writable by a write that changes nothing: a
+    /// compare-exchange of the word with itself, which needs write access whether it succeeds
+    /// or not (an idempotent RMW such as `fetch_or(0)` may be compiled to a load, and a load
+    /// leaves the page to fault on its first write), and is safe whoever holds the lock or
+    /// changes the slot meanwhile. For the slot table of a swap server, whose I/O path must
+    /// take no page fault.
+    pub fn touch(&self) {
+        let cur = self.meta.load(Relaxed);
+        let _ = self.meta.compare_exchange(cur, cur, Relaxed, Relaxed);
+    }
+
     pub fn raw(&self) -> (u64, u64) {
         (self.meta.load(Relaxed), self.data.load(Relaxed))
     }

@@ -65,18 +65,11 @@ impl Reserve {
         Reserve { store, low_pages: high_pages * 3 / 4, high_pages }
     }
 
-    /// Makes the slot table resident (a read of an empty slot touches its entry), fills the
+    /// Makes the slot table resident (`Store::make_slot_table_resident`: no page is read, so a
+    /// successor decompresses nothing and a cache reads nothing from its origin), fills the
     /// reserve, and puts the store in fault-free mode. Call before the device starts.
     pub fn prime(&mut self) {
-        let mut ctx = self.store.context();
-        let mut buf = vec![0u8; 64 * PAGE_SIZE];
-        let size = self.store.disksize_bytes();
-        let mut off = 0;
-        while off < size {
-            let n = (size - off).min(buf.len() as u64) as usize;
-            let _ = self.store.read(&mut ctx, off, &mut buf[..n]);
-            off += n as u64;
-        }
+        self.store.make_slot_table_resident();
         self.top_up();
         self.store.set_fault_free(true);
         self.store.set_reserve_wait(WAIT);
