@@ -11,8 +11,14 @@
 //! created with `VM_NORESERVE`, nothing is committed), and memory is taken by the pages that
 //! are written, as with the private anonymous mapping it replaces. Pages are given back with
 //! `MADV_REMOVE` (`MADV_DONTNEED` only drops a shared mapping's view, not the memory), which
-//! fails under `mlock` as `MADV_DONTNEED` did, or with `fallocate(PUNCH_HOLE)` on the file,
-//! which always frees them (recovery).
+//! fails under `mlock` as `MADV_DONTNEED` did (the page then stays, for reuse).
+//!
+//! One server at a time: each process that maps the file takes a POSIX write lock on its first
+//! byte ([`claim`]), which the kernel drops when the process dies. A process that finds it held
+//! by another live one is refused ("in use by pid N"): two servers of one state would each
+//! take the other's pages. POSIX locks are per process, so a test (or a process) that maps
+//! the file twice is not refused; and they are dropped when the process closes *any*
+//! descriptor of the file, so a server keeps exactly one (the map's own) and closes no copy.
 //!
 //! Privacy: a memfd has no path; it is reachable only through its descriptor (by processes
 //! given it, and through `/proc/<pid>/fd` by the owner's uid and root, as the process's own
@@ -73,6 +79,7 @@ impl StateMap {
     }
 
     fn map(fd: OwnedFd) -> io::Result<StateMap> {
+        claim(fd.as_fd())?;
         // SAFETY: fstat into a zeroed struct on our own descriptor.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -149,6 +156,30 @@ impl StateMap {
         // nobody refers to its bytes.
         unsafe { libc::madvise(self.at(offset).as_ptr() as *mut libc::c_void, len, libc::MADV_REMOVE) == 0 }
     }
+}
+
+/// This process's claim on the state file `fd` (module docs): a POSIX write lock on its first
+/// byte. Refused, with the holder's pid, while another live process holds it.
+fn claim(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: flock is plain data; all-zero is valid, filled in below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_len = 1;
+    // SAFETY: fcntl F_SETLK with a live flock on our descriptor.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
+        return Err(e);
+    }
+    // SAFETY: as above; F_GETLK fills `fl` with the conflicting lock.
+    let pid = if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETLK, &mut fl) } == 0 { fl.l_pid } else { 0 };
+    Err(io::Error::new(
+        io::ErrorKind::ResourceBusy,
+        format!("the state file is in use by pid {pid}, a server still alive: a device is taken over only once its server is gone"),
+    ))
 }
 
 /// A part of a state file handed to the code that owns its format (the backing tier's region,

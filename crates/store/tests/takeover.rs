@@ -230,9 +230,10 @@ fn main() {
         child(args[i + 1].parse().unwrap(), Mode::from_arg(&args[i + 2]));
     }
     let filter: Option<&String> = args.iter().skip(1).find(|a| !a.starts_with('-'));
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 8] = [
         ("a_successor_serves_every_page_and_the_same_gauges", a_successor_serves_every_page_and_the_same_gauges),
         ("a_successor_refuses_what_it_cannot_read", a_successor_refuses_what_it_cannot_read),
+        ("a_successor_refuses_a_state_still_in_use", a_successor_refuses_a_state_still_in_use),
         ("killed_at_random_a_successor_serves_every_acknowledged_write", killed_at_random_a_successor_serves_every_acknowledged_write),
         ("backing_a_successor_serves_every_page_and_the_same_gauges", backing_a_successor_serves_every_page_and_the_same_gauges),
         ("backing_a_successor_refuses_another_device", backing_a_successor_refuses_another_device),
@@ -338,6 +339,52 @@ fn leave(store: Store) {
     store.close_backing(); // what a server does on its way out: now it discards nothing
 }
 
+/// A child (`--child`) that takes the store over from `state` and writes until it is killed,
+/// reporting in `progress`.
+fn spawn_child(exe: &std::path::Path, state: &OwnedFd, progress: &Progress, seed: u64, mode: &Mode) -> std::process::Child {
+    let (s, p) = (state.try_clone().unwrap(), progress.fd.try_clone().unwrap());
+    let mut cmd = Command::new(exe);
+    cmd.args(["--child", &seed.to_string(), &mode.arg()]).stdin(Stdio::null());
+    // SAFETY: between fork and exec only dup2, which is async-signal-safe; the targets are
+    // the fds the child expects, and dup2 clears close-on-exec on them.
+    unsafe {
+        let (s, p) = (s.as_raw_fd(), p.as_raw_fd());
+        cmd.pre_exec(move || {
+            if libc::dup2(s, 3) < 0 || libc::dup2(p, 4) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
+/// A state file whose server is alive is refused ("in use by pid N"), and taken over once the
+/// server is gone: two servers of one state would take each other's pages.
+fn a_successor_refuses_a_state_still_in_use() {
+    let state = {
+        let first = Store::new(config()).unwrap();
+        let fd = dup(&first);
+        leave(first);
+        fd
+    };
+    let progress = Progress::create();
+    let mut child = spawn_child(&std::env::current_exe().unwrap(), &state, &progress, 7, &Mode::Ram);
+    let start = Instant::now();
+    while progress.done(0).load(SeqCst) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the child did not start writing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let err = Store::recover(config(), state.try_clone().unwrap()).err().expect("a state in use is refused");
+    assert!(err.to_string().contains(&format!("in use by pid {}", child.id())), "{err}");
+    // SAFETY: kill of our own child by its pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
+    child.wait().unwrap();
+    let (store, report) = Store::recover(config(), state.try_clone().unwrap()).expect("taken over once its server is gone");
+    assert_eq!(report.lost_pages, 0);
+    drop(store);
+}
+
 fn kill_loop(mode: Mode, default_kills: u64) {
     let kills: u64 = std::env::var("COMPCACHE_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(default_kills);
     let seed = std::env::var("COMPCACHE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_u64 ^ std::process::id() as u64);
@@ -377,21 +424,7 @@ fn kill_loop(mode: Mode, default_kills: u64) {
     let (mut recompressed, mut dicts) = (0u64, 0u64);
     let mut out = vec![0u8; PAGE];
     for k in 0..kills {
-        let (s, p) = (state.try_clone().unwrap(), progress.fd.try_clone().unwrap());
-        let mut cmd = Command::new(&exe);
-        cmd.args(["--child", &seed.to_string(), &mode.arg()]).stdin(Stdio::null());
-        // SAFETY: between fork and exec only dup2, which is async-signal-safe; the targets are
-        // the fds the child expects, and dup2 clears close-on-exec on them.
-        unsafe {
-            let (s, p) = (s.as_raw_fd(), p.as_raw_fd());
-            cmd.pre_exec(move || {
-                if libc::dup2(s, 3) < 0 || libc::dup2(p, 4) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().unwrap();
+        let mut child = spawn_child(&exe, &state, &progress, seed, &mode);
         // Kill anywhere: during its recovery, its start, or well into its writes.
         let delay = Duration::from_micros(rng() % 40_000);
         std::thread::sleep(delay);
