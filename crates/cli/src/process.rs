@@ -1,8 +1,9 @@
 //! The server process itself, the same for every server (`serve`, `ublk`, `nbd-attach`,
 //! `fuse`): the stop signals and keeping its memory resident.
 //!
-//! Signals: SIGINT, SIGTERM and SIGHUP are blocked in the main thread before any other thread
-//! exists (so every thread inherits the mask and none is killed by them) and collected with
+//! Signals: SIGINT, SIGTERM and SIGHUP, and SIGUSR2 (hand over to a successor), are blocked in
+//! the main thread before any other thread exists (so every thread inherits the mask and none
+//! is killed by them) and collected with
 //! `sigtimedwait` ([`StopSignals`]). SIGHUP is left alone when it is ignored (`nohup`): Linux
 //! keeps a blocked signal pending even when its action is to ignore it, so waiting would see
 //! it and stop a server that was told to survive its terminal.
@@ -18,8 +19,8 @@ use std::time::Duration;
 use crate::failure::Failure;
 use crate::log;
 
-/// SIGINT, SIGTERM and SIGHUP (unless ignored), blocked in the calling thread (and so in every
-/// thread started after) and collected by [`StopSignals::wait`].
+/// SIGINT, SIGTERM and SIGHUP (unless ignored) and SIGUSR2, blocked in the calling thread (and
+/// so in every thread started after) and collected by [`StopSignals::wait`].
 pub struct StopSignals {
     set: libc::sigset_t,
 }
@@ -30,19 +31,10 @@ unsafe impl Send for StopSignals {}
 unsafe impl Sync for StopSignals {}
 
 impl StopSignals {
-    /// Blocks the stop signals; call before any thread exists.
-    pub fn block() -> Result<StopSignals, Failure> {
-        Self::block_with(false)
-    }
-
-    /// The stop signals and SIGUSR2, the request to hand the device over to a successor
-    /// (`compcache restart`): for FUSE servers and their supervisors. Call before any thread
-    /// exists.
+    /// Blocks the stop signals and SIGUSR2, the request to hand the device over to a successor
+    /// (`compcache restart`), which a server that cannot hand over logs and ignores rather than
+    /// dying of it. Call before any thread exists.
     pub fn block_with_handover() -> Result<StopSignals, Failure> {
-        Self::block_with(true)
-    }
-
-    fn block_with(handover: bool) -> Result<StopSignals, Failure> {
         // SAFETY: `set` and `old` are plain C structs; `set` is initialised by sigemptyset
         // before any other use and `old` is only written by sigaction (a null new action
         // changes nothing). pthread_sigmask only reads `set`. No Rust invariant depends on
@@ -57,9 +49,7 @@ impl StopSignals {
             if !hup_ignored {
                 libc::sigaddset(&mut set, libc::SIGHUP);
             }
-            if handover {
-                libc::sigaddset(&mut set, libc::SIGUSR2);
-            }
+            libc::sigaddset(&mut set, libc::SIGUSR2);
             let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             (set, rc)
         };

@@ -226,6 +226,18 @@ pub fn serve_with(state: Arc<ControlState>, listener: UnixListener, limits: Limi
     }
 }
 
+/// [`serve`] until `gate` is closed: a server handing its listener over to a successor stops
+/// accepting, and clients that connect meanwhile wait in the backlog for the successor
+/// ([`socket::accept_until`]). The listener is made non-blocking (a flag of the socket, which
+/// the successor inherits: it serves with this function too).
+pub fn serve_until(state: Arc<ControlState>, listener: &UnixListener, gate: &socket::AcceptGate) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    listener.set_nonblocking(true)?;
+    let clients = Arc::new(Clients::new(Limits::default()));
+    socket::accept_until(gate, listener.as_fd(), || listener.accept(), log, log, |stream, _| admit(&state, &clients, stream));
+    Ok(())
+}
+
 /// Serves one accepted control client on its own thread; when [`Limits::max_clients`] are
 /// open, the one idle the longest makes room ([`Clients::open`]), and only if every one is
 /// running a request is the newcomer refused.

@@ -13,14 +13,17 @@
 //! memory, or anything else, the loop pauses (growing from [`ACCEPT_PAUSE_FIRST`] to
 //! [`ACCEPT_PAUSE_MAX`]) and tries again, and logs at most one line per
 //! [`ACCEPT_LOG_INTERVAL`] ([`AcceptBackoff`]). A server that is swap must not stop because a
-//! moment's descriptor shortage made one `accept` fail.
+//! moment's descriptor shortage made one `accept` fail. Only an [`AcceptGate`] ends an accept
+//! loop ([`accept_until`]): a server handing its listeners over to a successor stops accepting,
+//! and the clients that connect meanwhile wait in the listen backlog for the successor.
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Why a socket could not be bound. Messages say what is wrong and what to do.
@@ -214,6 +217,84 @@ impl AcceptBackoff {
             if let Some(line) = self.succeeded() {
                 log(&line);
             }
+        }
+    }
+}
+
+/// Closes accept loops ([`serve_unix_until`], [`serve_tcp_until`]): once [`AcceptGate::close`]
+/// is called, every loop on the gate returns without accepting again. Closed for good.
+pub struct AcceptGate {
+    closed: AtomicBool,
+    /// An eventfd, readable once the gate is closed (never read: it stays readable, for every
+    /// loop), so that a loop waiting in `poll` wakes.
+    wake: OwnedFd,
+}
+
+impl AcceptGate {
+    pub fn new() -> io::Result<AcceptGate> {
+        // SAFETY: eventfd with an initial count and flags; returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: eventfd returned a new descriptor that nothing else owns.
+        Ok(AcceptGate { closed: AtomicBool::new(false), wake: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Makes every loop on the gate return: a loop that is in `accept` now serves that one
+    /// client, then returns.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of a live local u64 to the eventfd this gate owns.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Waits until `listener` has a client to accept (true) or the gate is closed (false).
+    fn wait(&self, listener: BorrowedFd<'_>) -> bool {
+        loop {
+            if self.is_closed() {
+                return false;
+            }
+            let mut fds = [
+                libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: `fds` is a live array of two pollfds, its length passed with it.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if n > 0 && fds[0].revents != 0 && !self.is_closed() {
+                return true;
+            }
+            // EINTR, or the gate: look again.
+        }
+    }
+}
+
+/// The accept loop of a server that hands its listener over: waits for a client or for
+/// `gate` to close, accepts, and gives the client to `serve`; an accept that finds no client
+/// (it left, or the listener is non-blocking and another took it) waits again. Errors back
+/// off as [`AcceptBackoff`] says (`warn` gets its lines, `note` the end of a run of
+/// failures). Returns once `gate` is closed.
+pub fn accept_until<S, A>(
+    gate: &AcceptGate,
+    listener: BorrowedFd<'_>,
+    mut accept: impl FnMut() -> io::Result<(S, A)>,
+    mut warn: impl FnMut(&str),
+    mut note: impl FnMut(&str),
+    mut serve: impl FnMut(S, A),
+) {
+    let mut backoff = AcceptBackoff::default();
+    while gate.wait(listener) {
+        match accept() {
+            Ok((stream, addr)) => {
+                backoff.accepted(&mut note);
+                serve(stream, addr);
+            }
+            Err(e) => backoff.pause_after(&e, &mut warn),
         }
     }
 }

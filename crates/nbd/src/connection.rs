@@ -32,6 +32,11 @@ pub(crate) fn serve<S: Stream + AsFd>(server: &Server, stream: S, peer: &str, tr
         stream.shutdown_both();
         return;
     }
+    let Some(_registered) = server.register(id, stream.as_fd()) else {
+        // Handing over (`Server::stop_reading`): the client reconnects to the successor.
+        stream.shutdown_both();
+        return;
+    };
     let client = client_of(stream.as_fd());
     let Some(_client_count) = ClientCount::open(server, client) else {
         warn(

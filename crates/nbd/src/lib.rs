@@ -57,6 +57,14 @@
 //!   client that stalls mid-request or stops reading is dropped and gives its budget back;
 //! - accept errors (out of descriptors) never end a listener ([`listener`]).
 //!
+//! ## Handing over to a successor
+//! A server whose listening sockets outlive it (held by a supervisor, handed to a successor
+//! process: `compcache serve`'s takeover) stops in two steps: its accept loops return
+//! ([`listener::AcceptGate`]), so that clients connecting meanwhile wait in the listen backlog
+//! for the successor; then [`Server::stop_reading`] shuts every open connection down for
+//! reading: the requests already read are answered, the connection closes, and the client
+//! (qemu with `reconnect-delay`) reconnects to the successor and sends again what had no reply.
+//!
 //! ## Capabilities
 //! Declared in [`TRANSMISSION_FLAGS`]: FLUSH, FUA, TRIM, WRITE_ZEROES and MULTI_CONN, plus DF
 //! on a connection that negotiated structured replies
@@ -101,7 +109,7 @@ mod limits_tests;
 mod tests;
 
 use compcache_store::Store;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -234,6 +242,38 @@ pub struct Server {
     connections: AtomicU64,
     /// Open connections per client (`ServerOptions::max_connections_per_client`).
     per_client: parking_lot::Mutex<std::collections::HashMap<connection::ClientKey, usize>>,
+    /// Every open connection's socket, for [`Server::stop_reading`].
+    open: parking_lot::Mutex<OpenSockets>,
+}
+
+/// The sockets of the open connections (a second descriptor of each, closed when the
+/// connection ends), and whether the server has stopped reading ([`Server::stop_reading`]).
+/// One mutex over both: a connection registers and learns that the server stopped reading in
+/// one step, so none starts unseen after [`Server::stop_reading`].
+#[derive(Default)]
+struct OpenSockets {
+    stopped: bool,
+    sockets: std::collections::HashMap<u64, OwnedFd>,
+}
+
+/// A connection's entry in [`Server::open`], removed when dropped.
+pub(crate) struct Registered<'a> {
+    server: &'a Server,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.server.open.lock().sockets.remove(&self.id);
+    }
+}
+
+/// `shutdown(SHUT_RD)`: reads of every handle on the socket return what is queued, then end
+/// of file; the other direction stays open for the replies.
+fn shut_reading(fd: BorrowedFd<'_>) {
+    // SAFETY: shutdown on a descriptor that is open for the borrow's lifetime; it changes the
+    // socket's state only, never memory.
+    unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RD) };
 }
 
 impl Server {
@@ -246,7 +286,34 @@ impl Server {
             next_client_id: AtomicU64::new(1),
             connections: AtomicU64::new(0),
             per_client: Default::default(),
+            open: Default::default(),
         }
+    }
+
+    /// Hands over (crate docs, "Handing over to a successor"): every open connection stops
+    /// reading requests (its socket is shut down for reading), answers those it has read, and
+    /// closes; a connection that starts after this is closed at once. The caller waits for
+    /// [`Server::open_connections`] to reach 0. Irreversible.
+    pub fn stop_reading(&self) {
+        let mut open = self.open.lock();
+        open.stopped = true;
+        for fd in open.sockets.values() {
+            shut_reading(fd.as_fd());
+        }
+    }
+
+    /// Registers connection `id` on socket `fd` for [`Server::stop_reading`]; `None` once the
+    /// server has stopped reading, or if the socket cannot be duplicated (the connection is
+    /// then served but not stopped early: it ends with the process).
+    pub(crate) fn register(&self, id: u64, fd: BorrowedFd<'_>) -> Option<Registered<'_>> {
+        let mut open = self.open.lock();
+        if open.stopped {
+            return None;
+        }
+        if let Ok(dup) = fd.try_clone_to_owned() {
+            open.sockets.insert(id, dup);
+        }
+        Some(Registered { server: self, id })
     }
 
     /// The TLS mode of a connection over `transport` (see the crate docs, "Who may connect");

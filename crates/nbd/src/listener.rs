@@ -4,10 +4,13 @@
 //! (mode 0600 before anyone can connect, stale-socket detection), the rules every compcache
 //! server socket follows; accept loops back off on errors with its
 //! [`AcceptBackoff`]: no accept error ends a listener (a server that is swap must not stop
-//! because a moment's descriptor shortage made one `accept` fail).
+//! because a moment's descriptor shortage made one `accept` fail). Only an [`AcceptGate`]
+//! (`compcache_control::socket`'s) ends one ([`serve_unix_until`], [`serve_tcp_until`]): a server handing its listeners over
+//! to a successor stops accepting, and the clients that connect meanwhile wait in the listen
+//! backlog for the successor (crate docs, "Handing over to a successor").
 
 use crate::{log, warn, Server, Transport};
-use compcache_control::socket::{AcceptBackoff, BindError};
+use compcache_control::socket::{accept_until, AcceptBackoff, AcceptGate, BindError};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -113,6 +116,43 @@ pub fn serve_tcp(server: Arc<Server>, listener: TcpListener) -> ! {
             Err(e) => backoff.pause_after(&e, |line| warn("tcp listener", line)),
         }
     }
+}
+
+/// [`serve_unix`] until `gate` is closed. The listener is made non-blocking (a flag of the
+/// socket, which a successor handed the same listener inherits: it must accept like this too).
+pub fn serve_unix_until(server: Arc<Server>, listener: &UnixListener, gate: &AcceptGate) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    accept_until(
+        gate,
+        listener.as_fd(),
+        || listener.accept(),
+        |line| warn("unix listener", line),
+        |line| log("unix listener", line),
+        |stream, _| {
+            let server = server.clone();
+            spawn_connection(move || server.serve_connection_over(stream, "unix", Transport::Unix));
+        },
+    );
+    Ok(())
+}
+
+/// [`serve_tcp`] until `gate` is closed; the listener is made non-blocking, as in
+/// [`serve_unix_until`].
+pub fn serve_tcp_until(server: Arc<Server>, listener: &TcpListener, gate: &AcceptGate) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    accept_until(
+        gate,
+        listener.as_fd(),
+        || listener.accept(),
+        |line| warn("tcp listener", line),
+        |line| log("tcp listener", line),
+        |stream, peer| {
+            let _ = stream.set_nodelay(true);
+            let server = server.clone();
+            spawn_connection(move || server.serve_connection_over(stream, &peer.to_string(), Transport::Tcp));
+        },
+    );
+    Ok(())
 }
 
 fn spawn_connection(f: impl FnOnce() + Send + 'static) {

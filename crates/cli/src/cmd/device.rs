@@ -133,7 +133,7 @@ fn hold(state: Option<std::os::fd::BorrowedFd<'_>>, record_name: &str, record: &
 
 /// A panicking thread would leave its request unanswered with the process alive: a held
 /// server dies instead, for the supervisor to start a successor.
-fn abort_on_panic() {
+pub(super) fn abort_on_panic() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);

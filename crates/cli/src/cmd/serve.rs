@@ -1,8 +1,25 @@
 //! `compcache serve`: create a compressed RAM device and serve it over NBD until SIGINT,
 //! SIGTERM or SIGHUP, with a control socket for `compcache stat`.
+//!
+//! Supervised (docs/nbd.md, "A server that dies"; docs/swap.md, "When the server dies"): when
+//! a holder is named (`NOTIFY_SOCKET`: a supervisor, systemd's file descriptor store) and the
+//! store's state outlives the process (`Store::state_fd`), the server gives the holder, before
+//! it serves anything, the state's descriptor ([`FD_STORE`]), its NBD listening sockets (the
+//! Unix socket's and the TCP one's, [`FD_NBD_LISTEN`]) and the control socket's
+//! ([`FD_CONTROL_LISTEN`]): [`SERVE_HELD`]. While the holder keeps the listeners, a client that
+//! connects finds the socket listening whether or not a server runs: it waits in the listen
+//! backlog. A successor is started with the same flags, `--takeover` and those descriptors
+//! (`LISTEN_FDS`): it recovers the store (a state it cannot read is refused in one line, exit
+//! `TAKEOVER_REFUSED`), serves on the handed listeners (the socket files are neither removed
+//! nor bound again) and from then on is the server. The clients of the dead server lose their
+//! connection; qemu with `reconnect-delay` connects again and sends again the requests that had
+//! no reply. SIGUSR2 (`compcache restart`) hands over: stop accepting, stop reading requests,
+//! answer those read, close every connection, exit with `HANDED_OVER`, leaving the socket files
+//! and every page to the successor. SIGTERM still stops the device and removes its files. A
+//! panic of a held server aborts the process, so that the holder sees it die.
 
 use crate::backing::{spawn_writeback, StartGuard};
-use crate::failure::Failure;
+use crate::failure::{with_code, Failure, HANDED_OVER, TAKEOVER_REFUSED};
 use crate::log;
 use crate::metrics::port_or_address;
 use crate::paths;
@@ -10,17 +27,20 @@ use crate::private_file;
 use crate::process::{self, StopSignals};
 use crate::store_args::{config_error_line, StoreArgs};
 use crate::units::human;
-use compcache_control::socket::{bind_unix, SocketFileGuard};
+use compcache_control::socket::{bind_unix, AcceptGate, SocketFileGuard};
 use compcache_control::{self as control, ControlState, DeviceInfo};
 use compcache_nbd::listener;
 use compcache_nbd::tls::{self, TlsOptions};
 use compcache_nbd::{Export, Server, ServerOptions};
 use compcache_store::{Config, Store};
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 /// Serve a compressed RAM block device over NBD (Unix socket by default).
 #[derive(clap::Args, Debug)]
@@ -85,52 +105,224 @@ pub struct Args {
     /// Log each client connecting and disconnecting (errors are always logged).
     #[arg(long, short)]
     verbose: bool,
+
+    /// File descriptor to write "READY <NBD socket>" to once the device is served (a
+    /// supervisor's pipe).
+    #[arg(long, value_name = "FD", hide = true, value_parser = crate::cmd::session::parse_ready_fd)]
+    ready_fd: Option<i32>,
+
+    /// Take over the device whose descriptors are handed to this process (LISTEN_FDS, from a
+    /// supervisor or systemd's file descriptor store) instead of making a new one.
+    #[arg(long, hide = true)]
+    takeover: bool,
 }
 
-/// What the main thread waits for. (Listeners never end: they retry after accept errors.)
+/// The names the server's descriptors are stored under (module docs): the store's state, as
+/// for every front end.
+pub const FD_STORE: &str = crate::cmd::fuse::FD_STORE;
+/// The NBD listening sockets (the Unix socket's, the TCP one's: told apart by address family).
+pub const FD_NBD_LISTEN: &str = "compcache-nbd-listen";
+/// The control socket's listening socket.
+pub const FD_CONTROL_LISTEN: &str = "compcache-control-listen";
+/// What a holder must keep for a successor of `compcache serve`.
+pub const SERVE_HELD: &[&str] = &[FD_STORE, FD_NBD_LISTEN, FD_CONTROL_LISTEN];
+
+/// How long a server handing over waits for its connections to answer what they have read
+/// and close; a connection still open then is cut (its client sends its requests again).
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the main thread waits for: a signal, or an accept loop that ended (only once the
+/// accept gate is closed, or if its listener could not be set up).
 enum Event {
     Signal(i32),
+    AcceptEnded(&'static str, std::io::Result<()>),
+}
+
+/// What a successor is handed (module docs).
+struct Handed {
+    state: OwnedFd,
+    unix: Option<UnixListener>,
+    tcp: Option<TcpListener>,
+    control: UnixListener,
+}
+
+impl Handed {
+    /// The descriptors handed to this process, by name; the error is one line. Call before any
+    /// thread exists (the environment is read and cleared).
+    fn take() -> Result<Handed, String> {
+        let fds = crate::fdstore::handed(false).map_err(|e| format!("the handed descriptors: {e}"))?;
+        if let Some(name) = SERVE_HELD.iter().find(|&&n| !fds.iter().any(|(m, _)| m == n)) {
+            return Err(format!("no {name} descriptor was handed over"));
+        }
+        let (mut state, mut unix, mut tcp, mut control) = (None, None, None, None);
+        for (name, fd) in fds {
+            match name.as_str() {
+                FD_STORE => state = Some(fd),
+                FD_NBD_LISTEN => match listening_family(&fd).map_err(|e| format!("{FD_NBD_LISTEN}: {e}"))? {
+                    libc::AF_UNIX => unix = Some(UnixListener::from(fd)),
+                    _ => tcp = Some(TcpListener::from(fd)),
+                },
+                FD_CONTROL_LISTEN => match listening_family(&fd).map_err(|e| format!("{FD_CONTROL_LISTEN}: {e}"))? {
+                    libc::AF_UNIX => control = Some(UnixListener::from(fd)),
+                    _ => return Err(format!("{FD_CONTROL_LISTEN} is not a Unix socket")),
+                },
+                // Another program's, or a later version's: not ours to use.
+                _ => {}
+            }
+        }
+        let missing = |name: &str| format!("no {name} descriptor was handed over");
+        Ok(Handed {
+            state: state.ok_or_else(|| missing(FD_STORE))?,
+            unix,
+            tcp,
+            control: control.ok_or_else(|| missing(FD_CONTROL_LISTEN))?,
+        })
+    }
+
+    /// Checks that the handed listeners are the ones the flags name (the same socket paths, the
+    /// same TCP address), so that a successor serves where its clients connect and removes the
+    /// right files when it stops.
+    fn check(&self, socket: Option<&Path>, tcp: Option<SocketAddr>, control: &Path) -> Result<(), String> {
+        let bound = |l: &UnixListener| l.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf));
+        match (socket, &self.unix) {
+            (Some(p), Some(l)) if bound(l).as_deref() == Some(p) => {}
+            (None, None) => {}
+            (want, got) => {
+                return Err(format!(
+                    "the handed NBD Unix socket ({}) is not --socket's ({})",
+                    got.as_ref().and_then(bound).map_or("none".into(), |p| p.display().to_string()),
+                    want.map_or("none".into(), |p| p.display().to_string())
+                ))
+            }
+        }
+        let got_tcp = self.tcp.as_ref().and_then(|l| l.local_addr().ok());
+        match (tcp, got_tcp) {
+            (Some(want), Some(got)) if want == got || (want.port() == 0 && want.ip() == got.ip()) => {}
+            (None, None) => {}
+            (want, got) => {
+                return Err(format!(
+                    "the handed TCP listener ({}) is not --listen's ({})",
+                    got.map_or("none".into(), |a| a.to_string()),
+                    want.map_or("none".into(), |a| a.to_string())
+                ))
+            }
+        }
+        if bound(&self.control).as_deref() != Some(control) {
+            return Err(format!("the handed control socket is not {}", control.display()));
+        }
+        Ok(())
+    }
+}
+
+/// The address family of `fd` if it is a listening socket; else why it cannot be served on.
+fn listening_family(fd: &OwnedFd) -> Result<i32, String> {
+    let get = |opt: libc::c_int| -> Result<libc::c_int, String> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt on an open descriptor writes at most `len` bytes (one c_int) to
+        // `v`, a live local of that size.
+        let r = unsafe { libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, opt, (&mut v as *mut libc::c_int).cast(), &mut len) };
+        if r != 0 {
+            return Err(format!("not a socket ({})", std::io::Error::last_os_error()));
+        }
+        Ok(v)
+    };
+    if get(libc::SO_ACCEPTCONN)? == 0 {
+        return Err("not a listening socket".into());
+    }
+    match get(libc::SO_DOMAIN)? {
+        f @ (libc::AF_UNIX | libc::AF_INET | libc::AF_INET6) => Ok(f),
+        f => Err(format!("a socket of address family {f}")),
+    }
+}
+
+/// Gives the holder the state and the listeners (module docs); the error is one line.
+fn hold(store: &Store, unix: Option<&UnixListener>, tcp: Option<&TcpListener>, control: &UnixListener) -> std::io::Result<()> {
+    let state = store.state_fd().ok_or_else(|| std::io::Error::other("the store's state does not outlive the process"))?;
+    let listeners: Vec<_> = unix.map(AsFd::as_fd).into_iter().chain(tcp.map(AsFd::as_fd)).collect();
+    crate::fdstore::store(FD_STORE, &[state])?;
+    crate::fdstore::store(FD_NBD_LISTEN, &listeners)?;
+    crate::fdstore::store(FD_CONTROL_LISTEN, &[control.as_fd()])?;
+    Ok(())
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
     // Before any thread exists, so that every thread inherits the mask and only the signal
-    // thread below receives SIGINT/SIGTERM/SIGHUP.
-    let signals = StopSignals::block()?;
+    // thread below receives SIGINT/SIGTERM/SIGHUP, and SIGUSR2 (hand over) never kills the
+    // server: one that cannot hand over logs it and goes on.
+    let signals = StopSignals::block_with_handover()?;
+    let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
+    // Before any thread exists too (the environment is read and cleared).
+    let handed = match args.takeover {
+        true => Some(Handed::take().map_err(refused)?),
+        false => None,
+    };
 
     let cfg = args.store.config()?;
     let Endpoints { socket, tcp, tls, control: control_path } = endpoints(&args)?;
+    if let Some(h) = &handed {
+        h.check(socket.as_deref(), tcp, &control_path).map_err(refused)?;
+    }
 
     if args.mlock {
         process::lock_memory("--mlock")?;
     }
-    let store = Store::new(cfg.clone()).map_err(|e| {
-        let hint =
-            if args.mlock { " (with --mlock, locked memory counts against RLIMIT_MEMLOCK: run as root or raise `ulimit -l`)" } else { "" };
-        Failure::new(format!("cannot create the device: {}{hint}", config_error_line(&e)))
-    })?;
+    let hint =
+        if args.mlock { " (with --mlock, locked memory counts against RLIMIT_MEMLOCK: run as root or raise `ulimit -l`)" } else { "" };
+    let (store, listeners) = match handed {
+        None => {
+            let store =
+                Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the device: {}{hint}", config_error_line(&e))))?;
+            (store, None)
+        }
+        Some(h) => {
+            let (store, report) = Store::recover(cfg.clone(), h.state).map_err(|e| refused(format!("{}{hint}", config_error_line(&e))))?;
+            log::info(&format!("took the store over: {report}"));
+            (store, Some((h.unix, h.tcp, h.control)))
+        }
+    };
+    let takeover = listeners.is_some();
     let store = Arc::new(store);
     let start = StartGuard::new(&store);
 
-    // Bind everything before serving anything, so a failure leaves nothing behind.
+    // Bind everything before serving anything, so a failure leaves nothing behind. A
+    // successor's listeners are its predecessor's: the files are there, and become this
+    // server's to remove when it stops.
     let mut guards: Vec<SocketFileGuard> = Vec::new();
-    let unix = match &socket {
-        Some(path) => {
-            let l = bind_unix(path).map_err(|e| Failure::new(format!("--socket: {e}")))?;
-            guards.push(SocketFileGuard::new(path));
-            Some(l)
+    let (unix, tcp_listener, control_listener) = match listeners {
+        Some((unix, tcp, control)) => {
+            guards.extend(socket.iter().map(|p| SocketFileGuard::new(p)));
+            guards.push(SocketFileGuard::new(&control_path));
+            (unix, tcp, control)
         }
-        None => None,
+        None => {
+            let unix = match &socket {
+                Some(path) => {
+                    let l = bind_unix(path).map_err(|e| Failure::new(format!("--socket: {e}")))?;
+                    guards.push(SocketFileGuard::new(path));
+                    Some(l)
+                }
+                None => None,
+            };
+            let tcp_listener = match tcp {
+                Some(addr) => Some(listener::bind_tcp(addr).map_err(|e| Failure::new(format!("--listen: {e}")))?),
+                None => None,
+            };
+            let control_listener = control::bind(&control_path).map_err(|e| Failure::new(format!("--control: {e}")))?;
+            guards.push(SocketFileGuard::new(&control_path));
+            (unix, tcp_listener, control_listener)
+        }
     };
-    let tcp_listener = match tcp {
-        Some(addr) => Some(listener::bind_tcp(addr).map_err(|e| Failure::new(format!("--listen: {e}")))?),
-        None => None,
-    };
-    let control_listener = control::bind(&control_path).map_err(|e| Failure::new(format!("--control: {e}")))?;
-    guards.push(SocketFileGuard::new(&control_path));
-    let _pid_file = match &args.pid_file {
+    let mut pid_file = match &args.pid_file {
         Some(p) => Some(PidFile::write(p)?),
         None => None,
     };
+
+    // Held: the state and the listeners are kept by someone who outlives this process.
+    let held = takeover || give_to_holder(&store, unix.as_ref(), tcp_listener.as_ref(), &control_listener);
+    if held {
+        super::device::abort_on_panic();
+    }
 
     let tcp_addr = tcp_listener.as_ref().and_then(|l| l.local_addr().ok());
     let device = DeviceInfo {
@@ -154,15 +346,27 @@ pub fn run(args: Args) -> Result<(), Failure> {
     };
     let server = Arc::new(Server::new(Export { name: args.name.clone(), description, store: store.clone() }, options));
 
+    // Every accept loop ends when the gate closes (a hand-over); until then none ends.
+    let gate = Arc::new(AcceptGate::new().map_err(|e| Failure::new(format!("cannot make the accept gate: {e}")))?);
+    let mut accepting = 0;
     let (tx, events) = mpsc::channel::<Event>();
-    spawn("signals", tx.clone(), move || Event::Signal(signals.wait_forever()));
+    spawn("signals", tx.clone(), move || loop {
+        match signals.wait_forever() {
+            libc::SIGUSR2 if !held => {
+                log::warning("SIGUSR2: this server cannot hand over (no holder keeps its descriptors); it keeps serving")
+            }
+            sig => return Event::Signal(sig),
+        }
+    });
     if let Some(l) = unix {
-        let s = server.clone();
-        spawn("nbd-unix", tx.clone(), move || listener::serve_unix(s, l));
+        let (s, g) = (server.clone(), gate.clone());
+        spawn("nbd-unix", tx.clone(), move || Event::AcceptEnded("NBD Unix socket", listener::serve_unix_until(s, &l, &g)));
+        accepting += 1;
     }
     if let Some(l) = tcp_listener {
-        let s = server.clone();
-        spawn("nbd-tcp", tx.clone(), move || listener::serve_tcp(s, l));
+        let (s, g) = (server.clone(), gate.clone());
+        spawn("nbd-tcp", tx.clone(), move || Event::AcceptEnded("NBD TCP", listener::serve_tcp_until(s, &l, &g)));
+        accepting += 1;
     }
     crate::maintenance::spawn(store.clone()).map_err(|e| Failure::new(format!("cannot start the maintenance thread: {e}")))?;
     if store.has_backing() {
@@ -176,32 +380,44 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if let Some(addr) = args.metrics {
         crate::metrics::serve_http(addr, Arc::clone(&state))?;
     }
-    spawn("control", tx, move || control::serve(state, control_listener));
+    let g = gate.clone();
+    spawn("control", tx, move || Event::AcceptEnded("control socket", control::serve_until(state, &control_listener, &g)));
+    accepting += 1;
     start.started();
 
     // A closed stdout (a supervisor that stopped reading) must not kill a running device.
     let _ = writeln!(std::io::stdout(), "{}", ready_line(&store, &cfg, &device));
+    if takeover {
+        log::info(&format!("took the device over: serving {} on the handed listeners", where_served(&device)));
+    }
+    crate::cmd::session::signal_ready(args.ready_fd, &format!("READY {}\n", where_served(&device)));
 
-    let result = match events.recv() {
-        Ok(Event::Signal(sig)) => {
-            let files: Vec<String> = guards.iter().map(|g| g.path().display().to_string()).collect();
-            log::info(&format!("{} received: stopping, removing {}", process::signal_name(sig), files.join(" and ")));
-            if let Some(origin) = &device.origin {
-                // Write-through: every completed write is on the origin already; this makes it
-                // durable there too before the server goes.
-                if let Err(e) = store.flush() {
-                    log::error(&format!("flushing the origin {origin} at exit: {e}"));
+    let result = loop {
+        match events.recv() {
+            Ok(Event::Signal(libc::SIGUSR2)) => hand_over(&server, &gate, &events, accepting, &mut pid_file, guards),
+            Ok(Event::Signal(sig)) => {
+                let files: Vec<String> = guards.iter().map(|g| g.path().display().to_string()).collect();
+                log::info(&format!("{} received: stopping, removing {}", process::signal_name(sig), files.join(" and ")));
+                if let Some(origin) = &device.origin {
+                    // Write-through: every completed write is on the origin already; this makes it
+                    // durable there too before the server goes.
+                    if let Err(e) = store.flush() {
+                        log::error(&format!("flushing the origin {origin} at exit: {e}"));
+                    }
                 }
+                break Ok(());
             }
-            Ok(())
+            Ok(Event::AcceptEnded(what, Err(e))) => break Err(Failure::new(format!("the {what}'s listener: {e}; stopping"))),
+            // Only after the gate is closed, which is a hand-over.
+            Ok(Event::AcceptEnded(_, Ok(()))) => continue,
+            Err(_) => break Err(Failure::new("every listener stopped; stopping")),
         }
-        Err(_) => Err(Failure::new("every listener stopped; stopping")),
     };
     // Remove the socket files and the PID file, empty the backing device, then leave without
     // waiting for connection threads: the device lives in this process's memory and ends
     // with it.
     drop(guards);
-    drop(_pid_file);
+    drop(pid_file);
     // No page data outlives the server (docs/backing.md): the store is shared with threads
     // that `exit` stops, so it is never dropped; empty the backing device now.
     store.close_backing();
@@ -210,6 +426,79 @@ pub fn run(args: Args) -> Result<(), Failure> {
         std::process::exit(f.exit_code());
     }
     std::process::exit(0);
+}
+
+/// A first server with a holder named: gives it the state and the listeners (module docs);
+/// whether they are held. A server whose state does not outlive it says so, once.
+fn give_to_holder(store: &Store, unix: Option<&UnixListener>, tcp: Option<&TcpListener>, control: &UnixListener) -> bool {
+    if !crate::fdstore::holder_named() {
+        return false;
+    }
+    if store.state_fd().is_none() {
+        log::info("a holder is named (NOTIFY_SOCKET), but this device's state does not outlive the server (cache mode, or a backing device in RAM): it cannot be taken over");
+        return false;
+    }
+    match hold(store, unix, tcp, control) {
+        Ok(()) => true,
+        Err(e) => {
+            log::error(&format!("giving the holder the store's state and the listeners: {e}; this device cannot be taken over"));
+            false
+        }
+    }
+}
+
+/// SIGUSR2 on a held server (module docs): stop accepting, stop reading requests, let every
+/// connection answer what it has read and close, leave every page to the successor
+/// (`Store::hand_over`) and exit with `HANDED_OVER`. The socket files stay: the successor
+/// serves on the same listeners.
+fn hand_over(
+    server: &Server,
+    gate: &AcceptGate,
+    events: &mpsc::Receiver<Event>,
+    accepting: usize,
+    pid_file: &mut Option<PidFile>,
+    guards: Vec<SocketFileGuard>,
+) -> ! {
+    log::info("SIGUSR2: handing the device over to a successor: no more clients accepted, no more requests read");
+    let deadline = Instant::now() + HANDOVER_TIMEOUT;
+    gate.close();
+    // A loop that was accepting a client as the gate closed serves it first: wait for every
+    // loop, so that no connection starts unseen by `stop_reading`.
+    let mut ended = 0;
+    while ended < accepting {
+        match events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Event::AcceptEnded(..)) => ended += 1,
+            Ok(Event::Signal(sig)) => log::info(&format!("{} during the hand-over: ignored", process::signal_name(sig))),
+            Err(_) => break,
+        }
+    }
+    server.stop_reading();
+    let open = server.open_connections();
+    while server.open_connections() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match server.open_connections() {
+        0 => log::info(&format!("{open} connection(s) answered what they had read and closed")),
+        n => {
+            log::warning(&format!("{n} connection(s) still open after {HANDOVER_TIMEOUT:?}: cut; their clients send their requests again"))
+        }
+    }
+    server.export.store.hand_over();
+    // The socket files are the successor's: not removed. The PID file names this process.
+    std::mem::forget(guards);
+    drop(pid_file.take());
+    log::info("handed over; exiting without removing anything (the holder keeps the state and the listeners)");
+    std::process::exit(HANDED_OVER);
+}
+
+/// Where the device is served, for the READY line and the log: the NBD Unix socket's path, or
+/// `tcp:ADDR` when there is none.
+fn where_served(device: &DeviceInfo) -> String {
+    match (&device.nbd_socket, &device.nbd_tcp) {
+        (Some(p), _) => p.clone(),
+        (None, Some(a)) => format!("tcp:{a}"),
+        (None, None) => String::new(),
+    }
 }
 
 /// Where the server answers, from the flags: the NBD Unix socket (the default one unless

@@ -66,6 +66,7 @@ fn client_from(s: UnixStream, info: client::ExportInfo) -> Client<UnixStream> {
     Client::in_transmission(s, info)
 }
 
+mod handover;
 mod handshake;
 mod malformed;
 mod ordering;
