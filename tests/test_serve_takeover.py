@@ -23,6 +23,7 @@ the client, connected with `reconnect-delay`:
 Every server is killed by its PID, every held descriptor closed and the directory removed in
 teardown, also when a test fails. Needs qemu-io.
 """
+import contextlib
 import fcntl
 import os
 import re
@@ -186,15 +187,15 @@ def holder(compcache_bin):
     h.close()
 
 
-def image_opts(h, reconnect_delay=None):
-    opts = f"driver=nbd,server.type=unix,server.path={h.socket},export={EXPORT_NAME}"
+def image_opts(sock, reconnect_delay=None):
+    opts = f"driver=nbd,server.type=unix,server.path={sock},export={EXPORT_NAME}"
     if reconnect_delay is not None:
         opts += f",reconnect-delay={reconnect_delay}"
     return ["qemu-io", "--image-opts", opts]
 
 
-def qemu_io_argv(h, cmds, reconnect_delay=None):
-    argv = image_opts(h, reconnect_delay)
+def qemu_io_argv(sock, cmds, reconnect_delay=None):
+    argv = image_opts(sock, reconnect_delay)
     for c in cmds:
         argv += ["-c", c]
     return argv
@@ -219,12 +220,12 @@ def write_read_steps(steps):
     return cmds
 
 
-def verify_all(h, steps):
+def verify_all(sock, steps):
     """A new qemu-io reads every region back from the server now running: the last pattern
     written there."""
     last = {i % REGIONS: i for i in range(steps)}
     cmds = [f"read -P {pattern_of(i)} {r * STEP} {STEP}" for r, i in sorted(last.items())]
-    p = run(qemu_io_argv(h, cmds), check=False, timeout=300)
+    p = run(qemu_io_argv(sock, cmds), check=False, timeout=300)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "failed" not in out and out.count("read ") == len(cmds), out[-3000:]
 
@@ -262,7 +263,7 @@ def run_through_replacements(h, how, times, steps=4000):
     # stop qemu-io (then no request would be in flight at the kills).
     out_path = os.path.join(h.dir, "qemu-io.out")
     with open(out_path, "w") as out_file:
-        qemu = subprocess.Popen(qemu_io_argv(h, write_read_steps(steps), reconnect_delay=30),
+        qemu = subprocess.Popen(qemu_io_argv(h.socket, write_read_steps(steps), reconnect_delay=30),
                                 stdout=out_file, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: os.path.getsize(out_path) > 0 or qemu.poll() is not None, "qemu-io's first request")
@@ -277,7 +278,7 @@ def run_through_replacements(h, how, times, steps=4000):
     assert len(gaps) == times, f"qemu-io finished after {len(gaps)} of {times} replacements: make it longer"
     assert qemu.returncode == 0 and "failed" not in out, out[-3000:]
     assert out.count("wrote ") == steps and out.count("read ") == steps, out[-3000:]
-    verify_all(h, steps)
+    verify_all(h.socket, steps)
     ops = sorted(op_seconds(out))
     print(f"{how}: {times} servers replaced during {steps} write+verify steps; end to successor READY "
           f"{', '.join(f'{g:.0f}' for g in gaps)} ms; slowest qemu-io operations "
@@ -300,10 +301,10 @@ def test_sigusr2_hands_over_to_a_successor_on_the_same_listeners(holder):
 def test_a_client_connecting_meanwhile_waits_in_the_backlog(holder):
     h = holder
     h.start_ok()
-    run(qemu_io_argv(h, ["write -P 0x5a 1M 1M"]))
+    run(qemu_io_argv(h.socket, ["write -P 0x5a 1M 1M"]))
     h.kill()
     # Nobody serves; the held listener queues the connection.
-    qemu = subprocess.Popen(qemu_io_argv(h, ["read -P 0x5a 1M 1M"]), stdout=subprocess.PIPE,
+    qemu = subprocess.Popen(qemu_io_argv(h.socket, ["read -P 0x5a 1M 1M"]), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(0.5)
@@ -320,7 +321,7 @@ def test_a_client_connecting_meanwhile_waits_in_the_backlog(holder):
 def test_other_settings_are_refused_and_sigterm_still_cleans_up(holder):
     h = holder
     h.start_ok()
-    run(qemu_io_argv(h, ["write -P 0x33 0 2M"]))
+    run(qemu_io_argv(h.socket, ["write -P 0x33 0 2M"]))
     h.kill()
     proc, ready = h.start(takeover=True, size="128M")
     assert ready is None and proc.returncode == TAKEOVER_REFUSED, h.text()
@@ -328,7 +329,7 @@ def test_other_settings_are_refused_and_sigterm_still_cleans_up(holder):
     assert len(refusal) == 1, h.text()
     # The state is as it was: the right settings take it over.
     h.start_ok(takeover=True)
-    run(qemu_io_argv(h, ["read -P 0x33 0 2M"]))
+    run(qemu_io_argv(h.socket, ["read -P 0x33 0 2M"]))
     os.kill(h.server.pid, signal.SIGTERM)
     assert h.server.wait(timeout=30) == 0, h.text()
     assert not os.path.exists(h.socket) and not os.path.exists(h.control), os.listdir(h.dir)
@@ -338,7 +339,7 @@ def test_with_no_successor_reads_fail_never_wrong_data(holder):
     h = holder
     h.start_ok()
     cmds = ["write -P 0x77 0 1M", "read -P 0x77 0 1M", "sleep 1500", "read -P 0x77 0 1M"]
-    qemu = subprocess.Popen(qemu_io_argv(h, cmds, reconnect_delay=2), stdout=subprocess.PIPE,
+    qemu = subprocess.Popen(qemu_io_argv(h.socket, cmds, reconnect_delay=2), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(0.7)
@@ -351,5 +352,94 @@ def test_with_no_successor_reads_fail_never_wrong_data(holder):
             qemu.wait()
     assert out.count("read 1048576/1048576") == 1, out
     assert "read failed" in out and "Pattern verification failed" not in out, out
-    p = run(qemu_io_argv(h, ["read -P 0x77 0 1M"]), check=False, timeout=60)
+    p = run(qemu_io_argv(h.socket, ["read -P 0x77 0 1M"]), check=False, timeout=60)
     assert p.returncode != 0 and "Pattern verification failed" not in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def ours(pid):
+    """Whether `pid` is still a server the supervisor started (argv[0] `@compcache`, not a
+    zombie): pids are reused, so a pid alone does not say it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"@compcache")
+    except OSError:
+        return False
+
+
+def server_of(supervisor):
+    """The supervisor's running server (its one child), if any."""
+    try:
+        with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
+            kids = [int(p) for p in f.read().split()]
+    except OSError:
+        return None
+    return kids[0] if kids else None
+
+
+def test_supervised_serve_through_kills_and_a_hand_over(compcache_bin):
+    """`compcache supervise -- serve ...`: the supervisor is the holder and starts the
+    successors (four SIGKILLs, then SIGUSR2 to the supervisor: a hand-over) while qemu-io
+    writes and verifies; SIGTERM to the supervisor stops the last server, which removes its
+    socket files."""
+    need_qemu_io()
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the supervisor locks its memory")
+    d = tempfile.mkdtemp(prefix="compcache-supervise-serve-")
+    sock, log = os.path.join(d, "nbd.sock"), os.path.join(d, "servers.log")
+    sup = subprocess.Popen([compcache_bin, "supervise", "--log", log, "--", "serve", "--size", "64M", "--socket", sock,
+                            "--control", sock + ".ctl"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    qemu, pids, steps = None, [], 4000
+    try:
+        line = sup.stdout.readline()
+        assert f"supervise: {sock} served by pid" in line and "a successor takes over" in line, \
+            (line, sup.stderr.read() if sup.poll() is not None else "")
+        pids.append(server_of(sup.pid))
+        out_path = os.path.join(d, "qemu-io.out")
+        with open(out_path, "w") as out_file:
+            qemu = subprocess.Popen(qemu_io_argv(sock, write_read_steps(steps), reconnect_delay=30),
+                                    stdout=out_file, stderr=subprocess.STDOUT)
+        wait_for(lambda: os.path.getsize(out_path) > 0 or qemu.poll() is not None, "qemu-io's first request")
+        for i in range(5):
+            time.sleep(0.25)
+            assert qemu.poll() is None, "qemu-io finished before the servers were replaced: make it longer"
+            old = pids[-1]
+            os.kill(sup.pid if i == 4 else old, signal.SIGUSR2 if i == 4 else signal.SIGKILL)
+            wait_for(lambda: server_of(sup.pid) not in (None, old), "a successor", timeout=60)
+            pids.append(server_of(sup.pid))
+        qemu.wait(timeout=300)
+        with open(out_path) as f:
+            out = f.read()
+        assert qemu.returncode == 0 and "failed" not in out, out[-3000:]
+        assert out.count("wrote ") == steps and out.count("read ") == steps, out[-3000:]
+        verify_all(sock, steps)
+        ops = sorted(op_seconds(out))
+        print(f"supervised: 4 kills and a hand-over; slowest qemu-io operations "
+              f"{', '.join(f'{s * 1000:.0f}' for s in ops[-5:])} ms")
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(timeout=60) == 0, sup.stderr.read()
+        with open(log) as f:
+            text = f.read()
+        assert text.count("took the device over") == 5 and "handed over; exiting" in text, text
+        assert len(set(pids)) == 6 and not any(ours(p) for p in pids), pids
+        assert not os.path.exists(sock) and not os.path.exists(sock + ".ctl"), os.listdir(d)
+    finally:
+        if qemu is not None and qemu.poll() is None:
+            qemu.kill()
+            qemu.wait()
+        if sup.poll() is None:
+            sup.send_signal(signal.SIGTERM)
+            try:
+                sup.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                sup.kill()
+                sup.wait()
+        for p in pids:
+            if p and ours(p):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        sup.stdout.close()
+        sup.stderr.close()
+        shutil.rmtree(d, ignore_errors=True)

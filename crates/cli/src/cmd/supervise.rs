@@ -4,8 +4,9 @@
 //! when the server dies, starts a successor that takes its device over; SIGUSR2 (or
 //! `systemctl reload` of a unit running this) hands the device over to the binary installed at
 //! the same path. For servers that are not swap devices, or that an operator runs by hand: a
-//! cache (`fuse --origin`, whose successor starts with an empty cache over the same origin) or
-//! a device on a FUSE file (`fuse --no-loop`). Which servers can be supervised, and what each
+//! cache (`fuse --origin`, whose successor starts with an empty cache over the same origin), a
+//! device on a FUSE file (`fuse --no-loop`), or an NBD server (`serve`, whose clients reconnect
+//! to the successor: qemu's `reconnect-delay`). Which servers can be supervised, and what each
 //! needs held, is in the supervisor's `SERVERS`.
 //!
 //! It ends when the server stops on its own (exit 0: this exits 0 too), when the server is gone
@@ -34,7 +35,8 @@ pub struct Args {
     /// Append the servers' output to this file [default: this command's standard error].
     #[arg(long, value_name = "PATH")]
     log: Option<PathBuf>,
-    /// The server's command line, after `--`: `fuse ...` (a cache with --origin, or a device).
+    /// The server's command line, after `--`: `fuse ...` (a cache with --origin, or a device),
+    /// or `serve ...` (NBD, for qemu and other clients that reconnect).
     #[arg(last = true, required = true, value_name = "SERVER")]
     server: Vec<OsString>,
 }

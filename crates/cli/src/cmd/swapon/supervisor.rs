@@ -62,8 +62,15 @@ use crate::process::StopSignals;
 ///   the connection dies with its last descriptor. The store's state too, which the server
 ///   stores before these whenever its store has one; a cache (`--origin`) has none, and its
 ///   successor starts with an empty cache over the same origin.
-const SERVERS: &[(&str, &[&str])] =
-    &[("ublk", crate::cmd::device::UBLK_HELD), ("nbd-attach", crate::cmd::device::NBD_HELD), ("fuse", crate::cmd::fuse::FUSE_HELD)];
+/// - `serve`: the store's state, the NBD listeners and the control socket's listener
+///   (`serve.rs`): held, they keep listening, so that clients (qemu with `reconnect-delay`)
+///   reconnect into the backlog and the successor accepts them.
+const SERVERS: &[(&str, &[&str])] = &[
+    ("ublk", crate::cmd::device::UBLK_HELD),
+    ("nbd-attach", crate::cmd::device::NBD_HELD),
+    ("fuse", crate::cmd::fuse::FUSE_HELD),
+    ("serve", crate::cmd::serve::SERVE_HELD),
+];
 
 /// Deaths within this window ...
 const DEATH_WINDOW: Duration = Duration::from_secs(10);
