@@ -244,17 +244,17 @@ pub struct Server {
     per_client: parking_lot::Mutex<std::collections::HashMap<connection::ClientKey, usize>>,
     /// Every open connection's socket, for [`Server::stop_reading`].
     open: parking_lot::Mutex<OpenSockets>,
+    /// Set by [`Server::stop_reading`] (under `open`) before any socket is shut down: no
+    /// connection starts after it, and one that then reads end of file logs nothing (it is not
+    /// the client's doing).
+    pub(crate) reading_stopped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The sockets of the open connections (a second descriptor of each, closed when the
-/// connection ends), and whether the server has stopped reading ([`Server::stop_reading`]).
-/// One mutex over both: a connection registers and learns that the server stopped reading in
-/// one step, so none starts unseen after [`Server::stop_reading`].
-#[derive(Default)]
-struct OpenSockets {
-    stopped: bool,
-    sockets: std::collections::HashMap<u64, OwnedFd>,
-}
+/// connection ends), by connection id. A connection registers under this lock, and
+/// [`Server::stop_reading`] sets `Server::reading_stopped` under it: so no connection starts
+/// unseen after it.
+type OpenSockets = std::collections::HashMap<u64, OwnedFd>;
 
 /// A connection's entry in [`Server::open`], removed when dropped.
 pub(crate) struct Registered<'a> {
@@ -264,7 +264,7 @@ pub(crate) struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        self.server.open.lock().sockets.remove(&self.id);
+        self.server.open.lock().remove(&self.id);
     }
 }
 
@@ -287,6 +287,7 @@ impl Server {
             connections: AtomicU64::new(0),
             per_client: Default::default(),
             open: Default::default(),
+            reading_stopped: Default::default(),
         }
     }
 
@@ -295,9 +296,9 @@ impl Server {
     /// closes; a connection that starts after this is closed at once. The caller waits for
     /// [`Server::open_connections`] to reach 0. Irreversible.
     pub fn stop_reading(&self) {
-        let mut open = self.open.lock();
-        open.stopped = true;
-        for fd in open.sockets.values() {
+        let open = self.open.lock();
+        self.reading_stopped.store(true, Ordering::Release);
+        for fd in open.values() {
             shut_reading(fd.as_fd());
         }
     }
@@ -307,11 +308,11 @@ impl Server {
     /// then served but not stopped early: it ends with the process).
     pub(crate) fn register(&self, id: u64, fd: BorrowedFd<'_>) -> Option<Registered<'_>> {
         let mut open = self.open.lock();
-        if open.stopped {
+        if self.reading_stopped.load(Ordering::Acquire) {
             return None;
         }
         if let Ok(dup) = fd.try_clone_to_owned() {
-            open.sockets.insert(id, dup);
+            open.insert(id, dup);
         }
         Some(Registered { server: self, id })
     }

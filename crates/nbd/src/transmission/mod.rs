@@ -154,6 +154,9 @@ struct Conn<S: Stream> {
     negotiated: Negotiated,
     /// `ServerOptions::request_deadline` (rule 8).
     request_deadline: Option<std::time::Duration>,
+    /// The server stopped reading to hand over (`Server::stop_reading`): the end of file that
+    /// follows is not logged.
+    reading_stopped: std::sync::Arc<AtomicBool>,
 }
 
 impl<S: Stream> Conn<S> {
@@ -246,6 +249,7 @@ pub(crate) fn run<S: Stream>(server: &Server, negotiated: Negotiated, reader: Bu
         request_buffer_bytes: server.options.request_buffer_bytes,
         negotiated,
         request_deadline: server.options.request_deadline,
+        reading_stopped: server.reading_stopped.clone(),
     };
     // A write to a client that takes nothing waits at most this long (rule 8; `write_within`).
     if let Err(e) = conn.writer.lock().set_send_timeout(conn.request_deadline) {

@@ -175,7 +175,10 @@ pub(super) fn next_request<S: Stream>(rs: &mut ReadSide<S>, store: &Store, conn:
         }
     };
     if let End::Error(msg) = &end {
-        conn.log_once(msg);
+        // After `Server::stop_reading` the socket ends for the server's own reasons.
+        if !conn.reading_stopped.load(Ordering::Acquire) {
+            conn.log_once(msg);
+        }
     }
     rs.end = Some(end);
     Next::Stop
