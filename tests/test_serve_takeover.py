@@ -15,7 +15,8 @@ the client, connected with `reconnect-delay`:
 - SIGUSR2 three times in the same way: each server exits HANDED_OVER (75), leaving the socket
   files; its successor serves on the same listeners;
 - a client that connects while no server runs waits in the listen backlog, and is served once
-  the successor comes;
+  the successor comes; started as systemd restarts a service (no `--takeover`, LISTEN_PID its
+  own), the server takes the device over too;
 - a successor started with other settings refuses the state in one line (TAKEOVER_REFUSED, 78)
   and leaves it as it was; SIGTERM still stops a successor and removes its socket files;
 - with no successor and the holder gone too, reads fail with an I/O error, never wrong data.
@@ -104,9 +105,10 @@ class Holder:
     def names(self):
         return {n for n, _ in self.held}
 
-    def start(self, takeover=False, size=None):
-        """Starts a server (a successor with `takeover`); returns (process, READY text or None
-        if it exited first)."""
+    def start(self, takeover=False, size=None, flag=True):
+        """Starts a server (a successor with `takeover`: `--takeover` unless not `flag`, as
+        systemd restarts a service); returns (process, READY text or None if it exited
+        first)."""
         r, w = os.pipe()
         # Far above 3 + the held descriptors, so that the helper's dup2 overwrites none.
         ready = fcntl.fcntl(w, fcntl.F_DUPFD, 200)
@@ -120,7 +122,7 @@ class Holder:
                 env["LISTEN_FDS"] = str(len(moved))
                 env["LISTEN_FDNAMES"] = ":".join(n for n, _ in self.held)
                 argv = [sys.executable, "-c", EXEC_HELPER, str(len(moved)), *map(str, moved),
-                        *argv, "--takeover"]
+                        *argv, *(["--takeover"] if flag else [])]
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
                                     stderr=self.log, pass_fds=[ready, *moved], start_new_session=True)
         finally:
@@ -148,8 +150,8 @@ class Holder:
         proc.wait(timeout=30)
         return proc, None
 
-    def start_ok(self, takeover=False):
-        proc, ready = self.start(takeover)
+    def start_ok(self, takeover=False, flag=True):
+        proc, ready = self.start(takeover, flag=flag)
         assert ready == self.socket, f"server not ready (exit {proc.returncode}):\n{self.text()}"
         return proc
 
@@ -316,6 +318,18 @@ def test_a_client_connecting_meanwhile_waits_in_the_backlog(holder):
             qemu.kill()
             qemu.wait()
     assert qemu.returncode == 0 and "failed" not in out, out
+
+
+def test_as_systemd_restarts_it_no_takeover_flag_is_needed(holder):
+    """systemd gives a restarted service its stored descriptors on the same command line, with
+    LISTEN_PID: that alone makes the server take the device over."""
+    h = holder
+    h.start_ok()
+    run(qemu_io_argv(h.socket, ["write -P 0x66 3M 1M"]))
+    h.kill()
+    h.start_ok(takeover=True, flag=False)
+    run(qemu_io_argv(h.socket, ["read -P 0x66 3M 1M"]))
+    assert "took the device over" in h.text()
 
 
 def test_other_settings_are_refused_and_sigterm_still_cleans_up(holder):

@@ -9,7 +9,7 @@
 //! ([`FD_CONTROL_LISTEN`]): [`SERVE_HELD`]. While the holder keeps the listeners, a client that
 //! connects finds the socket listening whether or not a server runs: it waits in the listen
 //! backlog. A successor is started with the same flags, `--takeover` and those descriptors
-//! (`LISTEN_FDS`): it recovers the store (a state it cannot read is refused in one line, exit
+//! (`LISTEN_FDS`; under systemd, which sets `LISTEN_PID`, no `--takeover` is needed): it recovers the store (a state it cannot read is refused in one line, exit
 //! `TAKEOVER_REFUSED`), serves on the handed listeners (the socket files are neither removed
 //! nor bound again) and from then on is the server. The clients of the dead server lose their
 //! connection; qemu with `reconnect-delay` connects again and sends again the requests that had
@@ -214,6 +214,15 @@ impl Handed {
     }
 }
 
+/// Whether systemd handed this process a device to take over: `LISTEN_PID` is this process and
+/// `LISTEN_FDNAMES` names the store's state. systemd's file descriptor store gives the
+/// descriptors a service stored back to it when it restarts the service (`Restart=`,
+/// `FileDescriptorStoreMax=`), on the same command line: so no `--takeover` is needed there.
+fn handed_by_systemd() -> bool {
+    let ours = std::env::var("LISTEN_PID").is_ok_and(|p| p.trim().parse::<u32>().ok() == Some(std::process::id()));
+    ours && std::env::var("LISTEN_FDNAMES").is_ok_and(|names| names.split(':').any(|n| n == FD_STORE))
+}
+
 /// The address family of `fd` if it is a listening socket; else why it cannot be served on.
 fn listening_family(fd: &OwnedFd) -> Result<i32, String> {
     let get = |opt: libc::c_int| -> Result<libc::c_int, String> {
@@ -253,7 +262,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let signals = StopSignals::block_with_handover()?;
     let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
     // Before any thread exists too (the environment is read and cleared).
-    let handed = match args.takeover {
+    let handed = match args.takeover || handed_by_systemd() {
         true => Some(Handed::take().map_err(refused)?),
         false => None,
     };
@@ -718,6 +727,40 @@ mod tests {
         assert!(args(&[]).store.config_for_ram(8 * GIB).unwrap().backing.is_none());
         let e = args(&["--backing", "/tmp/b", "--writeback-low", "95"]).store.config_for_ram(8 * GIB).unwrap_err().to_string();
         assert!(e.contains("watermarks"), "{e}");
+    }
+
+    #[test]
+    fn only_listening_sockets_are_served_on() {
+        let dir = std::env::temp_dir().join(format!("compcache-serve-family-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join("s")).unwrap();
+        assert_eq!(listening_family(&OwnedFd::from(listener.try_clone().unwrap())), Ok(libc::AF_UNIX));
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(listening_family(&OwnedFd::from(tcp)), Ok(libc::AF_INET));
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(listening_family(&OwnedFd::from(a)), Err("not a listening socket".to_string()));
+        let file = std::fs::File::create(dir.join("f")).unwrap();
+        assert!(listening_family(&OwnedFd::from(file)).unwrap_err().starts_with("not a socket"));
+        drop(listener);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn handed_listeners_must_be_the_flags() {
+        let dir = std::env::temp_dir().join(format!("compcache-serve-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (sock, ctl) = (dir.join("nbd.sock"), dir.join("nbd.sock.ctl"));
+        let state = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let h = Handed { state, unix: Some(UnixListener::bind(&sock).unwrap()), tcp: None, control: UnixListener::bind(&ctl).unwrap() };
+        assert_eq!(h.check(Some(&sock), None, &ctl), Ok(()));
+        let e = h.check(Some(&dir.join("other.sock")), None, &ctl).unwrap_err();
+        assert!(e.contains("is not --socket's") && e.contains("other.sock"), "{e}");
+        let e = h.check(Some(&sock), Some("127.0.0.1:10809".parse().unwrap()), &ctl).unwrap_err();
+        assert!(e.contains("the handed TCP listener (none) is not --listen's (127.0.0.1:10809)"), "{e}");
+        let e = h.check(Some(&sock), None, &sock).unwrap_err();
+        assert!(e.contains("control socket"), "{e}");
+        drop(h);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
