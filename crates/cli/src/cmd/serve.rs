@@ -260,7 +260,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
     // thread below receives SIGINT/SIGTERM/SIGHUP, and SIGUSR2 (hand over) never kills the
     // server: one that cannot hand over logs it and goes on.
     let signals = StopSignals::block_with_handover()?;
-    let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
+    // (The store's own refusals say "cannot take the device over" already.)
+    let refused = |e: String| {
+        let why = e.strip_prefix("cannot take the device over: ").unwrap_or(&e);
+        with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {why}"))
+    };
     // Before any thread exists too (the environment is read and cleared).
     let handed = match args.takeover || handed_by_systemd() {
         true => Some(Handed::take().map_err(refused)?),
