@@ -19,7 +19,10 @@ the client, connected with `reconnect-delay`:
   own), the server takes the device over too;
 - a successor started with other settings refuses the state in one line (TAKEOVER_REFUSED, 78)
   and leaves it as it was; SIGTERM still stops a successor and removes its socket files;
-- with no successor and the holder gone too, reads fail with an I/O error, never wrong data.
+- with no successor and the holder gone too, reads fail with an I/O error, never wrong data;
+- `--listen` (TCP): the TCP listener is handed over too, and qemu-io reconnects over TCP;
+- `compcache supervise -- serve`: the supervisor as the holder, four SIGKILLs and a hand-over
+  under the same qemu-io traffic (root: the supervisor locks its memory).
 
 Every server is killed by its PID, every held descriptor closed and the directory removed in
 teardown, also when a test fails. Needs qemu-io.
@@ -70,8 +73,8 @@ def need_qemu_io():
 class Holder:
     """The test as the holder of one `compcache serve` device (module docs)."""
 
-    def __init__(self, binary, size="64M"):
-        self.binary, self.size = binary, size
+    def __init__(self, binary, size="64M", extra=()):
+        self.binary, self.size, self.extra = binary, size, list(extra)
         self.dir = tempfile.mkdtemp(prefix="compcache-serve-takeover-")
         self.socket = os.path.join(self.dir, "nbd.sock")
         self.control = self.socket + ".ctl"
@@ -86,7 +89,7 @@ class Holder:
 
     def argv(self, size=None):
         return [self.binary, "serve", "--size", size or self.size, "--socket", self.socket,
-                "--control", self.control]
+                "--control", self.control, *self.extra]
 
     def drain(self):
         """Keeps the descriptors of every FDSTORE=1 message queued on the notify socket."""
@@ -318,6 +321,33 @@ def test_a_client_connecting_meanwhile_waits_in_the_backlog(holder):
             qemu.kill()
             qemu.wait()
     assert qemu.returncode == 0 and "failed" not in out, out
+
+
+def test_the_tcp_listener_is_handed_over_too(compcache_bin):
+    """`--listen` (port 0: a free one): the successor serves on the same TCP listener, and a
+    qemu-io connected over TCP when the server is killed reconnects to it."""
+    need_qemu_io()
+    h = Holder(compcache_bin, extra=["--listen", "127.0.0.1:0", "--insecure-plain-tcp"])
+    try:
+        h.start_ok()
+        port = int(re.search(r"tcp:127\.0\.0\.1:(\d+)", h.text()).group(1))
+        opts = f"driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},export={EXPORT_NAME},reconnect-delay=30"
+        cmds = ["write -P 0x2c 5M 1M", "sleep 800", "read -P 0x2c 5M 1M"]
+        qemu = subprocess.Popen(["qemu-io", "--image-opts", opts, *[a for c in cmds for a in ("-c", c)]],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(0.4)  # qemu-io has written and sleeps: the kill comes between its requests
+            h.kill()
+            h.start_ok(takeover=True)
+            out, _ = qemu.communicate(timeout=60)
+        finally:
+            if qemu.poll() is None:
+                qemu.kill()
+                qemu.wait()
+        assert qemu.returncode == 0 and "failed" not in out and out.count("read 1048576/1048576") == 1, out
+        assert h.text().count(f"tcp:127.0.0.1:{port}") == 2, h.text()
+    finally:
+        h.close()
 
 
 def test_as_systemd_restarts_it_no_takeover_flag_is_needed(holder):
