@@ -463,10 +463,14 @@ def test_supervised_serve_through_kills_and_a_hand_over(compcache_bin):
         print(f"supervised: 4 kills and a hand-over; slowest qemu-io operations "
               f"{', '.join(f'{s * 1000:.0f}' for s in ops[-5:])} ms")
         sup.send_signal(signal.SIGTERM)
-        assert sup.wait(timeout=60) == 0, sup.stderr.read()
+        code, own = sup.wait(timeout=60), sup.stderr.read()
+        assert code == 0, own
         with open(log) as f:
             text = f.read()
         assert text.count("took the device over") == 5 and "handed over; exiting" in text, text
+        # The supervisor starts a standby once each server is up: a kill's successor is it.
+        assert "(the standby) serves" in own, own
+        print("successors: " + "; ".join(l.split("successor ", 1)[1] for l in own.splitlines() if "successor pid" in l))
         assert len(set(pids)) == 6 and not any(ours(p) for p in pids), pids
         assert not os.path.exists(sock) and not os.path.exists(sock + ".ctl"), os.listdir(d)
     finally:

@@ -9,7 +9,8 @@
 //! ([`FD_CONTROL_LISTEN`]): [`SERVE_HELD`]. While the holder keeps the listeners, a client that
 //! connects finds the socket listening whether or not a server runs: it waits in the listen
 //! backlog. A successor is started with the same flags, `--takeover` and those descriptors
-//! (`LISTEN_FDS`; under systemd, which sets `LISTEN_PID`, no `--takeover` is needed): it recovers the store (a state it cannot read is refused in one line, exit
+//! (`LISTEN_FDS`; under systemd, which sets `LISTEN_PID`, no `--takeover` is needed), or a
+//! standby a supervisor started in advance is handed them (`--standby-fd`): it recovers the store (a state it cannot read is refused in one line, exit
 //! `TAKEOVER_REFUSED`), serves on the handed listeners (the socket files are neither removed
 //! nor bound again) and from then on is the server. The clients of the dead server lose their
 //! connection; qemu with `reconnect-delay` connects again and sends again the requests that had
@@ -115,6 +116,11 @@ pub struct Args {
     /// supervisor or systemd's file descriptor store) instead of making a new one.
     #[arg(long, hide = true)]
     takeover: bool,
+
+    /// Start as a standby (a supervisor's, with --takeover): lock memory if --mlock, then wait
+    /// on this socket for the descriptors of the device to take over.
+    #[arg(long, value_name = "FD", hide = true, value_parser = crate::cmd::session::parse_standby_fd, requires = "takeover")]
+    standby_fd: Option<i32>,
 }
 
 /// The names the server's descriptors are stored under (module docs): the store's state, as
@@ -256,6 +262,14 @@ fn hold(store: &Store, unix: Option<&UnixListener>, tcp: Option<&TcpListener>, c
 }
 
 pub fn run(args: Args) -> Result<(), Failure> {
+    // A standby (started by a supervisor in advance of a death, docs/swap.md) waits here, with
+    // the signals' default actions: a stop signal meanwhile ends it, not the server it becomes.
+    if let Some(fd) = args.standby_fd {
+        if args.mlock {
+            process::lock_memory("--mlock")?;
+        }
+        crate::cmd::session::wait_as_standby(fd, args.mlock)?;
+    }
     // Before any thread exists, so that every thread inherits the mask and only the signal
     // thread below receives SIGINT/SIGTERM/SIGHUP, and SIGUSR2 (hand over) never kills the
     // server: one that cannot hand over logs it and goes on.

@@ -64,7 +64,7 @@ pub struct ServerArgs {
 }
 
 /// Parses `--standby-fd`: a socket (the supervisor's socket pair) above stderr.
-fn parse_standby_fd(text: &str) -> Result<i32, String> {
+pub fn parse_standby_fd(text: &str) -> Result<i32, String> {
     let fd: i32 = text.parse().map_err(|_| format!("{text:?} is not a descriptor number"))?;
     // SAFETY: stat is plain data; all-zero is valid storage for fstat to fill.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -84,13 +84,20 @@ fn parse_standby_fd(text: &str) -> Result<i32, String> {
 /// lists (proportional to the pages it serves, a few MiB for hundreds of MiB) and no reserve
 /// (recovery hands it its predecessor's resident free pages).
 pub fn wait_if_standby(server: &ServerArgs) -> Result<(), Failure> {
-    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
     let Some(fd) = server.standby_fd else { return Ok(()) };
     pin_swap_server(!server.no_mlock)?;
+    wait_as_standby(fd, !server.no_mlock)
+}
+
+/// The wait of [`wait_if_standby`] on socket `fd`, for a standby that has pinned itself as its
+/// server needs (`serve`: its `--mlock`); `locked`: its memory is locked (said in the log).
+pub fn wait_as_standby(fd: i32, locked: bool) -> Result<(), Failure> {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
     // SAFETY: the supervisor passed this descriptor for exactly this use (`parse_standby_fd`
     // checked it is a socket); nothing else in this process owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    log::info(&format!("standby pid {}: memory locked, waiting for a device to take over", std::process::id()));
+    let locked = if locked { "memory locked, " } else { "" };
+    log::info(&format!("standby pid {}: {locked}waiting for a device to take over", std::process::id()));
     match crate::fdstore::wait_as_standby(sock.as_fd()) {
         Ok(true) => Ok(()),
         Ok(false) => std::process::exit(0),
