@@ -221,8 +221,9 @@ impl AcceptBackoff {
     }
 }
 
-/// Closes accept loops ([`serve_unix_until`], [`serve_tcp_until`]): once [`AcceptGate::close`]
-/// is called, every loop on the gate returns without accepting again. Closed for good.
+/// Closes accept loops ([`accept_until`]: the control socket's `serve_until`, the NBD server's
+/// `serve_unix_until` and `serve_tcp_until`): once [`AcceptGate::close`] is called, every loop
+/// on the gate returns without accepting again. Closed for good.
 pub struct AcceptGate {
     closed: AtomicBool,
     /// An eventfd, readable once the gate is closed (never read: it stays readable, for every

@@ -60,7 +60,7 @@
 //! ## Handing over to a successor
 //! A server whose listening sockets outlive it (held by a supervisor, handed to a successor
 //! process: `compcache serve`'s takeover) stops in two steps: its accept loops return
-//! ([`listener::AcceptGate`]), so that clients connecting meanwhile wait in the listen backlog
+//! (`compcache_control::socket::AcceptGate`, [`listener::serve_unix_until`]), so that clients connecting meanwhile wait in the listen backlog
 //! for the successor; then [`Server::stop_reading`] shuts every open connection down for
 //! reading: the requests already read are answered, the connection closes, and the client
 //! (qemu with `reconnect-delay`) reconnects to the successor and sends again what had no reply.
@@ -256,7 +256,7 @@ pub struct Server {
 /// unseen after it.
 type OpenSockets = std::collections::HashMap<u64, OwnedFd>;
 
-/// A connection's entry in [`Server::open`], removed when dropped.
+/// A connection's entry in the server's open sockets, removed when dropped.
 pub(crate) struct Registered<'a> {
     server: &'a Server,
     id: u64,
@@ -304,8 +304,8 @@ impl Server {
     }
 
     /// Registers connection `id` on socket `fd` for [`Server::stop_reading`]; `None` once the
-    /// server has stopped reading, or if the socket cannot be duplicated (the connection is
-    /// then served but not stopped early: it ends with the process).
+    /// server has stopped reading. A socket that cannot be duplicated is served but not
+    /// registered: `stop_reading` does not reach it, and it ends with the process.
     pub(crate) fn register(&self, id: u64, fd: BorrowedFd<'_>) -> Option<Registered<'_>> {
         let mut open = self.open.lock();
         if self.reading_stopped.load(Ordering::Acquire) {
