@@ -43,6 +43,7 @@ import time
 import pytest
 
 from conftest import EXPORT_NAME, run, wait_for
+from test_takeover import alive as ours
 
 MiB = 1 << 20
 HANDED_OVER = 75
@@ -398,19 +399,6 @@ def test_with_no_successor_reads_fail_never_wrong_data(holder):
     assert "read failed" in out and "Pattern verification failed" not in out, out
     p = run(qemu_io_argv(h.socket, ["read -P 0x77 0 1M"]), check=False, timeout=60)
     assert p.returncode != 0 and "Pattern verification failed" not in p.stdout + p.stderr, p.stdout + p.stderr
-
-
-def ours(pid):
-    """Whether `pid` is still a server the supervisor started (argv[0] `@compcache`, not a
-    zombie): pids are reused, so a pid alone does not say it."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().startswith(b"@compcache")
-    except OSError:
-        return False
 
 
 def server_of(supervisor):
