@@ -30,8 +30,10 @@
 #                             scan swaps, its supervisor starting successors that take the
 #                             device over; ublk-orphan: that device's server and supervisor
 #                             both killed, its I/O must wait and then fail once `compcache
-#                             swapoff` deletes it; none of the three in the default list)
-#            --kills N        SIGKILLs in the ublk-kill step   --nbd-kills N   in nbd-kill (5)
+#                             swapoff` deletes it; global-kill: ublk-kill with the scan
+#                             over all the guest's RAM but 16 MiB, in no cgroup, as global;
+#                             none of the four in the default list)
+#            --kills N        SIGKILLs in the ublk-kill step   --nbd-kills N   in nbd-kill and global-kill (5)
 #            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
 #                             guest under memory pressure; see docs/swap.md)

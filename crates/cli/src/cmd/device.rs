@@ -170,7 +170,7 @@ pub struct NbdAttachArgs {
 
 pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     compcache_ublk::kernel_support()?;
-    super::session::wait_if_standby(&args.server)?;
+    super::session::wait_if_standby(&args.server, args.takeover)?;
     let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
     // Before any thread exists (the environment is read and cleared).
     let (state, taken_id) = match args.takeover {
@@ -245,7 +245,7 @@ const NBD_MAX_REQUEST_BYTES: u32 = 128 << 10;
 
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     compcache_kernel_nbd::kernel_support()?;
-    super::session::wait_if_standby(&args.server)?;
+    super::session::wait_if_standby(&args.server, args.takeover)?;
     let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
     // Before any thread exists (the environment is read and cleared).
     let (state, taken_index) = match args.takeover {

@@ -265,7 +265,7 @@ pub fn run_fuse(args: FuseArgs) -> Result<(), Failure> {
         return Err(Failure::new("compcache fuse needs root (mount, losetup, mlock)"));
     }
     crate::frontend::fuse_kernel_support().map_err(Failure::new)?;
-    super::session::wait_if_standby(&args.server)?;
+    super::session::wait_if_standby(&args.server, args.takeover)?;
     // Before any thread exists (the environment is read and cleared).
     let handed = match args.takeover {
         true => Some(Handed::take().map_err(|e| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}")))?),

@@ -59,7 +59,9 @@ pub struct ServerArgs {
 
     /// Start as a standby (a supervisor's, with --takeover): pin the process, then wait on this
     /// socket for the descriptors of the device to take over ([`wait_if_standby`]).
-    #[arg(long, value_name = "FD", hide = true, value_parser = parse_standby_fd, requires = "takeover")]
+    /// (The commands that flatten these arguments check that --takeover is given too:
+    /// `wait_if_standby`.)
+    #[arg(long, value_name = "FD", hide = true, value_parser = parse_standby_fd)]
     pub standby_fd: Option<i32>,
 }
 
@@ -83,8 +85,11 @@ pub fn parse_standby_fd(text: &str) -> Result<i32, String> {
 /// handed. What a successor still needs after this is little: the heap for its recovery's
 /// lists (proportional to the pages it serves, a few MiB for hundreds of MiB) and no reserve
 /// (recovery hands it its predecessor's resident free pages).
-pub fn wait_if_standby(server: &ServerArgs) -> Result<(), Failure> {
+pub fn wait_if_standby(server: &ServerArgs, takeover: bool) -> Result<(), Failure> {
     let Some(fd) = server.standby_fd else { return Ok(()) };
+    if !takeover {
+        return Err(Failure::new("--standby-fd needs --takeover (a standby takes a device over)"));
+    }
     pin_swap_server(!server.no_mlock)?;
     wait_as_standby(fd, !server.no_mlock)
 }
