@@ -430,9 +430,7 @@ impl Supervisor {
                 Some(libc::SIGUSR2) => {
                     let pid = self.server_pid();
                     log::info(&format!("SIGUSR2: asking the server (pid {pid}) to hand over to {}", self.exe.display()));
-                    // The standby runs the binary as it was when it started: the successor of a
-                    // hand-over is the one installed now.
-                    self.dismiss_standby();
+                    // Its successor is the binary installed now, not the standby (`revive`).
                     if pid != 0 {
                         // SAFETY: kill with our own child's pid (not yet reaped) and a signal number.
                         unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR2) };
