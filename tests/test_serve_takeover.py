@@ -262,23 +262,30 @@ def replace_servers(h, qemu, times, how):
     return gaps, codes
 
 
+@contextlib.contextmanager
+def qemu_io_running(argv, stdout=subprocess.PIPE):
+    """qemu-io started with `argv` in the background, its output (text, with stderr) to
+    `stdout` (a pipe unless given); killed on the way out if it is still running."""
+    qemu = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield qemu
+    finally:
+        if qemu.poll() is None:
+            qemu.kill()
+            qemu.wait()
+
+
 def run_through_replacements(h, how, times, steps=4000):
     h.start_ok()
     assert h.names() == HELD, h.names()
     # Its output to a file: a pipe nobody reads while the servers are replaced would fill and
     # stop qemu-io (then no request would be in flight at the kills).
     out_path = os.path.join(h.dir, "qemu-io.out")
-    with open(out_path, "w") as out_file:
-        qemu = subprocess.Popen(qemu_io_argv(h.socket, write_read_steps(steps), reconnect_delay=30),
-                                stdout=out_file, stderr=subprocess.STDOUT)
-    try:
+    with open(out_path, "w") as out_file, qemu_io_running(qemu_io_argv(h.socket, write_read_steps(steps), reconnect_delay=30),
+                                                            out_file) as qemu:
         wait_for(lambda: os.path.getsize(out_path) > 0 or qemu.poll() is not None, "qemu-io's first request")
         gaps, codes = replace_servers(h, qemu, times, how)
         qemu.wait(timeout=300)
-    finally:
-        if qemu.poll() is None:
-            qemu.kill()
-            qemu.wait()
     with open(out_path) as f:
         out = f.read()
     assert len(gaps) == times, f"qemu-io finished after {len(gaps)} of {times} replacements: make it longer"
@@ -310,17 +317,11 @@ def test_a_client_connecting_meanwhile_waits_in_the_backlog(holder):
     run(qemu_io_argv(h.socket, ["write -P 0x5a 1M 1M"]))
     h.kill()
     # Nobody serves; the held listener queues the connection.
-    qemu = subprocess.Popen(qemu_io_argv(h.socket, ["read -P 0x5a 1M 1M"]), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
+    with qemu_io_running(qemu_io_argv(h.socket, ["read -P 0x5a 1M 1M"])) as qemu:
         time.sleep(0.5)
         assert qemu.poll() is None, f"qemu-io ended with no server: {qemu.stdout.read()}"
         h.start_ok(takeover=True)
         out, _ = qemu.communicate(timeout=60)
-    finally:
-        if qemu.poll() is None:
-            qemu.kill()
-            qemu.wait()
     assert qemu.returncode == 0 and "failed" not in out, out
 
 
@@ -334,17 +335,11 @@ def test_the_tcp_listener_is_handed_over_too(compcache_bin):
         port = int(re.search(r"tcp:127\.0\.0\.1:(\d+)", h.text()).group(1))
         opts = f"driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},export={EXPORT_NAME},reconnect-delay=30"
         cmds = ["write -P 0x2c 5M 1M", "sleep 800", "read -P 0x2c 5M 1M"]
-        qemu = subprocess.Popen(["qemu-io", "--image-opts", opts, *[a for c in cmds for a in ("-c", c)]],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
+        with qemu_io_running(["qemu-io", "--image-opts", opts, *[a for c in cmds for a in ("-c", c)]]) as qemu:
             time.sleep(0.4)  # qemu-io has written and sleeps: the kill comes between its requests
             h.kill()
             h.start_ok(takeover=True)
             out, _ = qemu.communicate(timeout=60)
-        finally:
-            if qemu.poll() is None:
-                qemu.kill()
-                qemu.wait()
         assert qemu.returncode == 0 and "failed" not in out and out.count("read 1048576/1048576") == 1, out
         assert h.text().count(f"tcp:127.0.0.1:{port}") == 2, h.text()
     finally:
@@ -384,17 +379,11 @@ def test_with_no_successor_reads_fail_never_wrong_data(holder):
     h = holder
     h.start_ok()
     cmds = ["write -P 0x77 0 1M", "read -P 0x77 0 1M", "sleep 1500", "read -P 0x77 0 1M"]
-    qemu = subprocess.Popen(qemu_io_argv(h.socket, cmds, reconnect_delay=2), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
+    with qemu_io_running(qemu_io_argv(h.socket, cmds, reconnect_delay=2)) as qemu:
         time.sleep(0.7)
         h.kill()
         h.release()
         out, _ = qemu.communicate(timeout=120)
-    finally:
-        if qemu.poll() is None:
-            qemu.kill()
-            qemu.wait()
     assert out.count("read 1048576/1048576") == 1, out
     assert "read failed" in out and "Pattern verification failed" not in out, out
     p = run(qemu_io_argv(h.socket, ["read -P 0x77 0 1M"]), check=False, timeout=60)
