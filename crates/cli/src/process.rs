@@ -3,7 +3,8 @@
 //!
 //! Signals: SIGINT, SIGTERM and SIGHUP, and SIGUSR2 (hand over to a successor), are blocked in
 //! the main thread before any other thread exists (so every thread inherits the mask and none
-//! is killed by them) and collected with
+//! is killed by them; the one thread started earlier, the log's writer, blocks every signal
+//! itself) and collected with
 //! `sigtimedwait` ([`StopSignals`]). SIGHUP is left alone when it is ignored (`nohup`): Linux
 //! keeps a blocked signal pending even when its action is to ignore it, so waiting would see
 //! it and stop a server that was told to survive its terminal.

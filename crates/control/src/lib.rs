@@ -455,8 +455,8 @@ pub fn bind(path: &Path) -> Result<UnixListener, socket::BindError> {
     socket::bind_unix(path)
 }
 
-/// The one way the control server logs: one line on stderr. A closed stderr is ignored
-/// (`eprintln!` would panic and take the control thread down with it).
+/// The one way the control server logs: one line through the servers' log sink
+/// (compcache-log: never panics, never waits for the log file in a server).
 fn log(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "compcache: control: {msg}");
+    compcache_log::warning("compcache", &format!("control: {msg}"));
 }

@@ -172,7 +172,7 @@ impl Wait {
             // taken in service, so its message may allocate), and keeps the token so that no
             // thread polls again.
             if let Err(e) = set_policy(libc::SCHED_OTHER) {
-                eprintln!("compcache-fuse: a serving thread could not leave SCHED_IDLE after polling ({e}); it serves at idle priority, and no thread polls any more");
+                compcache_log::warning("compcache-fuse", &format!("a serving thread could not leave SCHED_IDLE after polling ({e}); it serves at idle priority, and no thread polls any more"));
                 return true;
             }
         }

@@ -15,10 +15,16 @@
 //! requests a front end refuses.
 //!
 //! Writing never panics: a closed stderr (a supervisor gone) is ignored, where `eprintln!`
-//! would panic and take the thread that logs with it.
+//! would panic and take the thread that logs with it. A server has its lines written by a
+//! thread of their own ([`write_in_background`], `writer.rs`), so that no thread it serves
+//! with ever waits for its log file: that file's pages may be swapped out to the server's own
+//! device.
+
+mod writer;
+
+pub use writer::{flush, write_in_background, EXIT_FLUSH, QUEUE_BYTES};
 
 use std::borrow::Cow;
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
@@ -60,8 +66,7 @@ pub fn log_verbatim(level: Level, who: &str, text: &str) {
 }
 
 fn write_line(line: String) {
-    // One write call per line, so that lines of concurrent threads do not interleave.
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    writer::write(line.as_bytes());
 }
 
 /// `log(Level::Error, ...)`.
