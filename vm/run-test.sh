@@ -186,19 +186,21 @@ boot_once() {
   local tail_pid=$! waited=0 hung dump_at=0 why
   dumped=0
   while kill -0 "$qemu_pid" 2>/dev/null; do
-    hung=0
-    grep -q 'blocked for more than' "$log" && hung=1
-    if [ "$waited" -ge "$timeout_s" ] || { [ "$hung" = 1 ] && [ "$dumped" = 0 ]; }; then
-      if [ "$dumped" = 0 ]; then
+    # Before the dump: watch for a hang or the timeout. After it: stop qemu 45 s later (the
+    # console has printed the dump by then), hung or not.
+    if [ "$dumped" = 0 ]; then
+      hung=0
+      grep -q 'blocked for more than' "$log" && hung=1
+      if [ "$waited" -ge "$timeout_s" ] || [ "$hung" = 1 ]; then
         [ "$hung" = 1 ] && why="a guest task is blocked (hung-task detector)" || why="TIMEOUT after ${timeout_s}s"
         echo "run-test: $why: dumping the guest's blocked tasks and stacks (sysrq w, l, m), then stopping qemu"
         sysrq_dump
         dumped=1 dump_at=$waited
-      elif [ "$waited" -ge $((dump_at + 45)) ] || [ "$waited" -ge $((timeout_s + 45)) ]; then
-        echo "run-test: stopping qemu (pid $qemu_pid)"
-        kill "$qemu_pid" 2>/dev/null || true
-        break
       fi
+    elif [ "$waited" -ge $((dump_at + 45)) ]; then
+      echo "run-test: stopping qemu (pid $qemu_pid)"
+      kill "$qemu_pid" 2>/dev/null || true
+      break
     fi
     sleep 1; waited=$((waited + 1))
   done
