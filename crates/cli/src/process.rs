@@ -107,7 +107,7 @@ pub fn signal_name(sig: i32) -> &'static str {
 }
 
 /// Locks a server's memory, before the store's big sparse mappings exist:
-/// - `mlockall(MCL_CURRENT)`: everything mapped now (the program's text and data, the shared
+/// - `mlockall(MCL_CURRENT | MCL_FUTURE)`: everything mapped now (the program's text and data, the shared
 ///   libraries, the heap, the stack) is faulted in whole and locked. Not on fault: a page of
 ///   code the server has not run yet would otherwise be read in the first time it runs, and
 ///   that may be under memory pressure, in the middle of a swap-out. Where the program lives
@@ -128,8 +128,15 @@ pub fn signal_name(sig: i32) -> &'static str {
 /// `flag` names what asked for it in the error.
 pub fn lock_memory(flag: &str) -> Result<(), Failure> {
     fix_malloc_mmap_threshold();
+    // MCL_FUTURE with MCL_CURRENT, not after it: mlockall(MCL_CURRENT) alone clears the flags
+    // of future mappings first and then faults every page in, which takes milliseconds (far
+    // longer in an emulated guest); a mapping another thread made meanwhile (the log's writer
+    // runs already: a malloc arena, say) would be locked by neither call, and its pages could
+    // be swapped out to the very device this process serves or restores (seen: a supervisor
+    // waiting in `do_swap_page` in the VM test). The second call swaps the future flags
+    // under one lock, with no such window.
     // SAFETY: mlockall takes flags only and changes no Rust-visible state.
-    let mut rc = unsafe { libc::mlockall(libc::MCL_CURRENT) };
+    let mut rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
     if rc == 0 {
         // SAFETY: as above. Without MCL_CURRENT this only sets the flags of future mappings
         // and leaves the ones just locked as they are.
