@@ -178,6 +178,7 @@ where
     if opts.mlock_io_buffers {
         dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
     }
+    replace_exported_json(opts.dev_id);
     let ctrl = UblkCtrlBuilder::default()
         .name("compcache")
         .id(opts.dev_id)
@@ -207,6 +208,32 @@ where
         let _ = ctrl.del_dev();
     }
     served
+}
+
+/// Replaces the JSON file libublk exported for device `dev_id` (`/run/ublksrvd/NNNN.json`:
+/// queue thread ids and target data, none of which this server uses) with an empty object,
+/// before libublk reads it back to recover the device.
+///
+/// Why: that file is on tmpfs, and its pages, untouched since the dead server wrote them, may
+/// have been swapped out to this very device, whose server is the one missing: reading it
+/// back would wait for a swap-in only this process can serve (the VM test's `global-kill`
+/// step hung so, the standby in `read()` of 1095 bytes from shmem). A new file renamed over
+/// it never reads the old one's pages (they are freed with it), and libublk writes the
+/// device's JSON afresh when the recovered device starts. A failure here is ignored: libublk
+/// then reads the old file, as before.
+fn replace_exported_json(dev_id: i32) {
+    let path = std::path::PathBuf::from(format!("{}/{:04}.json", UblkCtrl::run_dir(), dev_id));
+    let tmp = path.with_extension("json.compcache-new");
+    let written = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(b"{}")
+        })
+    };
+    if written.is_err() || std::fs::rename(&tmp, &path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 /// Stops and deletes device `dev_id` whose server is gone for good (it and its holder died):
