@@ -151,13 +151,49 @@ pub fn hand_to_standby(sock: BorrowedFd<'_>, held: &[(String, OwnedFd)]) -> io::
     send_with_fds(sock, "GO=1\n", &[])
 }
 
+/// The supervisor's side: waits up to `timeout` for the standby on `sock` to say it waits
+/// (`WAITING=1`: pinned, memory locked). `false`: it did not in time, or it is gone; an older
+/// standby never says it.
+pub fn standby_waiting(sock: BorrowedFd<'_>, timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd on the stack, for the length 1 given.
+        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n <= 0 {
+            return false;
+        }
+        // Readable: a message (taken at once) or the end of the connection (`None`).
+        match recv_message(sock, 0) {
+            Ok(Some(m)) if m.get("WAITING") == Some("1") => return true,
+            Ok(Some(_)) => continue,
+            Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
 /// The standby's side: waits on `sock` (blocking) for the descriptors of a device to take
 /// over. `Ok(true)`: they came (and `GO=1`): [`handed`] returns them; `Ok(false)`: dismissed
 /// (the supervisor closed its end, or is gone).
 pub fn wait_as_standby(sock: BorrowedFd<'_>) -> io::Result<bool> {
+    // Pinned and ready: the supervisor waits for this before a hand-over (`standby_waiting`).
+    // A supervisor that does not (an older one) leaves it unread; a send that fails means it
+    // is gone, which the receive below finds.
+    let _ = send_with_fds(sock, "WAITING=1\n", &[]);
     let mut got = Vec::new();
     loop {
-        let Some(m) = recv_message(sock, 0)? else { return Ok(false) };
+        let m = match recv_message(sock, 0) {
+            Ok(Some(m)) => m,
+            // Dismissed: a supervisor that closes its end without reading WAITING resets the
+            // connection instead of ending it.
+            Ok(None) => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(false),
+            Err(e) => return Err(e),
+        };
         if m.get("GO") == Some("1") {
             *STANDBY_HANDED.lock().unwrap_or_else(|p| p.into_inner()) = Some(got);
             return Ok(true);

@@ -1,11 +1,14 @@
 //! `compcache restart`: replace the running server of each device with the installed binary,
 //! keeping every page (docs/swap.md, "When the server dies").
 //!
-//! The server is asked to hand over (SIGUSR2): it exits without taking anything down (FUSE
-//! first stops taking requests and answers those in flight; ublk and nbd leave them to the
-//! kernel, which holds them for the successor); its supervisor starts the binary installed
-//! at the path it was started from, with `--takeover`, which recovers the store and serves the
-//! same device. `restart` waits until the record names a new, live server.
+//! The supervisor is asked for the hand-over (SIGUSR2): it starts a standby of the binary
+//! installed at the path it was started from (`--takeover`), waits until that one has pinned
+//! itself, and asks the server to hand over (SIGUSR2 again); the server exits without taking
+//! anything down (FUSE first stops taking requests and answers those in flight; ublk and nbd
+//! leave them to the kernel, which holds them for the successor), and the standby recovers
+//! the store and serves the same device. An older supervisor passes the signal on and starts
+//! the installed binary after the server's exit. `restart` waits until the record names a
+//! new, live server.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -87,8 +90,8 @@ fn restart_one(state: &SwapState, record: &std::path::Path) -> Result<u32, Strin
         return Err(why_not(state));
     }
     // SAFETY: kill with a pid and a signal number.
-    if unsafe { libc::kill(state.pid as libc::pid_t, libc::SIGUSR2) } != 0 {
-        return Err(format!("signalling server {}: {}", state.pid, std::io::Error::last_os_error()));
+    if unsafe { libc::kill(state.supervisor as libc::pid_t, libc::SIGUSR2) } != 0 {
+        return Err(format!("signalling the supervisor {}: {}", state.supervisor, std::io::Error::last_os_error()));
     }
     let start = Instant::now();
     loop {

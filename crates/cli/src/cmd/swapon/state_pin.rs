@@ -11,6 +11,14 @@
 //! successor is up. The pages are the same pages (shared memory): nothing is copied and no
 //! memory is added. A page reclaim took in the moments between the death and the lock is
 //! still in the swap cache while its write waits for the successor, and is locked from there.
+//!
+//! The small records a server stores beside its state (a front end's record, FUSE's INIT
+//! record: memfds the server wrote once and never mapped) are locked the same way, but as
+//! soon as the supervisor receives them and for as long as it holds them ([`is_shared_memory`]
+//! picks them): nothing of the server's keeps them resident, and a successor reads them
+//! first. Seen in the VM test (`global-kill`, 2026-11-28): a record's page had been swapped
+//! out to the device while the server lived, and the standby, handed the descriptors,
+//! waited in `read()` for a swap-in only it could serve.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -69,6 +77,13 @@ impl Drop for StatePin {
     }
 }
 
+/// Whether `fd` is shared memory (a memfd or a tmpfs file): `F_GET_SEALS` answers only for
+/// those (EINVAL for a device, a socket, a regular file elsewhere).
+pub(super) fn is_shared_memory(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: a plain query on a live descriptor.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) >= 0 }
+}
+
 /// The parts of the first `len` bytes of `fd` that hold data, by `lseek(SEEK_DATA/SEEK_HOLE)`.
 fn data_ranges(fd: BorrowedFd<'_>, len: usize) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
@@ -94,6 +109,9 @@ mod tests {
     use super::*;
     use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
+    /// VmLck is the process's: the tests that measure it take turns.
+    static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn locked_kib() -> u64 {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status.lines().find(|l| l.starts_with("VmLck:")).unwrap();
@@ -102,6 +120,7 @@ mod tests {
 
     #[test]
     fn locks_the_data_of_a_sparse_file_and_commits_nothing_for_its_holes() {
+        let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: memfd_create with a NUL-terminated name; a new descriptor or -1.
         let raw = unsafe { libc::memfd_create(c"state-pin-test".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(raw >= 0);
@@ -132,5 +151,31 @@ mod tests {
         assert_eq!(blocks(), before.0, "the holes stay holes");
         drop(pin);
         assert_eq!(locked_kib(), before.1);
+    }
+
+    #[test]
+    fn a_record_is_shared_memory_and_is_locked_whole_a_pipe_is_not_shared_memory() {
+        let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: memfd_create with a NUL-terminated name; a new descriptor or -1.
+        let raw = unsafe { libc::memfd_create(c"record-pin-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // A record as the servers write one: a few bytes, written, never mapped.
+        std::io::Write::write_all(&mut std::fs::File::from(fd.try_clone().unwrap()), b"dev_id=3 queues=2\n").unwrap();
+        assert!(is_shared_memory(fd.as_fd()));
+        let (r, _w) = std::io::pipe().unwrap();
+        assert!(!is_shared_memory(r.as_fd()), "a pipe is not a record to lock");
+        let before = locked_kib();
+        match StatePin::lock(fd.as_fd()) {
+            Ok(pin) => {
+                assert_eq!(pin.locked, 18, "the record's bytes");
+                assert_eq!(locked_kib() - before, 4, "its one page locked");
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) || e.raw_os_error() == Some(libc::ENOMEM) => {
+                eprintln!("mlock refused ({e}): skipped");
+            }
+            Err(e) => panic!("{e}"),
+        }
     }
 }

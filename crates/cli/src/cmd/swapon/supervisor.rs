@@ -22,9 +22,12 @@
 //!   has pinned itself (memory locked) and waits on a socket pair for the held descriptors
 //!   (`fdstore::hand_to_standby`); so the successor of a death needs no exec, no program
 //!   read from disk and no pinning while memory may be short, and comes up sooner. A
-//!   hand-over (SIGUSR2, exit `HANDED_OVER`) dismisses the standby first: its successor is
-//!   the binary installed now. A standby that died or cannot be handed the descriptors is
-//!   replaced by a successor started then;
+//!   hand-over (SIGUSR2 to the supervisor: `compcache restart`) first replaces the standby
+//!   by one of the binary installed now and waits until it is pinned, then asks the server
+//!   to hand over (exit `HANDED_OVER`): the new program is read while the device still
+//!   serves. A hand-over the supervisor did not prepare (SIGUSR2 to the server itself)
+//!   dismisses the standby and starts the installed binary then. A standby that died or
+//!   cannot be handed the descriptors is replaced by a successor started then;
 //! - without them held (the store's state does not survive, so the server stored nothing),
 //!   the device is gone with the server, as before supervision.
 //!
@@ -126,12 +129,17 @@ pub(crate) struct Supervisor {
     backoff: Backoff,
     /// Every server this supervisor started: only their messages are taken.
     started: Vec<u32>,
-    /// The dead server's state, locked from its death until a successor is up (`state_pin.rs`),
-    /// by a thread of its own while the successor starts.
     /// The standby, while one waits (`start_standby`).
     standby: Option<Standby>,
-    /// Dropping the sender lets the thread go.
+    /// The dead server's state, locked from its death until a successor is up (`state_pin.rs`),
+    /// by a thread of its own while the successor starts. Dropping the sender lets the thread go.
     pin: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
+    /// The held records (shared memory other than the state), locked for as long as they are
+    /// held (`state_pin.rs`).
+    record_pins: Vec<(String, StatePin)>,
+    /// The standby was started for a hand-over, from the binary installed then
+    /// (`start_upgrade_standby`): the successor of that hand-over.
+    upgrade_standby: bool,
 }
 
 impl Supervisor {
@@ -164,7 +172,29 @@ impl Supervisor {
             started: Vec::new(),
             standby: None,
             pin: None,
+            record_pins: Vec::new(),
+            upgrade_standby: false,
         })
+        .map(|mut s| {
+            let adopted: Vec<(String, OwnedFd)> = std::mem::take(&mut s.held);
+            for (name, fd) in adopted {
+                s.hold(name, fd);
+            }
+            s
+        })
+    }
+
+    /// Keeps `fd` under `name`; a record (shared memory that is not the state, which the
+    /// server keeps locked itself and `pin` locks after its death) is locked in memory from
+    /// now on ("state_pin.rs").
+    fn hold(&mut self, name: String, fd: OwnedFd) {
+        if name != crate::cmd::fuse::FD_STORE && super::state_pin::is_shared_memory(fd.as_fd()) {
+            match StatePin::lock(fd.as_fd()) {
+                Ok(p) => self.record_pins.push((name.clone(), p)),
+                Err(e) => log::warning(&format!("cannot lock the record {name} in memory: {e}")),
+            }
+        }
+        self.held.push((name, fd));
     }
 
     /// Starts the first server (a successor with `takeover`) and waits for its device.
@@ -279,8 +309,9 @@ impl Supervisor {
         cmd.stdin(Stdio::null()).process_group(0);
         if let Output::Log(path) = &self.output {
             let file = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| log::error(&format!("{}: {e}", path.display())))?;
-            let copy = file.try_clone().map_err(|_| ())?;
-            cmd.stdout(copy).stderr(file);
+            let w = relay_log(file).map_err(|e| log::error(&format!("relaying the server's log to {}: {e}", path.display())))?;
+            let copy = w.try_clone().map_err(|_| ())?;
+            cmd.stdout(copy).stderr(w);
         }
         let raw: Vec<RawFd> = sources.iter().map(|f| f.as_raw_fd()).collect();
         // SAFETY: the closure runs in the child between fork and exec and calls only dup2, which
@@ -319,7 +350,7 @@ impl Supervisor {
                 if matches!(child.try_wait(), Ok(None)) {
                     let _ = child.kill();
                 }
-                Err(child.wait().ok())
+                Err(reap(&mut child, Duration::ZERO))
             }
         }
     }
@@ -336,19 +367,50 @@ impl Supervisor {
         }
     }
 
+    /// Before a hand-over (SIGUSR2): replaces the standby by one of the binary installed now
+    /// and waits (up to [`UPGRADE_STANDBY_WAIT`]) until it says it is pinned, so that the
+    /// successor's program is read and locked while the device still serves, not while its
+    /// I/O waits for it: under memory pressure a program read then may need pages only the
+    /// device can give back (docs/swap.md, "A standby, started in advance"). Then
+    /// `upgrade_standby` is set, and `revive` hands the device to it.
+    fn start_upgrade_standby(&mut self) {
+        self.upgrade_standby = false;
+        if !self.holds_connection() {
+            return;
+        }
+        self.dismiss_standby();
+        self.start_standby();
+        let Some(s) = &self.standby else {
+            log::warning("no standby could be started: the successor starts after the hand-over");
+            return;
+        };
+        let start = Instant::now();
+        if crate::fdstore::standby_waiting(s.sock.as_fd(), UPGRADE_STANDBY_WAIT) {
+            log::info(&format!(
+                "standby pid {} of the installed binary is pinned and waits ({:.0} ms)",
+                s.child.id(),
+                start.elapsed().as_secs_f64() * 1e3
+            ));
+        } else {
+            log::warning(&format!(
+                "the standby pid {} did not say it waits (it ended, or {UPGRADE_STANDBY_WAIT:?} passed): asking the server to hand over all the same",
+                s.child.id()
+            ));
+        }
+        self.upgrade_standby = true;
+    }
+
     /// Hands the held descriptors to the standby and waits for its READY. `None`: there is no
     /// live standby, or it could not be handed them (it is then dismissed): start a successor.
     fn activate_standby(&mut self) -> Option<Result<PathBuf, Option<ExitStatus>>> {
         let mut s = self.standby.take()?;
         if !matches!(s.child.try_wait(), Ok(None)) {
             log::warning(&format!("the standby (pid {}) had ended: starting a successor instead", s.child.id()));
-            let _ = s.child.wait();
             return None;
         }
         if let Err(e) = crate::fdstore::hand_to_standby(s.sock.as_fd(), &self.held) {
             log::warning(&format!("handing the descriptors to the standby (pid {}): {e}; starting a successor instead", s.child.id()));
-            let _ = s.child.kill();
-            let _ = s.child.wait();
+            let _ = reap(&mut s.child, Duration::ZERO);
             return None;
         }
         Some(self.await_ready(s.child, s.ready))
@@ -358,13 +420,7 @@ impl Supervisor {
     fn dismiss_standby(&mut self) {
         if let Some(mut s) = self.standby.take() {
             drop(s.sock);
-            let start = Instant::now();
-            while matches!(s.child.try_wait(), Ok(None)) {
-                if start.elapsed() > Duration::from_secs(5) {
-                    let _ = s.child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            let _ = reap(&mut s.child, Duration::from_secs(5));
         }
     }
 
@@ -387,6 +443,7 @@ impl Supervisor {
             let name = m.get("FDNAME").unwrap_or("stored").to_string();
             if m.get("FDSTOREREMOVE") == Some("1") {
                 self.held.retain(|(n, _)| *n != name);
+                self.record_pins.retain(|(n, _)| *n != name);
                 if let Some(sd) = &self.systemd {
                     let _ = crate::fdstore::notify_to(sd, &format!("FDSTOREREMOVE=1\nFDNAME={name}\n"), &[]);
                 }
@@ -404,7 +461,9 @@ impl Supervisor {
                     ));
                 }
             }
-            self.held.extend(m.fds.into_iter().map(|fd| (name.clone(), fd)));
+            for fd in m.fds {
+                self.hold(name.clone(), fd);
+            }
         }
     }
 
@@ -418,6 +477,7 @@ impl Supervisor {
             }
         }
         self.held.clear();
+        self.record_pins.clear();
     }
 
     /// Waits for a stop signal, starting a successor whenever the server dies (module docs).
@@ -430,7 +490,8 @@ impl Supervisor {
                 Some(libc::SIGUSR2) => {
                     let pid = self.server_pid();
                     log::info(&format!("SIGUSR2: asking the server (pid {pid}) to hand over to {}", self.exe.display()));
-                    // Its successor is the binary installed now, not the standby (`revive`).
+                    // Its successor is the binary installed now, started and pinned first.
+                    self.start_upgrade_standby();
                     if pid != 0 {
                         // SAFETY: kill with our own child's pid (not yet reaped) and a signal number.
                         unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR2) };
@@ -488,9 +549,10 @@ impl Supervisor {
                     }
                 }
             }
-            if status.and_then(|s| s.code()) == Some(HANDED_OVER) {
-                // A hand-over (`compcache restart` signals the server itself): its successor is
-                // the binary installed now, not the standby started from the one before.
+            if status.and_then(|s| s.code()) == Some(HANDED_OVER) && !std::mem::take(&mut self.upgrade_standby) {
+                // A hand-over the supervisor did not prepare (`compcache restart` signals the
+                // server itself): its successor is the binary installed now, not the standby
+                // started from the one before.
                 self.dismiss_standby();
             }
             let (result, from) = match self.activate_standby() {
@@ -615,6 +677,10 @@ enum Launch {
 
 /// A successor started in advance (`--standby-fd`): pinned, waiting on `sock` for the
 /// descriptors; `ready` is its readiness pipe.
+/// How long a hand-over waits for its new standby to say it is pinned before the server is
+/// asked to hand over (a TCG guest under memory pressure takes seconds).
+const UPGRADE_STANDBY_WAIT: Duration = Duration::from_secs(30);
+
 struct Standby {
     child: Child,
     ready: OwnedFd,
@@ -690,6 +756,61 @@ fn update_record(record: &Path, pid: u32) {
             log::warning(&format!("{e}"));
         }
     }
+}
+
+/// How long [`reap`] waits for a killed child.
+const REAP_AFTER_KILL: Duration = Duration::from_secs(2);
+
+/// Waits for `child` to end, up to `grace`, then kills it and waits up to [`REAP_AFTER_KILL`]
+/// more; its status, or `None` if it still has not ended. Such a child is left as it is (a
+/// thread of it in an uninterruptible wait, say for a page only the device can give back,
+/// keeps it from ending until the device serves again): the supervisor must not wait for it,
+/// since starting the successor is what lets it end.
+fn reap(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    let mut killed = false;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        let waited = start.elapsed();
+        if !killed && waited >= grace {
+            let _ = child.kill();
+            killed = true;
+        }
+        if waited >= grace + REAP_AFTER_KILL {
+            log::warning(&format!("pid {} has not ended {:?} after it was killed: going on without it", child.id(), REAP_AFTER_KILL));
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How much a server may write to its log pipe while the relay is held up (Linux's limit for
+/// a process without CAP_SYS_RESOURCE; the default, 64 KiB, where the kernel refuses).
+const LOG_PIPE_BYTES: libc::c_int = 1 << 20;
+
+/// The write end of a pipe whose lines a thread of the supervisor appends to `file`: a server's
+/// stdout and stderr.
+///
+/// Why not the file itself: the log is on tmpfs, whose pages may be swapped out to the
+/// server's own device, and a thread writing to it then waits uninterruptibly for a swap-in
+/// only the server can serve. In a server that thread is not only stuck: a SIGKILLed server
+/// with a thread in that wait cannot finish dying, so it keeps its device's descriptors and no
+/// successor can take over. A write to a pipe waits interruptibly (a killed writer dies), and
+/// only when the relay is 1 MiB behind; the relay thread, which may wait on the file, is
+/// nothing a takeover waits for.
+fn relay_log(mut file: std::fs::File) -> std::io::Result<OwnedFd> {
+    let (r, w) = pipe()?;
+    // SAFETY: F_SETPIPE_SZ on a pipe this function just made; a refusal leaves the default.
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, LOG_PIPE_BYTES) };
+    std::thread::Builder::new().name("log-relay".into()).spawn(move || {
+        // Until every writer (the server and whatever inherited its output) has closed it.
+        let _ = std::io::copy(&mut std::fs::File::from(r), &mut file);
+    })?;
+    Ok(w)
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
