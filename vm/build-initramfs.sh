@@ -59,6 +59,12 @@ with_libs() {
 cp "$compcache_bin" "$root/bin/compcache"
 strip "$root/bin/compcache" 2>/dev/null || true
 with_libs "$compcache_bin"
+# A debugging aid, not part of the test (CC_VM_STRACE=1 vm/run-test.sh ...): strace in the
+# guest; the kill steps then trace the standby's file reads to the console (vm/guest/init).
+if [ -n "${CC_VM_STRACE:-}" ] && command -v strace >/dev/null; then
+  cp "$(command -v strace)" "$root/bin/strace"
+  with_libs "$(command -v strace)"
+fi
 # The cache step makes and checks an ext4 filesystem (busybox has neither tool for ext4).
 mke2fs_bin=$(command -v mke2fs) e2fsck_bin=$(command -v e2fsck)
 cp "$mke2fs_bin" "$root/bin/mke2fs" && ln -s mke2fs "$root/bin/mkfs.ext4"

@@ -28,7 +28,8 @@
 #                             backing device; ublk-kill, nbd-kill: `compcache swapon`'s
 #                             server killed with SIGKILL --kills times (default 20) while the
 #                             scan swaps, its supervisor starting successors that take the
-#                             device over; ublk-orphan: that device's server and supervisor
+#                             device over, then `compcache restart` once (an upgrade: a copy
+#                             of the binary renamed over the installed one); ublk-orphan: that device's server and supervisor
 #                             both killed, its I/O must wait and then fail once `compcache
 #                             swapoff` deletes it; global-kill: ublk-kill with the scan
 #                             over all the guest's RAM but 16 MiB, in no cgroup, as global;
@@ -123,6 +124,8 @@ initramfs="$cache/initramfs-$$.cpio.gz"
 COMPCACHE_BIN="$bin" INITRAMFS_OUT="$initramfs" NBD_CLIENT_DIR="$nbd_client_dir" "$here/build-initramfs.sh"
 
 # 3. Boot. qemu is the only process started here; it is ended by its PID on timeout.
+# CC_VM_TAIL_LOG=1 (a debugging aid): the kill steps copy the servers' log to the console as
+# it grows, so that a hung guest's console shows what the supervisor and its servers said.
 # Its monitor socket (vm/cache/monitor-PID.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
 # guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks; CC_VM_SYSRQ
 # chooses the sysrq keys, default 7wlm: add t for every task).
@@ -132,7 +135,7 @@ case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
-append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve cc.kills=$kills cc.nbd_kills=$nbd_kills${memcg:+ cc.memcg_mib=$memcg}"
+append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve cc.kills=$kills cc.nbd_kills=$nbd_kills${memcg:+ cc.memcg_mib=$memcg}${CC_VM_TAIL_LOG:+ cc.tail_log=1}"
 # The backing step's disk: a sparse file (only what the guest writes takes host space), as
 # large as the scan (at least 128 MiB), so that it holds all the scan's pages compressed.
 # The cache step's origin: a second sparse file, named by its serial in the guest.
@@ -156,7 +159,10 @@ cleanup() {
   [ -n "${qemu_pid:-}" ] && kill "$qemu_pid" 2>/dev/null || true
   rm -f "$initramfs" "$monitor_sock" ${disk:+"$disk"} ${origin:+"$origin"}
 }
-trap cleanup EXIT INT TERM
+# A signal ends the run (a trap that only cleaned up would let the script go on, and boot again).
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
 # A hang is a bug to diagnose, not only a failure: when the guest's hung-task detector fires
 # (a task blocked for 120 s) or the run times out, raise the guest's console loglevel and dump
 # its blocked tasks, the CPUs' stacks and its memory (sysrq 7, w, l, m through the monitor),
