@@ -51,7 +51,11 @@ impl ServerProcess {
             crate::private_file::create_private_dir_all(Path::new(STATE_DIR)).map_err(|e| Failure::new(format!("{STATE_DIR}: {e}")))?;
             let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
             let log = PathBuf::from(format!("{STATE_DIR}/{frontend}-{stamp}.log"));
-            let file = crate::private_file::create_new(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
+            crate::private_file::create_new(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
+            // Opened again to append: the supervisor writes to it, and so do the threads that
+            // relay its servers' output (`supervisor.rs`, `relay_log`); without O_APPEND the
+            // supervisor's lines would overwrite theirs at its own offset.
+            let file = std::fs::OpenOptions::new().append(true).open(&log).map_err(|e| Failure::new(format!("{}: {e}", log.display())))?;
             (log, Some(file))
         };
         let (ready_r, ready_w) = ready_pipe()?;
