@@ -58,32 +58,8 @@ enum Command {
     Generate(cmd::generate::Args),
 }
 
-impl Command {
-    /// Whether the command runs a server or a supervisor: a process that stays up serving
-    /// I/O (or `swapon`, which may become one in the foreground).
-    fn serves(&self) -> bool {
-        matches!(
-            self,
-            Command::Serve(_)
-                | Command::Supervise(_)
-                | Command::SwapSupervisor(_)
-                | Command::Swapon(_)
-                | Command::Ublk(_)
-                | Command::NbdAttach(_)
-                | Command::Fuse(_)
-        )
-    }
-}
-
 fn main() {
     let cli = Cli::parse();
-    if cli.command.serves() {
-        // A server's log file may be on tmpfs, its pages swapped out to the server's own
-        // device: no thread that serves may wait for it (compcache-log's writer.rs).
-        if let Err(e) = compcache_log::write_in_background() {
-            log::warning(&format!("cannot start the log's writer thread ({e}): the threads that serve write the log themselves"));
-        }
-    }
     let result = match cli.command {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Stat(a) => cmd::stat::run(a),

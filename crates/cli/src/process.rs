@@ -130,11 +130,11 @@ pub fn lock_memory(flag: &str) -> Result<(), Failure> {
     fix_malloc_mmap_threshold();
     // MCL_FUTURE with MCL_CURRENT, not after it: mlockall(MCL_CURRENT) alone clears the flags
     // of future mappings first and then faults every page in, which takes milliseconds (far
-    // longer in an emulated guest); a mapping another thread made meanwhile (the log's writer
-    // runs already: a malloc arena, say) would be locked by neither call, and its pages could
-    // be swapped out to the very device this process serves or restores (seen: a supervisor
-    // waiting in `do_swap_page` in the VM test). The second call swaps the future flags
-    // under one lock, with no such window.
+    // longer in an emulated guest); a mapping another thread made meanwhile (a malloc arena,
+    // say) would be locked by neither call, and its pages could be swapped out to the very
+    // device this process serves or restores (seen: a supervisor waiting in `do_swap_page` in
+    // the VM test, while the log's writer thread still started before the lock). The second
+    // call swaps the future flags under one lock, with no such window.
     // SAFETY: mlockall takes flags only and changes no Rust-visible state.
     let mut rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
     if rc == 0 {
@@ -143,12 +143,27 @@ pub fn lock_memory(flag: &str) -> Result<(), Failure> {
         rc = unsafe { libc::mlockall(libc::MCL_FUTURE | libc::MCL_ONFAULT) };
     }
     if rc == 0 {
+        log_in_background();
         return Ok(());
     }
     let e = io::Error::last_os_error();
     Err(Failure::new(format!(
         "{flag}: mlockall failed: {e}: run as root (or with CAP_IPC_LOCK), or raise the locked-memory limit (`ulimit -l`)"
     )))
+}
+
+/// From now on the process's log lines are written by a thread of their own
+/// (compcache-log's `writer.rs`): a server's log file may be on tmpfs, its pages swapped out
+/// to the server's own device, and no thread that serves may wait for it. Started once the
+/// memory is locked ([`lock_memory`], [`pin_swap_server`]), not before: a thread that exists
+/// during `mlockall(MCL_CURRENT)` has its malloc arena locked whole rather than on fault, and
+/// a later thread that grows that arena then faults the growth in at once (seen in the VM
+/// test: an nbd server's threads in `mprotect` -> `populate_vma_page_range`, in reclaim, until
+/// the kernel's requests timed out). Idempotent.
+pub fn log_in_background() {
+    if let Err(e) = compcache_log::write_in_background() {
+        log::warning(&format!("cannot start the log's writer thread ({e}): the threads that serve write the log themselves"));
+    }
 }
 
 /// glibc's `malloc` serves every allocation of at least this size from a mapping of its own,
@@ -202,6 +217,7 @@ pub fn pin_swap_server(mlock: bool) -> Result<(), Failure> {
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
         log::warning(&format!("oom_score_adj: {e} (needs CAP_SYS_RESOURCE)"));
     }
+    log_in_background();
     Ok(())
 }
 

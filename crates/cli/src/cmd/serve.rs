@@ -294,6 +294,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     if args.mlock {
         process::lock_memory("--mlock")?;
     }
+    process::log_in_background();
     let hint =
         if args.mlock { " (with --mlock, locked memory counts against RLIMIT_MEMLOCK: run as root or raise `ulimit -l`)" } else { "" };
     let (store, listeners) = match handed {
