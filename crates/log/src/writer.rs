@@ -9,9 +9,9 @@
 //! server. If the waiting thread is one the server needs to serve that swap-in (a queue
 //! thread, a thread holding a lock one needs, the supervisor about to start a successor), the
 //! device never answers again and every process with a page on it hangs (seen in the VM test:
-//! docs/swap.md, "The log must not wait for the device"). With the writer thread, the thread
-//! that logs only appends to the queue and goes on; the writer is the one thread that waits,
-//! and nothing waits for it.
+//! docs/swap.md, "Memory pressure: why the server cannot deadlock", item 5). With the writer
+//! thread, the thread that logs only appends to the queue and goes on; the writer is the one
+//! thread that waits, and nothing waits for it.
 //!
 //! Invariants: the queue holds at most [`QUEUE_BYTES`] bytes of lines; a line that does not
 //! fit is dropped and counted, and the count is written after the lines queued before it. The

@@ -112,6 +112,15 @@ mod tests {
     /// VmLck is the process's: the tests that measure it take turns.
     static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    /// A new memfd named `name`.
+    fn memfd(name: &std::ffi::CStr) -> OwnedFd {
+        // SAFETY: memfd_create with a NUL-terminated name; a new descriptor or -1.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        unsafe { OwnedFd::from_raw_fd(raw) }
+    }
+
     fn locked_kib() -> u64 {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status.lines().find(|l| l.starts_with("VmLck:")).unwrap();
@@ -121,11 +130,7 @@ mod tests {
     #[test]
     fn locks_the_data_of_a_sparse_file_and_commits_nothing_for_its_holes() {
         let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: memfd_create with a NUL-terminated name; a new descriptor or -1.
-        let raw = unsafe { libc::memfd_create(c"state-pin-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: a new descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = memfd(c"state-pin-test");
         let file = std::fs::File::from(fd.try_clone().unwrap());
         let len = 64 << 20;
         file.set_len(len).unwrap();
@@ -156,11 +161,7 @@ mod tests {
     #[test]
     fn a_record_is_shared_memory_and_is_locked_whole_a_pipe_is_not_shared_memory() {
         let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: memfd_create with a NUL-terminated name; a new descriptor or -1.
-        let raw = unsafe { libc::memfd_create(c"record-pin-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: a new descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = memfd(c"record-pin-test");
         // A record as the servers write one: a few bytes, written, never mapped.
         std::io::Write::write_all(&mut std::fs::File::from(fd.try_clone().unwrap()), b"dev_id=3 queues=2\n").unwrap();
         assert!(is_shared_memory(fd.as_fd()));
