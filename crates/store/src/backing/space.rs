@@ -18,8 +18,10 @@
 //! rebuilds everything else from the records the slots name ([`SpaceMap::taking_over`]).
 //!
 //! Locking: the free list is one mutex (a leaf, slot.rs rule 6); everything else is atomics.
-//! Live bytes grow only while a segment is OPEN (under its head's lock), so once a SEALED
-//! segment reaches 0 it stays dead: the reclaim check cannot race with new records.
+//! Live bytes grow only while a segment is OPEN (under its head's lock), so within one life a
+//! SEALED segment that reaches 0 stays dead. A segment goes to FREE and back out of it only
+//! under the free-list lock, and the reclaim decides there (`try_reclaim`): a look without
+//! the lock may see an earlier life of the segment.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
@@ -209,6 +211,12 @@ impl SpaceMap {
             free.pop()?
         };
         let s = &self.segs[seg as usize];
+        debug_assert!(
+            s.state.load(SeqCst) == FREE && s.live_bytes.load(SeqCst) == 0,
+            "segment {seg} was on the free list with state {} and {} live bytes",
+            s.state.load(SeqCst),
+            s.live_bytes.load(SeqCst)
+        );
         // A read-modify-write: two heads opening segments at once get different values.
         self.gens[1 + seg as usize].store(self.gens[0].fetch_add(1, Relaxed) + 1, Release);
         s.dirty.store(false, Relaxed);
@@ -274,21 +282,32 @@ impl SpaceMap {
     }
 
     /// SEALED, empty and unread -> FREE.
+    ///
+    /// The first look is without the lock, so it may see an earlier life of the segment: two
+    /// threads can both see it SEALED, empty and unread (the last record freed, the last
+    /// reader gone), one frees it, a head reopens, fills and seals it, and the other then
+    /// takes the lock. So every condition is looked at again under the free-list lock, state
+    /// first: under that lock a SEALED segment stays SEALED (freeing one takes the lock, and
+    /// so does reopening one, which pops it from the list), and a SEALED segment's live bytes
+    /// and readers only fall, so what is seen there holds until the segment is freed. (Checking
+    /// only the readers there freed a segment of the next life with its records live: a head
+    /// then reopened it over them; found by `tests/takeover.rs`, 2 runs in 32 under load.)
     fn try_reclaim(&self, seg: u32) {
         let s = &self.segs[seg as usize];
         if s.state.load(SeqCst) != SEALED || s.live_bytes.load(SeqCst) != 0 || s.readers.load(SeqCst) != 0 {
             return;
         }
+        #[cfg(test)]
+        tests::reclaim_window();
         let mut free = self.free.lock();
-        // GC pins under this lock (`pin_sealed`): look again now that it cannot slip in.
-        if s.readers.load(SeqCst) != 0 {
+        // GC pins under this lock too (`pin_sealed`): it cannot slip in after this look.
+        if s.state.load(SeqCst) != SEALED || s.live_bytes.load(SeqCst) != 0 || s.readers.load(SeqCst) != 0 {
             return;
         }
-        if s.state.compare_exchange(SEALED, FREE, SeqCst, SeqCst).is_ok() {
-            s.dirty.store(true, Relaxed);
-            free.push(seg);
-            self.in_use.fetch_sub(1, Relaxed);
-        }
+        s.state.store(FREE, SeqCst);
+        s.dirty.store(true, Relaxed);
+        free.push(seg);
+        self.in_use.fetch_sub(1, Relaxed);
     }
 
     /// SEALED segments holding under `max_live_pct` percent of live bytes, emptiest first.
@@ -325,6 +344,50 @@ impl SpaceMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    thread_local! {
+        /// Run once by this thread's next reclaim between its look without the lock and the
+        /// lock: what other threads could do in that window.
+        static IN_WINDOW: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
+    }
+
+    pub(super) fn reclaim_window() {
+        if let Some(f) = IN_WINDOW.with(|w| w.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    #[test]
+    fn a_reclaim_that_looked_at_an_earlier_life_frees_nothing() {
+        let m = Arc::new(SpaceMap::new(2 * 65536, 65536));
+        let a = m.open_segment(true).unwrap();
+        m.add_live(a, 100);
+        m.written(0);
+        m.seal(a);
+        // A reader holds the segment while its last record goes: the reader's leaving will
+        // reclaim it.
+        let pin = m.pin(0);
+        m.free(0, 100);
+        assert_eq!(m.segments_in_use(), 1, "pinned");
+        // After that reclaim's first look (SEALED, empty, unread), and before its lock: another
+        // thread frees the segment, a head reopens it, writes 500 bytes and seals it.
+        let other = Arc::clone(&m);
+        IN_WINDOW.with(|w| {
+            *w.borrow_mut() = Some(Box::new(move || {
+                other.try_reclaim(a);
+                assert_eq!(other.segments_in_use(), 0, "the other thread freed it");
+                assert_eq!(other.open_segment(true), Some(a), "and it was reopened");
+                other.add_live(a, 500);
+                other.written(0);
+                other.seal(a);
+            }))
+        });
+        drop(pin);
+        assert_eq!((m.segments_in_use(), m.live_bytes(a)), (1, 500), "the next life's records keep it");
+        assert_ne!(m.open_segment(true), Some(a), "it is not handed out over its live records");
+    }
 
     #[test]
     fn a_segment_is_reclaimed_only_when_sealed_empty_and_unread() {
