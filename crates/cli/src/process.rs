@@ -128,6 +128,7 @@ pub fn signal_name(sig: i32) -> &'static str {
 /// `flag` names what asked for it in the error.
 pub fn lock_memory(flag: &str) -> Result<(), Failure> {
     fix_malloc_mmap_threshold();
+    set_thread_stack_size();
     // MCL_FUTURE with MCL_CURRENT, not after it: mlockall(MCL_CURRENT) alone clears the flags
     // of future mappings first and then faults every page in, which takes milliseconds (far
     // longer in an emulated guest); a mapping another thread made meanwhile (a malloc arena,
@@ -221,9 +222,20 @@ pub fn pin_swap_server(mlock: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Stack size of every thread started after [`lock_future_mappings`]: their stacks are then
-/// populated and locked whole when created, so keep them small (lz4 needs 16 KiB of stack).
+/// Stack size of every thread a pinned process starts: after [`lock_future_mappings`] their
+/// stacks are populated and locked whole when created, so keep them small (lz4 needs 16 KiB of
+/// stack).
 pub const SERVER_THREAD_STACK_BYTES: usize = 512 << 10;
+
+/// Sets the stack size of every later thread to [`SERVER_THREAD_STACK_BYTES`]
+/// (`RUST_MIN_STACK`). std reads that variable once, at the first thread spawned without a
+/// size of its own, and keeps the value: so before the first thread, which is the log's writer
+/// ([`log_in_background`]). (Set later, as it once was, it was read too late: every thread of
+/// a swap server had std's 2 MiB stack, populated and locked whole, 8 MiB of a FUSE server's
+/// 20 MiB resident at start, and as much again in a standby's takeover.)
+fn set_thread_stack_size() {
+    std::env::set_var("RUST_MIN_STACK", SERVER_THREAD_STACK_BYTES.to_string());
+}
 
 /// The second half of pinning a swap server, once the store's big sparse mappings exist
 /// (locked on fault): from now on every new mapping (thread stacks, heap growth) is populated
@@ -231,8 +243,8 @@ pub const SERVER_THREAD_STACK_BYTES: usize = 512 << 10;
 /// buffers, which under memory pressure would wait in reclaim for the swap-outs they are
 /// serving.
 pub fn lock_future_mappings(mlock: bool) {
-    // std reads this once, at the first thread spawn: set it before any thread exists.
-    std::env::set_var("RUST_MIN_STACK", SERVER_THREAD_STACK_BYTES.to_string());
+    // Without --no-mlock, `lock_memory` has set it already, before the first thread.
+    set_thread_stack_size();
     if mlock {
         // SAFETY: mlockall takes flags only. MCL_FUTURE without MCL_CURRENT leaves the existing
         // mappings (the store's reservations, locked on fault) as they are.
