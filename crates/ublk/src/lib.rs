@@ -41,10 +41,12 @@
 //! `UBLK_F_USER_RECOVERY_FAIL_IO`) until the device is deleted ([`remove_orphan`]), which
 //! fails it.
 
+pub mod buffers;
 pub mod error;
 pub mod params;
 pub mod request;
 pub mod target;
 
+pub use buffers::IoBuffers;
 pub use error::Error;
 pub use target::{kernel_support, recover, remove_orphan, serve, Device, Options, CONTROL_PATH};

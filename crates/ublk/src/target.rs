@@ -30,6 +30,7 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
 
+use crate::buffers::IoBuffers;
 use crate::error::Error;
 use crate::params::device_params;
 use crate::request::{decode, execute, Decoded};
@@ -152,7 +153,7 @@ where
         .dev_flags(dev_flags)
         .build()
         .map_err(Error::ublk("adding the device"))?;
-    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, while_up);
+    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, None, while_up);
     // Dropping `ctrl` (created with UBLK_DEV_F_ADD_DEV) deletes the device.
     drop(ctrl);
     served
@@ -166,7 +167,10 @@ where
 /// says EBUSY (up to 30 s); then the queues are set up and fetch, and `END_USER_RECOVERY`
 /// lets the held and re-issued requests through. A device that was stopped, or created
 /// without recovery, is refused with an error and left alone.
-pub fn recover<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W) -> Result<(), Error>
+///
+/// `prepared`: I/O buffers a standby made before it waited ([`IoBuffers`]), used by the queues
+/// they were made for instead of allocating while memory may be short.
+pub fn recover<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, prepared: Option<Arc<IoBuffers>>, while_up: W) -> Result<(), Error>
 where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
@@ -201,7 +205,7 @@ where
         Ok(_) => {}
         Err(e) => return Err(Error::Ublk { context: "START_USER_RECOVERY", source: e }),
     }
-    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, while_up);
+    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, prepared, while_up);
     // A control opened for recovery does not delete its device when dropped: this server owns
     // it now, and a stop removes it as the first server's would.
     if served.is_ok() {
@@ -261,7 +265,14 @@ fn check(size_bytes: u64, opts: &Options) -> Result<(), Error> {
 
 /// Sets up the queues, starts the device (or ends its recovery), runs `while_up`, and stops
 /// the device once it returns.
-fn run<W>(ctrl: &UblkCtrl, store: Arc<Store>, size_bytes: u64, io_buf_bytes: u32, while_up: W) -> Result<(), Error>
+fn run<W>(
+    ctrl: &UblkCtrl,
+    store: Arc<Store>,
+    size_bytes: u64,
+    io_buf_bytes: u32,
+    prepared: Option<Arc<IoBuffers>>,
+    while_up: W,
+) -> Result<(), Error>
 where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
@@ -278,7 +289,8 @@ where
     let q_live = Arc::clone(&live_queues);
     let rejects = Arc::new(Rejects::new(WHO));
     let queue_fn = move |qid: u16, dev: &UblkDev| {
-        serve_queue(qid, dev, &q_store, &rejects);
+        let bufs = prepared.as_ref().and_then(|p| p.take(qid, dev.dev_info.queue_depth, dev.dev_info.max_io_buf_bytes));
+        serve_queue(qid, dev, &q_store, &rejects, bufs);
         q_live.fetch_sub(1, Ordering::SeqCst);
     };
 
@@ -300,10 +312,11 @@ where
 }
 
 /// One queue thread: fetch requests, run each against the store, complete, until the device
-/// stops. Everything the loop needs is allocated here, before the first fetch.
-fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects) {
+/// stops. Everything the loop needs is allocated here, before the first fetch, but the I/O
+/// buffers when `prepared` brings them (`buffers.rs`).
+fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, prepared: Option<Vec<libublk::helpers::IoBuf<u8>>>) {
     let mut ctx: Context = store.context();
-    let mut bufs = dev.alloc_queue_io_bufs();
+    let mut bufs = prepared.unwrap_or_else(|| dev.alloc_queue_io_bufs());
     let dev_bytes = dev.tgt.dev_size;
     let io_buf_bytes = dev.dev_info.max_io_buf_bytes as usize;
 

@@ -170,6 +170,33 @@ pub struct NbdAttachArgs {
 
 pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     compcache_ublk::kernel_support()?;
+    let mut opts = compcache_ublk::Options { mlock_io_buffers: !args.server.no_mlock, ..Default::default() };
+    if let Some(q) = args.queues {
+        opts.nr_queues = q;
+    }
+    opts.queue_depth = args.depth;
+    if let Some(id) = args.id {
+        opts.dev_id = id;
+    }
+    // A standby makes its queues' I/O buffers now, pinned, while memory is plentiful: at the
+    // takeover it may be short, and nothing can be swapped out until the device serves again
+    // (compcache_ublk's `buffers.rs`).
+    let prepared = match (args.server.standby_fd, args.takeover) {
+        (Some(_), true) => {
+            crate::process::pin_swap_server(!args.server.no_mlock)?;
+            let bufs = compcache_ublk::IoBuffers::allocate(&opts);
+            log::info(&format!(
+                "standby pid {}: made {} queues x {} I/O buffers of {} in advance ({})",
+                std::process::id(),
+                opts.nr_queues,
+                opts.queue_depth,
+                human(opts.io_buf_bytes as u64),
+                human(bufs.total_bytes())
+            ));
+            Some(Arc::new(bufs))
+        }
+        _ => None,
+    };
     super::session::wait_if_standby(&args.server, args.takeover)?;
     let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
     // Before any thread exists (the environment is read and cleared).
@@ -181,14 +208,6 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
         false => (None, None),
     };
     let session = Arc::new(Session::start_with(&args.store, &args.server, Frontend::Ublk, state)?);
-    let mut opts = compcache_ublk::Options { mlock_io_buffers: !args.server.no_mlock, ..Default::default() };
-    if let Some(q) = args.queues {
-        opts.nr_queues = q;
-    }
-    opts.queue_depth = args.depth;
-    if let Some(id) = args.id {
-        opts.dev_id = id;
-    }
     // Held: the state and the device's number are kept by someone who outlives us.
     let held = taken_id.is_some() || (session.store.state_fd().is_some() && crate::fdstore::holder_named());
     opts.user_recovery = held;
@@ -229,7 +248,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     let served = match taken_id {
         Some(id) => {
             opts.dev_id = id;
-            compcache_ublk::recover(Arc::clone(&session.store), size, &opts, while_up).map_err(|e| refused(e.to_string()))
+            compcache_ublk::recover(Arc::clone(&session.store), size, &opts, prepared, while_up).map_err(|e| refused(e.to_string()))
         }
         None => compcache_ublk::serve(Arc::clone(&session.store), size, &opts, while_up).map_err(|e| {
             let hint = if e.errno() == libc::EPERM || e.errno() == libc::EACCES { " (run as root)" } else { "" };
