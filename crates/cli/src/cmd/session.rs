@@ -162,6 +162,38 @@ pub(super) struct Session {
     frontend: Frontend,
     /// Until the device is up: a refused start gives the backing device up (`StartGuard`).
     start: std::sync::Mutex<Option<StartGuard>>,
+    /// A takeover's background threads, started once the device serves ([`Background`]).
+    deferred: std::sync::Mutex<Option<Background>>,
+}
+
+/// What a session runs beside the device: the reserve's keeper, writeback (with a backing
+/// device: with the store fault-free, a write that finds no resident pool page overflows to
+/// the device, and this thread keeps the pool under its watermarks meanwhile) and
+/// recompression; and from then on every new mapping populated when made
+/// ([`lock_future_mappings`]).
+struct Background {
+    reserve: Option<reserve::Reserve>,
+    mlock: bool,
+}
+
+impl Background {
+    /// Starts it all; the error is one line.
+    fn start(self, store: &Arc<Store>) -> Result<(), String> {
+        lock_future_mappings(self.mlock);
+        if let Some(keeper) = self.reserve {
+            std::thread::Builder::new()
+                .name("reserve".into())
+                .spawn(move || keeper.keep())
+                .map_err(|e| format!("starting the reserve keeper: {e}"))?;
+        }
+        if store.has_backing() {
+            spawn_writeback(Arc::clone(store)).map_err(|e| format!("starting the writeback thread: {e}"))?;
+        }
+        if store.recompresses() {
+            crate::maintenance::spawn_recompression(Arc::clone(store)).map_err(|e| format!("starting the recompression thread: {e}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// How a [`Session`] ended: stopped (the device was taken down, or is gone), or handed over to
@@ -194,6 +226,7 @@ impl Session {
             "auto" => reserve::default_high_bytes(physical_ram_bytes()),
             t => crate::units::size_or_none("--reserve", t, physical_ram_bytes(), "no reserve")?,
         };
+        let state_given = state.is_some();
         let store = match state {
             None => Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?,
             Some(fd) => {
@@ -207,28 +240,29 @@ impl Session {
                 store
             }
         };
+        let takeover = state_given;
         let store = Arc::new(store);
         let start = StartGuard::new(&store);
-        lock_future_mappings(!server.no_mlock);
-        if reserve_bytes > 0 {
+        let reserve = (reserve_bytes > 0).then(|| {
             let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
             keeper.prime();
-            std::thread::Builder::new()
-                .name("reserve".into())
-                .spawn(move || keeper.keep())
-                .map_err(|e| Failure::new(format!("starting the reserve keeper: {e}")))?;
-        }
-        // With the store fault-free, a write that finds no resident pool page overflows to
-        // the backing device; this thread keeps the pool under its watermarks meanwhile.
-        if store.has_backing() {
-            spawn_writeback(Arc::clone(&store)).map_err(|e| Failure::new(format!("starting the writeback thread: {e}")))?;
-        }
-        if store.recompresses() {
-            crate::maintenance::spawn_recompression(Arc::clone(&store))
-                .map_err(|e| Failure::new(format!("starting the recompression thread: {e}")))?;
-        }
+            keeper
+        });
+        let background = Background { reserve, mlock: !server.no_mlock };
+        // A takeover starts its background threads only once the device serves again (`while_up_handing_over`):
+        // until then the device's I/O is held, memory may be at its shortest, and a thread's
+        // stack (populated whole once future mappings are) and heap are allocations that can
+        // wait in reclaim for the very swap-outs the device holds (docs/swap.md, "A standby,
+        // started in advance"). None of them is needed to serve.
+        let deferred = match takeover {
+            true => Some(background),
+            false => {
+                background.start(&store).map_err(Failure::new)?;
+                None
+            }
+        };
         let start = std::sync::Mutex::new(Some(start));
-        Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend, start })
+        Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend, start, deferred: std::sync::Mutex::new(deferred) })
     }
 
     /// Runs while the device is up: announce it, serve `compcache stat` (the control socket and
@@ -247,6 +281,14 @@ impl Session {
     ) -> Ending {
         if let Some(start) = self.start.lock().ok().and_then(|mut s| s.take()) {
             start.started();
+        }
+        // A takeover's: the device serves now. A thread that cannot start is reported; the
+        // device serves without it (its job waits: no reserve top-up, writeback or
+        // recompression).
+        if let Some(background) = self.deferred.lock().ok().and_then(|mut d| d.take()) {
+            if let Err(e) = background.start(&self.store) {
+                log::error(&format!("{e}; the device serves without it"));
+            }
         }
         let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
         let _ = std::fs::create_dir_all("/run/compcache");
