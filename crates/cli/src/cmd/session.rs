@@ -226,7 +226,7 @@ impl Session {
             "auto" => reserve::default_high_bytes(physical_ram_bytes()),
             t => crate::units::size_or_none("--reserve", t, physical_ram_bytes(), "no reserve")?,
         };
-        let state_given = state.is_some();
+        let takeover = state.is_some();
         let store = match state {
             None => Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?,
             Some(fd) => {
@@ -240,7 +240,6 @@ impl Session {
                 store
             }
         };
-        let takeover = state_given;
         let store = Arc::new(store);
         let start = StartGuard::new(&store);
         let reserve = (reserve_bytes > 0).then(|| {
@@ -249,17 +248,16 @@ impl Session {
             keeper
         });
         let background = Background { reserve, mlock: !server.no_mlock };
-        // A takeover starts its background threads only once the device serves again (`while_up_handing_over`):
-        // until then the device's I/O is held, memory may be at its shortest, and a thread's
-        // stack (populated whole once future mappings are) and heap are allocations that can
-        // wait in reclaim for the very swap-outs the device holds (docs/swap.md, "A standby,
-        // started in advance"). None of them is needed to serve.
-        let deferred = match takeover {
-            true => Some(background),
-            false => {
-                background.start(&store).map_err(Failure::new)?;
-                None
-            }
+        // A takeover starts its background threads only once the device serves again
+        // (`while_up_handing_over`): until then the device's I/O is held, memory may be at its
+        // shortest, and a thread's stack (populated whole once future mappings are) and heap
+        // are allocations that can wait in reclaim for the very swap-outs the device holds
+        // (docs/swap.md, "A standby, started in advance"). None of them is needed to serve.
+        let deferred = if takeover {
+            Some(background)
+        } else {
+            background.start(&store).map_err(Failure::new)?;
+            None
         };
         let start = std::sync::Mutex::new(Some(start));
         Ok(Session { store, cfg, size_bytes, server: server.clone(), signals, frontend, start, deferred: std::sync::Mutex::new(deferred) })
