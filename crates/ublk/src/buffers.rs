@@ -12,9 +12,10 @@
 //! written, so resident, and locked under the caller's `mlockall`), and [`crate::recover`]'s
 //! queue threads take them ([`IoBuffers::take`]) instead of allocating.
 //!
-//! The device's geometry is the kernel's, read after the takeover begins; buffers made for
-//! another one (another queue count, depth or buffer size) are not used, and the queue
-//! allocates its own as before.
+//! The device's geometry is the kernel's, read after the takeover begins. Buffers made for
+//! another depth or buffer size are freed and every queue allocates its own, as before; a
+//! queue past the number made allocates its own too (and buffers made for queues the device
+//! does not have stay unused: the standby was started with another queue count).
 
 use std::sync::Mutex;
 
@@ -62,12 +63,15 @@ impl IoBuffers {
     }
 
     /// Queue `qid`'s buffers, if they were made for a queue of `depth` tags with buffers of
-    /// `bytes` and not taken yet; `None` otherwise (the caller allocates its own).
+    /// `bytes` and not taken yet; `None` otherwise (the caller allocates its own). Every queue
+    /// of a device has the same geometry, so buffers made for another are freed at once, all
+    /// of them.
     pub(crate) fn take(&self, qid: u16, depth: u16, bytes: u32) -> Option<Vec<IoBuf<u8>>> {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         if (depth, bytes) != (self.depth, self.bytes) {
+            queues.clear();
             return None;
         }
-        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         queues.get_mut(qid as usize).and_then(Option::take)
     }
 }
@@ -77,17 +81,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_queue_takes_its_buffers_once_and_only_for_their_geometry() {
+    fn a_queue_takes_its_buffers_once_and_another_geometry_frees_them() {
         let opts = Options { nr_queues: 2, queue_depth: 4, io_buf_bytes: 16 << 10, ..Options::default() };
         let b = IoBuffers::allocate(&opts);
         assert_eq!(b.total_bytes(), 2 * 4 * (16 << 10));
-        assert!(b.take(0, 8, 16 << 10).is_none(), "another depth");
-        assert!(b.take(0, 4, 64 << 10).is_none(), "another buffer size");
         let q0 = b.take(0, 4, 16 << 10).expect("queue 0's");
         assert_eq!(q0.len(), 4);
         assert!(q0.iter().all(|buf| buf.len() == 16 << 10 && buf.as_slice().iter().step_by(4096).all(|&x| x == 0)));
         assert!(b.take(0, 4, 16 << 10).is_none(), "taken once");
         assert!(b.take(1, 4, 16 << 10).is_some());
         assert!(b.take(2, 4, 16 << 10).is_none(), "no third queue");
+        for other in [(8, 16 << 10), (4, 64 << 10)] {
+            let b = IoBuffers::allocate(&opts);
+            assert!(b.take(1, other.0, other.1).is_none(), "another geometry: {other:?}");
+            assert_eq!(b.total_bytes(), 0, "buffers of another geometry are freed, all of them");
+            assert!(b.take(0, 4, 16 << 10).is_none());
+        }
     }
 }
