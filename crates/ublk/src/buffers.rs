@@ -21,8 +21,6 @@ use std::sync::Mutex;
 
 use libublk::helpers::IoBuf;
 
-use crate::target::Options;
-
 /// One set of I/O buffers per queue, made in advance.
 pub struct IoBuffers {
     /// Per queue, until its thread takes them.
@@ -32,15 +30,16 @@ pub struct IoBuffers {
 }
 
 impl IoBuffers {
-    /// Buffers for a device of `opts`' geometry: `nr_queues` x `queue_depth` buffers of
-    /// `io_buf_bytes`, each page written once so that it is resident (and locked, in a process
-    /// under `mlockall`) before anything needs it.
-    pub fn allocate(opts: &Options) -> IoBuffers {
-        let queues = (0..opts.nr_queues)
+    /// Buffers for a device of `queues` queues of `depth` tags (`Options::nr_queues` and
+    /// `queue_depth`), each buffer `bytes` long (`Options::io_buf_bytes`), each page written
+    /// once so that it is resident (and locked, in a process under `mlockall`) before anything
+    /// needs it.
+    pub fn allocate(queues: u16, depth: u16, bytes: u32) -> IoBuffers {
+        let per_queue = (0..queues)
             .map(|_| {
-                let bufs: Vec<IoBuf<u8>> = (0..opts.queue_depth)
+                let bufs: Vec<IoBuf<u8>> = (0..depth)
                     .map(|_| {
-                        let b = IoBuf::<u8>::new(opts.io_buf_bytes as usize);
+                        let b = IoBuf::<u8>::new(bytes as usize);
                         for off in (0..b.len()).step_by(4096) {
                             // SAFETY: `off` is inside the buffer, which this function owns; a
                             // volatile write, so the page is really touched (written, not read:
@@ -53,7 +52,7 @@ impl IoBuffers {
                 Some(bufs)
             })
             .collect();
-        IoBuffers { queues: Mutex::new(queues), depth: opts.queue_depth, bytes: opts.io_buf_bytes }
+        IoBuffers { queues: Mutex::new(per_queue), depth, bytes }
     }
 
     /// Bytes the buffers take.
@@ -82,8 +81,7 @@ mod tests {
 
     #[test]
     fn a_queue_takes_its_buffers_once_and_another_geometry_frees_them() {
-        let opts = Options { nr_queues: 2, queue_depth: 4, io_buf_bytes: 16 << 10, ..Options::default() };
-        let b = IoBuffers::allocate(&opts);
+        let b = IoBuffers::allocate(2, 4, 16 << 10);
         assert_eq!(b.total_bytes(), 2 * 4 * (16 << 10));
         let q0 = b.take(0, 4, 16 << 10).expect("queue 0's");
         assert_eq!(q0.len(), 4);
@@ -92,7 +90,7 @@ mod tests {
         assert!(b.take(1, 4, 16 << 10).is_some());
         assert!(b.take(2, 4, 16 << 10).is_none(), "no third queue");
         for other in [(8, 16 << 10), (4, 64 << 10)] {
-            let b = IoBuffers::allocate(&opts);
+            let b = IoBuffers::allocate(2, 4, 16 << 10);
             assert!(b.take(1, other.0, other.1).is_none(), "another geometry: {other:?}");
             assert_eq!(b.total_bytes(), 0, "buffers of another geometry are freed, all of them");
             assert!(b.take(0, 4, 16 << 10).is_none());

@@ -184,7 +184,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     let prepared = match (args.server.standby_fd, args.takeover) {
         (Some(_), true) => {
             crate::process::pin_swap_server(!args.server.no_mlock)?;
-            let bufs = compcache_ublk::IoBuffers::allocate(&opts);
+            let bufs = compcache_ublk::IoBuffers::allocate(opts.nr_queues, opts.queue_depth, opts.io_buf_bytes);
             log::info(&format!(
                 "standby pid {}: made {} queues x {} I/O buffers of {} in advance ({})",
                 std::process::id(),
