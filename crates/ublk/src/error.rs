@@ -10,8 +10,10 @@ pub enum Error {
     #[error("ublk is not available: {0}")]
     Unsupported(String),
 
-    /// libublk (the control or an I/O ring) failed; carries libublk's own error.
-    #[error("ublk control: {context}: {source}")]
+    /// libublk (the control or an I/O ring) failed; carries libublk's own error, and the
+    /// kernel's errno where libublk has one (its own text for it is only "io_uring IO
+    /// failure").
+    #[error("ublk control: {context}: {}", describe(.source))]
     Ublk {
         context: &'static str,
         #[source]
@@ -48,6 +50,15 @@ impl Error {
     }
 }
 
+/// libublk's error, with the errno the kernel returned when it carries one.
+fn describe(e: &libublk::UblkError) -> String {
+    use libublk::UblkError as U;
+    match e {
+        U::UringIOError(r) | U::OtherError(r) if *r < 0 => format!("{e} ({})", std::io::Error::from_raw_os_error(-r)),
+        _ => e.to_string(),
+    }
+}
+
 /// libublk reports kernel errors as negative errno values in several variants.
 fn ublk_errno(e: &libublk::UblkError) -> i32 {
     use libublk::UblkError as U;
@@ -58,5 +69,19 @@ fn ublk_errno(e: &libublk::UblkError) -> i32 {
         U::QueueIsDown => libc::ENODEV,
         U::UringTimeout => libc::ETIMEDOUT,
         _ => libc::EIO,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_error_says_its_errno() {
+        let e = Error::Ublk { context: "START_USER_RECOVERY", source: libublk::UblkError::UringIOError(-libc::EINVAL) };
+        let text = e.to_string();
+        assert!(text.starts_with("ublk control: START_USER_RECOVERY: "), "{text}");
+        assert!(text.contains("Invalid argument (os error 22)"), "{text}");
+        assert_eq!(e.errno(), libc::EINVAL);
     }
 }
