@@ -459,6 +459,10 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
             assert proc.returncode == 0 and "verify=ok" in out and "mismatches=0" in out, out[-3000:]
             print(f"KiB in swap on the device at each kill or restart: {swapped_kib}")
             assert max(swapped_kib, default=0) > 0, "nothing was swapped to the device"
+            # The supervisor locked the program a successor started from disk would run, and
+            # after the restart the other build's (program_pin.rs).
+            pinned = [l for l in dev.log().splitlines() if "locked the program's" in l]
+            assert len(pinned) >= 2, dev.log()[-6000:]
             p = dev.swapoff()
             assert p.returncode == 0, p.stderr
             assert dev.leftovers() == [], dev.log_if_any()

@@ -23,6 +23,7 @@
 mod container;
 mod foreground;
 mod own_keys;
+mod program_pin;
 mod restart;
 mod server;
 mod settings;

@@ -45,6 +45,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use super::program_pin::ProgramPin;
 use super::server::wait_ready;
 use super::state::{SwapState, STATE_DIR};
 use super::state_pin::StatePin;
@@ -137,6 +138,8 @@ pub(crate) struct Supervisor {
     /// The held records (shared memory other than the state), locked for as long as they are
     /// held (`state_pin.rs`).
     record_pins: Vec<(String, StatePin)>,
+    /// The files of the program a successor started from disk runs, locked (`program_pin.rs`).
+    program: Option<ProgramPin>,
     /// The standby was started for a hand-over, from the binary installed then
     /// (`start_upgrade_standby`): the successor of that hand-over.
     upgrade_standby: bool,
@@ -173,6 +176,7 @@ impl Supervisor {
             standby: None,
             pin: None,
             record_pins: Vec::new(),
+            program: None,
             upgrade_standby: false,
         })
         .map(|mut s| {
@@ -200,6 +204,7 @@ impl Supervisor {
     /// Starts the first server (a successor with `takeover`) and waits for its device.
     fn bring_up(&mut self, takeover: bool) -> Result<(), Option<ExitStatus>> {
         self.device = self.spawn(takeover)?;
+        self.pin_program(self.server_pid());
         self.drain();
         self.start_standby();
         Ok(())
@@ -386,11 +391,13 @@ impl Supervisor {
         };
         let start = Instant::now();
         if crate::fdstore::standby_waiting(s.sock.as_fd(), UPGRADE_STANDBY_WAIT) {
+            let pid = s.child.id();
             log::info(&format!(
-                "standby pid {} of the installed binary is pinned and waits ({:.0} ms)",
-                s.child.id(),
+                "standby pid {pid} of the installed binary is pinned and waits ({:.0} ms)",
                 start.elapsed().as_secs_f64() * 1e3
             ));
+            // Should it fail, the successor started from disk is this program.
+            self.pin_program(pid);
         } else {
             log::warning(&format!(
                 "the standby pid {} did not say it waits (it ended, or {UPGRADE_STANDBY_WAIT:?} passed): asking the server to hand over all the same",
@@ -570,6 +577,7 @@ impl Supervisor {
                     ));
                     self.drain();
                     self.backoff.up();
+                    self.pin_program(self.server_pid());
                     // The successor has locked the state itself (it maps every page again).
                     self.unpin();
                     self.start_standby();
@@ -582,6 +590,32 @@ impl Supervisor {
                     status = s;
                     self.drain();
                 }
+            }
+        }
+    }
+
+    /// Locks the files of the program process `pid` runs (`program_pin.rs`), in place of those
+    /// locked before, unless they are the same files. A failure is a warning: a successor
+    /// started from disk may then have to read its program back while memory is short.
+    fn pin_program(&mut self, pid: u32) {
+        if pid == 0 {
+            return;
+        }
+        let Some(files) = ProgramPin::files_of(pid) else { return };
+        if self.program.as_ref().is_some_and(|p| p.files == files) {
+            return;
+        }
+        match ProgramPin::of_process(pid) {
+            Ok(pin) => {
+                log::info(&format!(
+                    "locked the program's {} files ({:.1} MiB) in memory, for a successor started from disk",
+                    pin.files.len(),
+                    pin.locked as f64 / (1 << 20) as f64
+                ));
+                self.program = Some(pin);
+            }
+            Err(e) => {
+                log::warning(&format!("cannot lock the program's files in memory: {e} (a successor started from disk may wait for them)"))
             }
         }
     }
