@@ -135,15 +135,18 @@ impl Opened {
         // 3.
         r.dicts = ram.dicts.recover();
         // 4. Check every entry; claim the pool objects. Only the parts of the slot table that
-        // were ever written are read (the rest are holes: empty slots that cost nothing).
-        let written: Vec<usize> = map
-            .data_ranges(l.slots, l.num_pages as usize * SLOT_BYTES)
-            .into_iter()
-            .flat_map(|r| (r.start - l.slots) / SLOT_BYTES..(r.end - l.slots).div_ceil(SLOT_BYTES))
-            .filter(|&i| i < ram.slots.len())
-            .collect();
+        // were ever written are read (the rest are holes: empty slots that cost nothing). The
+        // slots are walked twice, not listed: a successor may be taking over while memory is
+        // short, and each page of heap it touches then waits for memory (docs/swap.md).
+        let table = map.data_ranges(l.slots, l.num_pages as usize * SLOT_BYTES);
+        let written = || {
+            table
+                .iter()
+                .flat_map(|r| (r.start - l.slots) / SLOT_BYTES..(r.end - l.slots).div_ceil(SLOT_BYTES))
+                .filter(|&i| i < ram.slots.len())
+        };
         let mut claims = Vec::new();
-        for &index in &written {
+        for index in written() {
             let slot = &ram.slots[index];
             let (meta, data) = slot.raw();
             let e = match Slot::decode_raw(meta, data) {
@@ -171,7 +174,7 @@ impl Opened {
         r.pool_pages = rebuilt.pages;
         // 5. Counters, from the entries.
         let mover = ram.mover(None);
-        for &index in &written {
+        for index in written() {
             let (meta, data) = ram.slots[index].raw();
             if meta == 0 && data == 0 {
                 continue; // never written: the common case of a sparse table, touched by nothing

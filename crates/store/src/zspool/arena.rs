@@ -208,21 +208,26 @@ impl Arena {
     pub fn recovered(&self, used: &[u32]) -> std::io::Result<()> {
         let pages_len = self.capacity_pages as usize * PAGE_SIZE;
         let base = self.page_offset(0);
-        let mut resident_pages: Vec<u32> = Vec::new();
-        for r in self.map.data_ranges(base, pages_len) {
-            let (first, last) = (((r.start - base) / PAGE_SIZE) as u32, ((r.end - base).div_ceil(PAGE_SIZE)) as u32);
-            resident_pages.extend(first..last.min(self.capacity_pages));
-        }
-        let next_unused = used.last().map_or(0, |&p| p + 1).max(resident_pages.last().map_or(0, |&p| p + 1));
+        // The resident pages, walked from the file's data ranges rather than listed (a
+        // successor taking over while memory is short touches as little new heap as it can).
+        let ranges = self.map.data_ranges(base, pages_len);
+        let resident_pages = || {
+            ranges.iter().flat_map(|r| {
+                let (first, last) = (((r.start - base) / PAGE_SIZE) as u32, ((r.end - base).div_ceil(PAGE_SIZE)) as u32);
+                first..last.min(self.capacity_pages)
+            })
+        };
+        let last_resident = ranges.last().map_or(0, |r| ((r.end - base).div_ceil(PAGE_SIZE) as u32).min(self.capacity_pages));
+        let next_unused = used.last().map_or(0, |&p| p + 1).max(last_resident);
         let (mut resident, mut cold) = (Vec::new(), Vec::new());
-        let (mut u, mut r) = (used.iter().peekable(), resident_pages.iter().peekable());
+        let (mut u, mut r) = (used.iter().peekable(), resident_pages().peekable());
         for pfn in 0..next_unused {
-            while r.peek().is_some_and(|&&p| p < pfn) {
+            while r.peek().is_some_and(|&p| p < pfn) {
                 r.next();
             }
             if u.peek() == Some(&&pfn) {
                 u.next();
-            } else if r.peek() == Some(&&pfn) {
+            } else if r.peek() == Some(&pfn) {
                 resident.push(pfn);
             } else {
                 cold.push(pfn);

@@ -26,6 +26,9 @@ use crate::PAGE_SIZE;
 
 /// The largest payload a headed object holds.
 const MAX_HEADED: usize = PAGE_SIZE - HEADER;
+/// The `len` a claim that failed its zspage's checks is marked with (no claim has it: a
+/// claim's length is checked to be 1..=`PAGE_SIZE` first).
+const REJECTED: u32 = 0;
 
 /// An object a slot names: its handle, the slot (`owner`), and the payload's length (the
 /// compressed length, or `PAGE_SIZE` for a raw page).
@@ -47,14 +50,27 @@ pub(crate) struct Rebuilt {
     pub pages: u64,
 }
 
+/// A zspage some claim names, 16 bytes: one per zspage is held at once, and a successor may
+/// be taking over while memory is short. Its pages are not kept: once `walk_chain` has checked
+/// the chain, [`ZsPool::chain`] walks it again (nothing changes it during a rebuild).
 struct Zspage {
     first: u32,
-    class: usize,
-    pages: [u32; MAX_CHAIN],
-    n_pages: usize,
-    /// Indices into the claims of this zspage's accepted objects.
-    objs: Vec<usize>,
+    /// The claims on this zspage (sorted by object), `claims.0..claims.1`; those rejected have
+    /// `len` [`REJECTED`].
+    claims: (u32, u32),
+    class: u16,
+    n_pages: u8,
     rejected: bool,
+}
+
+impl Zspage {
+    fn claims(&self) -> std::ops::Range<usize> {
+        self.claims.0 as usize..self.claims.1 as usize
+    }
+
+    fn class(&self) -> usize {
+        usize::from(self.class)
+    }
 }
 
 impl ZsPool {
@@ -83,39 +99,43 @@ impl ZsPool {
                 j += 1;
             }
             let class = claims[i].handle.class();
-            let mut z = Zspage { first, class, pages: [NONE; MAX_CHAIN], n_pages: 0, objs: Vec::new(), rejected: false };
+            let mut z = Zspage { first, claims: (i as u32, j as u32), class: class as u16, n_pages: 0, rejected: false };
+            let mut accepted = 0;
             if claims[i..j].iter().any(|c| c.handle.class() != class) || !self.walk_chain(&mut z, capacity) {
                 z.rejected = true;
             } else {
+                let mut last_accepted = None;
                 for k in i..j {
                     // Two slots naming one object: its header names at most one of them.
-                    let taken = z.objs.last().is_some_and(|&a| claims[a].handle.obj() == claims[k].handle.obj());
+                    let taken = last_accepted == Some(claims[k].handle.obj());
                     if !taken && self.header_names(&z, &claims[k]) {
-                        z.objs.push(k);
+                        last_accepted = Some(claims[k].handle.obj());
+                        accepted += 1;
                     } else {
                         out.rejected.push(claims[k].owner);
+                        claims[k].len = REJECTED;
                     }
                 }
             }
             if z.rejected {
                 out.rejected.extend(claims[i..j].iter().map(|c| c.owner));
-            } else if !z.objs.is_empty() {
+            } else if accepted > 0 {
                 zspages.push(z);
             }
             i = j;
         }
         // 3. No page in two zspages.
-        let mut owners: Vec<(u32, usize)> =
-            zspages.iter().enumerate().flat_map(|(zi, z)| z.pages[..z.n_pages].iter().map(move |&p| (p, zi))).collect();
+        let mut owners: Vec<(u32, u32)> =
+            zspages.iter().enumerate().flat_map(|(zi, z)| self.chain(z).map(move |p| (p, zi as u32))).collect();
         owners.sort_unstable();
         for w in owners.windows(2) {
             if w[0].0 == w[1].0 {
-                zspages[w[0].1].rejected = true;
-                zspages[w[1].1].rejected = true;
+                zspages[w[0].1 as usize].rejected = true;
+                zspages[w[1].1 as usize].rejected = true;
             }
         }
         for z in zspages.iter().filter(|z| z.rejected) {
-            out.rejected.extend(z.objs.iter().map(|&k| claims[k].owner));
+            out.rejected.extend(claims[z.claims()].iter().filter(|c| c.len != REJECTED).map(|c| c.owner));
         }
         zspages.retain(|z| !z.rejected);
         // 4. Lists and counts.
@@ -128,7 +148,7 @@ impl ZsPool {
         let mut used: Vec<u32> = Vec::new();
         for z in &zspages {
             out.orphans += self.rebuild_zspage(z, &claims);
-            used.extend_from_slice(&z.pages[..z.n_pages]);
+            used.extend(self.chain(z));
         }
         used.sort_unstable();
         out.pages = used.len() as u64;
@@ -157,25 +177,36 @@ impl ZsPool {
     /// Follows zspage `z`'s page chain; false if it is not its class's length, leaves the
     /// arena, repeats a page, or does not end there.
     fn walk_chain(&self, z: &mut Zspage, capacity: u32) -> bool {
-        let n = shape(z.class).pages_per_zspage;
+        let n = shape(z.class()).pages_per_zspage;
+        let mut pages = [NONE; MAX_CHAIN];
         let mut pfn = z.first;
         for k in 0..n {
-            if pfn >= capacity || z.pages[..k].contains(&pfn) {
+            if pfn >= capacity || pages[..k].contains(&pfn) {
                 return false;
             }
-            z.pages[k] = pfn;
+            pages[k] = pfn;
             pfn = self.arena.desc(pfn).next.load(Relaxed);
         }
-        z.n_pages = n;
+        z.n_pages = n as u8;
         pfn == NONE
+    }
+
+    /// The pages of zspage `z`, whose chain `walk_chain` has checked.
+    fn chain(&self, z: &Zspage) -> impl Iterator<Item = u32> + '_ {
+        let mut pfn = z.first;
+        (0..z.n_pages).map(move |_| {
+            let p = pfn;
+            pfn = self.arena.desc(p).next.load(Relaxed);
+            p
+        })
     }
 
     /// Whether the object `c` claims has a header naming `c.owner` (a huge page: its descriptor).
     fn header_names(&self, z: &Zspage, c: &Claim) -> bool {
-        if z.class == HUGE_CLASS {
+        if z.class() == HUGE_CLASS {
             return self.arena.desc(z.first).free_head.load(Relaxed) == c.owner;
         }
-        self.header(z.class, z.first, c.handle.obj()) == c.owner | ALLOC_TAG
+        self.header(z.class(), z.first, c.handle.obj()) == c.owner | ALLOC_TAG
     }
 
     fn header(&self, ci: usize, first: u32, obj: usize) -> u32 {
@@ -187,18 +218,19 @@ impl ZsPool {
     /// Rebuilds one accepted zspage's count, free list and place on its class's list. Returns
     /// the objects that were allocated but are claimed by no slot (now free).
     fn rebuild_zspage(&self, z: &Zspage, claims: &[Claim]) -> u64 {
-        let ci = z.class;
+        let ci = z.class();
         let shape = self.classes[ci].shape;
         let d = self.arena.desc(z.first);
-        let live = z.objs.len();
+        let accepted = || claims[z.claims()].iter().filter(|c| c.len != REJECTED);
+        let live = accepted().count();
         let mut orphans = 0;
         d.inuse.store(live as u32, Relaxed);
         d.list_prev.store(OFF_LIST, Relaxed);
         d.list_next.store(NONE, Relaxed);
         if ci != HUGE_CLASS {
             let mut claimed = vec![false; shape.objs_per_zspage];
-            for &k in &z.objs {
-                claimed[claims[k].handle.obj()] = true;
+            for c in accepted() {
+                claimed[c.handle.obj()] = true;
             }
             let mut head = LINK_END;
             for obj in (0..shape.objs_per_zspage).rev().filter(|&o| !claimed[o]) {
