@@ -105,15 +105,15 @@ impl ZsPool {
                 z.rejected = true;
             } else {
                 let mut last_accepted = None;
-                for k in i..j {
+                for c in &mut claims[i..j] {
                     // Two slots naming one object: its header names at most one of them.
-                    let taken = last_accepted == Some(claims[k].handle.obj());
-                    if !taken && self.header_names(&z, &claims[k]) {
-                        last_accepted = Some(claims[k].handle.obj());
+                    let taken = last_accepted == Some(c.handle.obj());
+                    if !taken && self.header_names(&z, c) {
+                        last_accepted = Some(c.handle.obj());
                         accepted += 1;
                     } else {
-                        out.rejected.push(claims[k].owner);
-                        claims[k].len = REJECTED;
+                        out.rejected.push(c.owner);
+                        c.len = REJECTED;
                     }
                 }
             }
