@@ -200,10 +200,23 @@ where
     if info.state == libublk::sys::UBLK_S_DEV_DEAD as u16 {
         return Err(Error::Options(format!("ublk device {} is stopped: nothing to take over", opts.dev_id)));
     }
-    match ctrl.start_user_recover() {
-        Ok(r) if r < 0 => return Err(Error::Ublk { context: "START_USER_RECOVERY", source: libublk::UblkError::OtherError(r) }),
-        Ok(_) => {}
-        Err(e) => return Err(Error::Ublk { context: "START_USER_RECOVERY", source: e }),
+    let started = match ctrl.start_user_recover() {
+        Ok(r) if r < 0 => Err(Error::Ublk { context: "START_USER_RECOVERY", source: libublk::UblkError::OtherError(r) }),
+        Ok(_) => Ok(()),
+        Err(e) => Err(Error::Ublk { context: "START_USER_RECOVERY", source: e }),
+    };
+    match started {
+        Ok(()) => {}
+        // A successor before this one started the recovery and died before any queue was
+        // ready: the kernel then refuses another start (EINVAL: no queue is ready), but the
+        // queues are already reset for new fetches, so the recovery goes on from there.
+        Err(e) if e.errno() == libc::EINVAL && info.state == libublk::sys::UBLK_S_DEV_QUIESCED as u16 => {
+            compcache_log::warning(
+                WHO,
+                &format!("ublk device {}: {e}: a successor before this one started the recovery and died; going on with it", opts.dev_id),
+            );
+        }
+        Err(e) => return Err(e),
     }
     let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, prepared, while_up);
     // A control opened for recovery does not delete its device when dropped: this server owns

@@ -248,6 +248,10 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     let served = match taken_id {
         Some(id) => {
             opts.dev_id = id;
+            // From here the supervisor must not give up on this process (swapon's
+            // `wait_ready_line`): a successor killed between START_USER_RECOVERY and its
+            // queues' first fetch leaves a device older kernels cannot recover again.
+            super::session::signal_progress(args.server.ready_fd, &format!("{}\n", super::session::RECOVERING));
             compcache_ublk::recover(Arc::clone(&session.store), size, &opts, prepared, while_up).map_err(|e| refused(e.to_string()))
         }
         None => compcache_ublk::serve(Arc::clone(&session.store), size, &opts, while_up).map_err(|e| {

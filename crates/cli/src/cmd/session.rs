@@ -150,6 +150,22 @@ pub fn signal_ready(fd: Option<i32>, text: &str) {
     }
 }
 
+/// What a ublk successor writes on its readiness pipe just before `START_USER_RECOVERY`: from
+/// then on its supervisor does not give up on it (swapon's `server.rs`, `wait_ready_line`).
+pub const RECOVERING: &str = "RECOVERING";
+
+/// Writes the line `text` to the readiness file descriptor `fd` and leaves it open: progress
+/// before the READY line ([`RECOVERING`]).
+pub fn signal_progress(fd: Option<i32>, text: &str) {
+    if let Some(fd) = fd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: the parent passed this descriptor to us for this use; the File is never
+        // dropped (ManuallyDrop), so the descriptor stays open for `signal_ready`.
+        let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
 /// Everything a running swap server needs around the device, shared by the front ends (ublk
 /// and nbd in `device.rs`, fuse in `fuse.rs`).
 pub(super) struct Session {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::settings::Settings;
 use super::state::{SwapState, STATE_DIR};
+use crate::cmd::session::RECOVERING;
 use crate::failure::Failure;
 use crate::frontend::Frontend;
 
@@ -178,16 +179,51 @@ pub(super) fn wait_ready(r: OwnedFd) -> Option<PathBuf> {
     wait_ready_line(r).map(PathBuf::from)
 }
 
-/// The text after "READY " on the readiness pipe.
+/// The text after "READY " on the readiness pipe; `None` if the server closed it without
+/// (it ended) or took longer than [`READY_TIMEOUT`] to write it, unless it wrote
+/// [`RECOVERING`] first: then it is waited for without a bound (logged every
+/// [`READY_TIMEOUT`]), since a ublk successor killed between `START_USER_RECOVERY` and its
+/// queues' first fetch leaves a device that kernels before 6.15 cannot recover again (the
+/// next `START_USER_RECOVERY` fails with EINVAL, or dereferences NULL in `ublk_queue_reinit`
+/// if some queue had fetched: seen on 6.12 in the VM test, a kernel panic) (docs/swap.md,
+/// "When the server dies").
 fn wait_ready_line(r: OwnedFd) -> Option<String> {
+    wait_ready_line_within(r, READY_TIMEOUT)
+}
+
+/// [`wait_ready_line`] with `timeout` for [`READY_TIMEOUT`].
+fn wait_ready_line_within(r: OwnedFd, timeout: Duration) -> Option<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(std::fs::File::from(r)).read_line(&mut line);
-        let _ = tx.send(line);
+        let mut reader = BufReader::new(std::fs::File::from(r));
+        loop {
+            let mut line = String::new();
+            let n = reader.read_line(&mut line).unwrap_or(0);
+            let last = n == 0 || line.starts_with("READY ");
+            if tx.send(line).is_err() || last {
+                return;
+            }
+        }
     });
-    let line = rx.recv_timeout(READY_TIMEOUT).ok()?;
-    line.trim().strip_prefix("READY ").map(str::to_string)
+    let start = Instant::now();
+    let mut recovering = false;
+    loop {
+        let line = match rx.recv_timeout(timeout) {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Timeout) if recovering => {
+                crate::log::warning(&format!(
+                    "the successor has been recovering its ublk device for {:.0} s; still waiting (killing it now could leave the device unrecoverable)",
+                    start.elapsed().as_secs_f64()
+                ));
+                continue;
+            }
+            Err(_) => return None,
+        };
+        match line.trim() {
+            RECOVERING => recovering = true,
+            l => return l.strip_prefix("READY ").map(str::to_string),
+        }
+    }
 }
 
 /// Whether `pid` is a live (not zombie) process.
@@ -311,6 +347,33 @@ mod tests {
     use super::super::parse_args as args;
 
     const GIB: u64 = 1 << 30;
+
+    /// A readiness pipe whose writing end `script` writes to from a thread of its own.
+    fn pipe_written(script: Vec<(u64, &'static str)>) -> OwnedFd {
+        let (r, mut w) = std::io::pipe().unwrap();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            for (after_ms, text) in script {
+                std::thread::sleep(Duration::from_millis(after_ms));
+                let _ = w.write_all(text.as_bytes());
+            }
+        });
+        OwnedFd::from(r)
+    }
+
+    #[test]
+    fn a_successor_that_says_it_is_recovering_is_waited_for_past_the_timeout() {
+        let t = Duration::from_millis(100);
+        // READY in time.
+        assert_eq!(wait_ready_line_within(pipe_written(vec![(10, "READY /dev/ublkb0\n")]), t).as_deref(), Some("/dev/ublkb0"));
+        // READY after three timeouts, but RECOVERING first: waited for.
+        let late = vec![(10, "RECOVERING\n"), (350, "READY /dev/ublkb0\n")];
+        assert_eq!(wait_ready_line_within(pipe_written(late), t).as_deref(), Some("/dev/ublkb0"));
+        // The same without RECOVERING: given up on.
+        assert_eq!(wait_ready_line_within(pipe_written(vec![(350, "READY /dev/ublkb0\n")]), t), None);
+        // RECOVERING, then the pipe closed (the successor died): not ready.
+        assert_eq!(wait_ready_line_within(pipe_written(vec![(10, "RECOVERING\n")]), t), None);
+    }
 
     #[test]
     fn the_server_gets_every_setting() {
