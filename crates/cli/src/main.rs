@@ -17,6 +17,7 @@ mod process;
 mod recompress_args;
 mod store_args;
 mod table;
+mod takeover_reserve;
 mod target;
 #[cfg(test)]
 mod test_flags;

@@ -28,6 +28,7 @@ use crate::log;
 use crate::private_file;
 use crate::process::{lock_future_mappings, pin_swap_server, StopSignals};
 use crate::store_args::{config_error_line, StoreArgs};
+use crate::takeover_reserve::{TakeoverReserve, TAKEOVER_RESERVE_BYTES};
 use crate::units::human;
 
 /// What both servers take besides the store.
@@ -101,9 +102,25 @@ pub fn wait_as_standby(fd: i32, locked: bool) -> Result<(), Failure> {
     // SAFETY: the supervisor passed this descriptor for exactly this use (`parse_standby_fd`
     // checked it is a socket); nothing else in this process owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Memory for the takeover's first allocations, given back when it begins
+    // (`takeover_reserve.rs`). Only with the memory locked: unlocked, it could be swapped out.
+    let reserve = match locked {
+        true => match TakeoverReserve::set_aside(TAKEOVER_RESERVE_BYTES) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                log::warning(&format!("standby: cannot set memory aside for the takeover: {e}"));
+                None
+            }
+        },
+        false => None,
+    };
+    let aside = reserve.as_ref().map_or(String::new(), |r| format!("{} set aside for the takeover, ", human(r.len() as u64)));
     let locked = if locked { "memory locked, " } else { "" };
-    log::info(&format!("standby pid {}: {locked}waiting for a device to take over", std::process::id()));
-    match crate::fdstore::wait_as_standby(sock.as_fd()) {
+    log::info(&format!("standby pid {}: {locked}{aside}waiting for a device to take over", std::process::id()));
+    let handed = crate::fdstore::wait_as_standby(sock.as_fd());
+    // Given back to the kernel now, as the takeover starts to allocate.
+    drop(reserve);
+    match handed {
         Ok(true) => Ok(()),
         Ok(false) => std::process::exit(0),
         Err(e) => Err(Failure::new(format!("standby: waiting for the descriptors: {e}"))),
@@ -185,17 +202,25 @@ pub(super) struct Session {
 /// What a session runs beside the device: the reserve's keeper, writeback (with a backing
 /// device: with the store fault-free, a write that finds no resident pool page overflows to
 /// the device, and this thread keeps the pool under its watermarks meanwhile) and
-/// recompression; and from then on every new mapping populated when made
-/// ([`lock_future_mappings`]).
+/// recompression; and, in a server that starts fresh, from then on every new mapping populated
+/// when made ([`lock_future_mappings`]).
 struct Background {
     reserve: Option<reserve::Reserve>,
-    mlock: bool,
+    /// Whether new mappings are to be populated and locked whole from now on: a fresh start's
+    /// (memory is plentiful). Not a takeover's: it keeps locking on fault for its whole life.
+    /// Populating is done under the process's mmap lock held for writing (`mprotect` of a new
+    /// thread's stack populates it there), and a queue thread's `madvise` (the store giving a
+    /// page back) waits for that lock: in the VM test's `global-kill` step a successor, just
+    /// serving again with memory at its shortest, started its reserve keeper so, and its main
+    /// thread sat in reclaim populating the 512 KiB stack while a queue thread waited in
+    /// `madvise` behind it and the device stopped serving (2026-11-28).
+    populate: bool,
 }
 
 impl Background {
     /// Starts it all; the error is one line.
     fn start(self, store: &Arc<Store>) -> Result<(), String> {
-        lock_future_mappings(self.mlock);
+        lock_future_mappings(self.populate);
         if let Some(keeper) = self.reserve {
             std::thread::Builder::new()
                 .name("reserve".into())
@@ -263,12 +288,13 @@ impl Session {
             keeper.prime();
             keeper
         });
-        let background = Background { reserve, mlock: !server.no_mlock };
+        let background = Background { reserve, populate: !server.no_mlock && !takeover };
         // A takeover starts its background threads only once the device serves again
-        // (`while_up_handing_over`): until then the device's I/O is held, memory may be at its
-        // shortest, and a thread's stack (populated whole once future mappings are) and heap
-        // are allocations that can wait in reclaim for the very swap-outs the device holds
-        // (docs/swap.md, "A standby, started in advance"). None of them is needed to serve.
+        // (`while_up_handing_over`, after its READY): until then the device's I/O is held,
+        // memory may be at its shortest, and a thread's stack and heap are allocations that can
+        // wait in reclaim for the very swap-outs the device holds (docs/swap.md, "A standby,
+        // started in advance"). None of them is needed to serve. And a takeover never has new
+        // mappings populated whole (`Background::populate`).
         let deferred = if takeover {
             Some(background)
         } else {
@@ -295,14 +321,6 @@ impl Session {
     ) -> Ending {
         if let Some(start) = self.start.lock().ok().and_then(|mut s| s.take()) {
             start.started();
-        }
-        // A takeover's: the device serves now. A thread that cannot start is reported; the
-        // device serves without it (its job waits: no reserve top-up, writeback or
-        // recompression).
-        if let Some(background) = self.deferred.lock().ok().and_then(|mut d| d.take()) {
-            if let Err(e) = background.start(&self.store) {
-                log::error(&format!("{e}; the device serves without it"));
-            }
         }
         let ctl = PathBuf::from(format!("/run/compcache/{name}.ctl"));
         let _ = std::fs::create_dir_all("/run/compcache");
@@ -350,6 +368,14 @@ impl Session {
             std::process::id()
         );
         signal_ready(self.server.ready_fd, &format!("READY {}\n", dev.display()));
+        // A takeover's, once the device serves and its supervisor knows it. A thread that cannot
+        // start is reported; the device serves without it (its job waits: no reserve top-up,
+        // writeback or recompression).
+        if let Some(background) = self.deferred.lock().ok().and_then(|mut d| d.take()) {
+            if let Err(e) = background.start(&self.store) {
+                log::error(&format!("{e}; the device serves without it"));
+            }
+        }
         loop {
             match self.signals.wait(alive) {
                 Some(libc::SIGUSR2) if can_hand_over => {
