@@ -249,6 +249,7 @@ pub fn start(fds: Vec<OwnedFd>, dev: Arc<Device>, spin: Duration) -> io::Result<
         let ready = ready.clone();
         let t = std::thread::Builder::new().name(format!("fuse-{i}")).spawn(move || {
             let rejects = Rejects::new("compcache-fuse");
+            compcache_store::make_stack_resident();
             let _ = ready.send(());
             drop(ready);
             serve(&fd, &dev, buf, ctx, &rejects, &wait, &gate)

@@ -113,6 +113,7 @@ pub fn start(fd: OwnedFd, dev: Arc<Device>, depth: usize) -> io::Result<Rings> {
         let (fd, dev, tx, served) = (Arc::clone(&fd), Arc::clone(&dev), tx.clone(), Arc::clone(&served));
         let t = std::thread::Builder::new().name(format!("fuse-uring-{qid}")).spawn(move || {
             pin_to_cpu(qid);
+            compcache_store::make_stack_resident();
             let mut q = match Queue::new(qid as u16, &fd, &dev, &served, depth.max(1), payload_bytes) {
                 Ok(q) => q,
                 Err(e) => {

@@ -59,3 +59,66 @@ impl Context {
         }
     }
 }
+
+/// Stack a serving thread may use to serve a request: the compressors keep their tables there
+/// (liblz4's `LZ4_compress_fast`: a 16 KiB `LZ4_stream_t`), with the store's own frames on top.
+pub const SERVING_STACK_BYTES: usize = 128 << 10;
+
+/// Makes the next [`SERVING_STACK_BYTES`] of the calling thread's stack resident, by writing
+/// them once: a thread that serves requests calls it before its first one. In a process whose
+/// new mappings are locked on fault (`mlockall(MCL_FUTURE | MCL_ONFAULT)`: a server that took a
+/// device over, docs/swap.md), a thread's stack is otherwise faulted in page by page as
+/// requests first reach deeper, and under memory pressure such a fault waits in reclaim for the
+/// very swap-outs the thread is there to serve (seen: a successor's ublk queue thread in
+/// `do_anonymous_page` -> `try_to_free_pages` while the guest was out of memory). The thread's
+/// stack must be larger (a swap server's threads have 512 KiB).
+#[inline(never)]
+pub fn make_stack_resident() {
+    let mut probe = [0u8; SERVING_STACK_BYTES];
+    for off in (0..probe.len()).step_by(4096) {
+        // SAFETY: `off` is inside the local array; a volatile write so the page is really
+        // touched (and not optimised away with the array).
+        unsafe { std::ptr::write_volatile(probe.as_mut_ptr().add(off), 1) };
+    }
+    std::hint::black_box(&probe);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The resident bytes of this process's mapping that holds `addr`.
+    fn rss_of_mapping_holding(addr: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut in_it = false;
+        for line in smaps.lines() {
+            let head = line.split_once(' ').map(|(s, _)| s).unwrap_or("");
+            if let Some((a, b)) = head.split_once('-').filter(|_| !head.ends_with(':')) {
+                let (a, b) = (usize::from_str_radix(a, 16).unwrap_or(1), usize::from_str_radix(b, 16).unwrap_or(0));
+                in_it = (a..b).contains(&addr);
+            } else if in_it && line.starts_with("Rss:") {
+                return line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024;
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    #[test]
+    fn a_serving_threads_stack_is_made_resident_before_its_first_request() {
+        // A new thread's stack, of a swap server's size: only the pages it has used are
+        // resident until the probe writes the rest of what a request may use.
+        let grown = std::thread::Builder::new()
+            .stack_size(512 << 10)
+            .spawn(|| {
+                let here = 0u8;
+                let addr = std::ptr::addr_of!(here) as usize;
+                let before = rss_of_mapping_holding(addr);
+                make_stack_resident();
+                rss_of_mapping_holding(addr) - before
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(grown >= (SERVING_STACK_BYTES - (16 << 10)) as u64, "{grown} bytes of stack made resident");
+    }
+}

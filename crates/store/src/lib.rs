@@ -81,7 +81,7 @@ pub use backing::{BackingDevice, DeviceOptions, FileDevice, GcReport, Maintenanc
 pub use cache::{FileOrigin, OriginDevice};
 pub use compress::Algorithm;
 pub use config::{physical_ram_bytes, BackingConfig, Config, DictSource, Medium, OriginConfig, RecompressConfig};
-pub use context::Context;
+pub use context::{make_stack_resident, Context, SERVING_STACK_BYTES};
 pub use error::StoreError;
 pub use latency::{Latency, LatencyHistogram};
 pub(crate) use page::PAGE;

@@ -329,6 +329,7 @@ where
 /// buffers when `prepared` brings them (`buffers.rs`).
 fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, prepared: Option<Vec<libublk::helpers::IoBuf<u8>>>) {
     let mut ctx: Context = store.context();
+    compcache_store::make_stack_resident();
     let mut bufs = prepared.unwrap_or_else(|| dev.alloc_queue_io_bufs());
     let dev_bytes = dev.tgt.dev_size;
     let io_buf_bytes = dev.dev_info.max_io_buf_bytes as usize;

@@ -309,6 +309,7 @@ fn worker<'scope, 'env, S: Stream>(scope: &'scope Scope<'scope, 'env>, crew: &'e
     let (store, conn) = (crew.store, crew.conn);
     let _unwind = FailOnPanic(conn);
     let mut ctx = store.context();
+    compcache_store::make_stack_resident();
     let mut buf = RequestBuffer::with_room(conn.request_buffer_bytes);
     // The read turn, when this worker kept it through its last request (the short path).
     let mut kept: Option<TurnGuard<'_, S>> = None;
