@@ -441,9 +441,12 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
             os.mkdir(cgroup)
             write(os.path.join(cgroup, "memory.max" if cg_version == 2 else "memory.limit_in_bytes"), 64 * MiB)
             procs = os.path.join(cgroup, "cgroup.procs")
-            proc = subprocess.Popen([scan, "-V", "-v", "-m", "cyclic", "-w", "192", "6"], stdout=subprocess.PIPE,
+            # Passes enough that the scan outlasts the kills and the restart on a fast machine
+            # (CI's did 6 passes in 8 s, and the restart never came).
+            proc = subprocess.Popen([scan, "-V", "-v", "-m", "cyclic", "-w", "192", "16"], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, preexec_fn=lambda: write(procs, os.getpid()))
             swapped_kib = []
+            restarted = False
             for i in range(6):
                 time.sleep(2)
                 if proc.poll() is not None:
@@ -452,6 +455,7 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
                 if i == 3:
                     install(other, exe)
                     run([exe, "restart", dev.dev], timeout=180)
+                    restarted = True
                 else:
                     dev.kill_server()
             out, _ = proc.communicate(timeout=900)
@@ -459,6 +463,7 @@ def test_the_kernel_swaps_through_kills_and_an_upgrade(builds):
             assert proc.returncode == 0 and "verify=ok" in out and "mismatches=0" in out, out[-3000:]
             print(f"KiB in swap on the device at each kill or restart: {swapped_kib}")
             assert max(swapped_kib, default=0) > 0, "nothing was swapped to the device"
+            assert restarted and len(swapped_kib) == 6, f"the scan ended before the kills and the restart: {swapped_kib}"
             # The supervisor locked the program a successor started from disk would run, and
             # after the restart the other build's (program_pin.rs).
             pinned = [l for l in dev.log().splitlines() if "locked the program's" in l]
