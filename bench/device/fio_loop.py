@@ -16,8 +16,11 @@ the block device the kernel would swap to, at queue depth 32 (throughput) and at
                           direct I/O: what a swap file there costs (the kernel swaps to a file's
                           blocks directly, without a loop device).
 and the ratios against zram (throughput: IOPS / zram's; latency: percentile / zram's). With
---rounds N every device runs N times, in the same order each round (this machine is shared:
-alternation spreads the load's drift), and each figure is the median over the rounds.
+--rounds N every device runs N times, in the listed order in odd rounds and the reverse order
+in even ones (this machine is shared: alternation spreads the load's drift; and a device's
+place in a round was seen to matter: in two runs of 2 rounds on 2026-11-28 the FUSE device
+run second had a 7-11 us lower QD1 p50 whichever binary it was), and each figure is the median
+over the rounds: use an even number of rounds to compare two devices.
 
 Each device is first filled (fio sequential write, 64 KiB, buffers that compress about 2:1
 with buffer_compress_percentage=50), then:
@@ -339,6 +342,12 @@ def table(results, workloads):
     return out
 
 
+def run_order(listed, rounds):
+    """The devices to run, round after round: the listed order, then the reverse, and so on
+    (module docs: a device's place in a round matters)."""
+    return [k for rnd in range(max(1, rounds)) for k in (listed if rnd % 2 == 0 else listed[::-1])]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="512M")
@@ -351,7 +360,7 @@ def main():
     ap.add_argument("--only", help="comma-separated subset: " + ",".join(KEYS))
     ap.add_argument("--workloads", help="comma-separated subset: " + ",".join(w[0] for w in WORKLOADS))
     ap.add_argument("--taskset", help="CPU list fio runs on (taskset -c)")
-    ap.add_argument("--rounds", type=int, default=1, help="runs of every device, alternating (median)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every device, in alternating order (median; even for an A/B)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("fio_loop: needs root (loop devices, FUSE mounts, zram)", file=sys.stderr)
@@ -380,7 +389,7 @@ def main():
                 "nbdfuse": lambda: NbdfuseTarget(a.bin, size_bytes, tmp),
                 "zram": lambda: ZramTarget(size_bytes),
                 "disk": lambda: DiskTarget(size_bytes, a.disk_dir)}
-        order = [k for _ in range(max(1, a.rounds)) for k in KEYS if k in wanted]
+        order = run_order([k for k in KEYS if k in wanted], a.rounds)
         for k in order:
             t = make[k]()
             try:

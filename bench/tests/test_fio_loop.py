@@ -89,3 +89,9 @@ def test_a_read_with_a_missing_event_is_left_out():
     # Without the FUSE request (say, its tracepoint is missing) the read cannot be cut.
     text = "\n".join(line for line in TRACE.splitlines() if "fuse_request_send" not in line)
     assert fuse_trace.breakdown(fuse_trace.parse(text), with_loop=True) == []
+
+
+def test_rounds_alternate_the_order_so_each_device_runs_first_as_often():
+    assert fio_loop.run_order(["fuse", "fuse-base"], 4) == ["fuse", "fuse-base", "fuse-base", "fuse", "fuse", "fuse-base", "fuse-base", "fuse"]
+    assert fio_loop.run_order(["fuse", "zram", "disk"], 1) == ["fuse", "zram", "disk"]
+    assert fio_loop.run_order(["zram"], 0) == ["zram"]
