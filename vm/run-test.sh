@@ -5,11 +5,10 @@
 #
 #   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
 #                             memory cgroup, ublk + global + nbd + nbd-client + fuse + backing
-#                             + cache + crash
+#                             + cache + crash + ublk-kill + nbd-kill
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
-#                             memory cgroup, ublk + global + nbd + nbd-client + fuse + backing
-#                             + cache + crash
-#   options: --frontends ublk,global,nbd,nbd-client,fuse,backing,cache,crash   (fuse:
+#                             memory cgroup, the same steps, 8 SIGKILLs in each kill step
+#   options: --frontends ublk,global,nbd,nbd-client,fuse,backing,cache,crash,ublk-kill,nbd-kill   (fuse:
 #                             `compcache swapon --frontend fuse`, a file on a FUSE mount
 #                             attached to a loop device with direct I/O; cache: cache mode,
 #                             `compcache ublk --origin` over a second virtual disk (a 256 MiB
@@ -33,8 +32,9 @@
 #                             both killed, its I/O must wait and then fail once `compcache
 #                             swapoff` deletes it; global-kill: ublk-kill with the scan
 #                             over all the guest's RAM but 16 MiB, in no cgroup, as global;
-#                             none of the four in the default list)
-#            --kills N        SIGKILLs in the ublk-kill step   --nbd-kills N   in nbd-kill and global-kill (5)
+#                             ublk-orphan and global-kill are not in the default list)
+#            --kills N        SIGKILLs in the ublk-kill step (20; --quick 8)
+#            --nbd-kills N    in nbd-kill and global-kill (5; --quick 8)
 #            --mem MIB   --scan MIB   --passes N   --smp N
 #            --memcg MIB      the scan's memory cgroup limit (default 128; 0: none, the whole
 #                             guest under memory pressure; see docs/swap.md)
@@ -58,10 +58,10 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128 kills=20 nbd_kills=5
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash,ublk-kill,nbd-kill smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128 kills=20 nbd_kills=5
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=1200 ;;
+    --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=1200 kills=8 nbd_kills=8 ;;
     --frontends) frontends="$2"; shift ;;
     --mem) mem="$2"; shift ;;
     --scan) scan="$2"; shift ;;
@@ -75,7 +75,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --static) static=1 ;;
     --timeout) timeout_s="$2"; shift ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
     *) echo "run-test: unknown option $1" >&2; exit 2 ;;
   esac
   shift

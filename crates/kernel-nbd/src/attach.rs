@@ -238,10 +238,12 @@ where
 
 /// Takes over `opts.device`, attached through netlink by a server that has died: gives the
 /// kernel new connections to `server` in place of the dead ones (`NBD_CMD_RECONFIGURE`), then
-/// serves it as [`attach`] does. The kernel queued the device's I/O meanwhile (for the
-/// dead-connection timeout the first server set), and sends it on the new connections; the
-/// requests the dead server had been sent are sent again when the block layer's timer (30 s)
-/// fires for them.
+/// serves it as [`attach`] does. `opts.connections` must be the number of connections the
+/// device was made with (the kernel replaces that many; [`Attached::connections`] of the
+/// first server). The kernel queued the device's I/O meanwhile (for the dead-connection
+/// timeout the first server set), and sends it on the new connections; the requests the dead
+/// server had been sent are sent again when the block layer's timer next fires for them
+/// ([`REQUEUE_PERIOD`] on a device this crate made).
 pub fn reattach<W>(server: Arc<Server>, opts: &AttachOptions, while_up: W) -> Result<(), Error>
 where
     W: FnOnce(&Attached, &dyn Fn() -> bool),
@@ -274,10 +276,12 @@ where
     let label = format!("kernel nbd{index}");
     let mut conns = Connections { ours: Vec::new(), threads: Vec::new(), live: Arc::new(AtomicUsize::new(0)) };
     let info = conns.open(&server, 0, &label, &opts.export_name)?;
-    // Without multi-conn, one; else at least two: with one connection and no request timeout,
-    // the requests a dead server had been sent would wait for it forever (the kernel requeues
-    // them on its 30 s timer only when there is another connection).
-    let wanted = if info.flags & FLAG_CAN_MULTI_CONN != 0 { opts.connections.max(2) } else { 1 };
+    // A new device gets one connection (module docs, "One connection"); a successor replaces
+    // as many as the device was made with.
+    let wanted = match takeover {
+        true => opts.connections.max(1),
+        false => 1,
+    };
     for i in 1..wanted {
         conns.open(&server, i, &label, &opts.export_name)?;
     }
@@ -305,11 +309,14 @@ where
         Attached { dev_path: dev_path.clone(), index, size_bytes: info.size, connections: wanted, flags: info.flags, survives: true };
     let none_done = AtomicBool::new(false);
     let up = wait_for_size(index, &none_done);
-    // A successor leaves the cap the first server set: the queue's limits outlive the
-    // connections, and writing the sysfs knob freezes the queue, which waits for every request
-    // in flight, including those the dead server had been sent (up to the 30 s timer).
-    if let (true, Some(max), false) = (up, opts.max_request_bytes, takeover) {
-        cap_requests(index, max, &name);
+    // A successor leaves the cap and the timer's period the first server set: the queue's
+    // settings outlive the connections, and writing a sysfs knob freezes the queue, which
+    // waits for every request in flight, including those the dead server had been sent.
+    if up && !takeover {
+        if let Some(max) = opts.max_request_bytes {
+            cap_requests(index, max, &name);
+        }
+        set_requeue_period(index, &name);
     }
     let live = Arc::clone(&conns.live);
     let alive = || live.load(Ordering::SeqCst) > 0;
@@ -368,6 +375,29 @@ fn reconnect(nl: &mut Nbd, conns: &mut Connections, server: &Arc<Server>, index:
     }
 }
 
+/// How often the block layer's timer looks at a request in flight on a device attached
+/// through netlink (its `queue/io_timeout`). With one connection and no request timeout (the
+/// kernel's "timeout=0": module docs, "One connection") the timer never fails a request and
+/// never cuts a live connection: it logs "Possible stuck request" and, if the connection the
+/// request was sent on has been replaced since (a successor reconnected), sends it again on
+/// the new one. So it bounds how long the requests a dead server had read wait after a
+/// successor reconnects (the default period is 30 s).
+pub const REQUEUE_PERIOD: Duration = Duration::from_secs(2);
+
+/// Sets the device's timer period to [`REQUEUE_PERIOD`]; a failure is a warning (the requests
+/// a dead server had read then wait for the kernel's default period, 30 s).
+fn set_requeue_period(index: u32, name: &str) {
+    let knob = format!("/sys/block/nbd{index}/queue/io_timeout");
+    if let Err(e) = std::fs::write(&knob, format!("{}\n", REQUEUE_PERIOD.as_millis())) {
+        compcache_log::warning(
+            WHO,
+            &format!(
+                "cannot set {name}'s request timer to {REQUEUE_PERIOD:?} ({knob}: {e}); after a takeover the requests the dead server had read wait up to 30 s"
+            ),
+        );
+    }
+}
+
 /// Caps the kernel's requests at `max` bytes: no request larger than this comes.
 fn cap_requests(index: u32, max: u32, name: &str) {
     let knob = format!("/sys/block/nbd{index}/queue/max_sectors_kb");
@@ -413,9 +443,11 @@ where
     // a free device, so an error here means nothing.
     let _ = nbd_ioctl(&dev, NBD_CLEAR_SOCK, 0);
     nbd_ioctl(&dev, NBD_SET_FLAGS, info.flags as libc::c_ulong).map_err(ioctl_err("NBD_SET_FLAGS"))?;
-    // No NBD_SET_TIMEOUT: a request waits for the server however long it takes (the server
-    // is this process, and a slow reply under memory pressure is not a dead server). A dead
-    // server closes its sockets, which fails the requests at once.
+    // No NBD_SET_TIMEOUT: with one connection a request waits for the server however long it
+    // takes (the server is this process, and a slow reply under memory pressure is not a dead
+    // server); with more, the kernel's timer still sends a request older than 30 s again on
+    // another connection (module docs, "One connection"). A dead server closes its sockets,
+    // which fails the requests at once.
     for s in &conns.ours {
         nbd_ioctl(&dev, NBD_SET_SOCK, s.as_raw_fd() as libc::c_ulong).map_err(ioctl_err("NBD_SET_SOCK"))?;
     }

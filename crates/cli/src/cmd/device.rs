@@ -122,6 +122,18 @@ fn record_value<T: std::str::FromStr>(text: &str, key: &str) -> Result<T, String
         .ok_or_else(|| format!("the record has no valid {key}= line: {:?}", text.trim()))
 }
 
+/// How many connections the nbd device named in a held record has: its `connections=` line;
+/// a record without one is from a version that always made two.
+fn nbd_connections(record: &str) -> Result<usize, String> {
+    match record.lines().any(|l| l.starts_with("connections=")) {
+        true => record_value::<usize>(record, "connections").and_then(|n| match n {
+            1..=64 => Ok(n),
+            _ => Err(format!("the record's connections={n} is not 1 to 64")),
+        }),
+        false => Ok(2),
+    }
+}
+
 /// Gives the holder the state and a record (`record_name`, `text`); the error is one line.
 fn hold(state: Option<std::os::fd::BorrowedFd<'_>>, record_name: &str, record: &std::ffi::CStr, text: &str) -> std::io::Result<()> {
     let state = state.ok_or_else(|| std::io::Error::other("the store's state does not outlive the process"))?;
@@ -152,8 +164,9 @@ pub struct NbdAttachArgs {
     /// The NBD device to use [default: the first free /dev/nbdN].
     #[arg(long, value_name = "PATH")]
     pub device: Option<PathBuf>,
-    /// Connections (kernel hardware queues) [default: one per CPU, at most 8; at least 2 when
-    /// the device can be taken over].
+    /// Connections (kernel hardware queues) [default: one per CPU, at most 8]. A device that
+    /// can be taken over (its state held for a successor) always has one (docs/swap.md, "Kernel
+    /// NBD: the requests in flight at a kill").
     #[arg(long, value_name = "N")]
     pub connections: Option<usize>,
     /// When the store's state is held for a successor (a supervisor, systemd's file descriptor
@@ -271,13 +284,15 @@ pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     super::session::wait_if_standby(&args.server, args.takeover)?;
     let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
     // Before any thread exists (the environment is read and cleared).
-    let (state, taken_index) = match args.takeover {
+    let (state, taken) = match args.takeover {
         true => {
             let (state, record) = take_handed(FD_NBD).map_err(refused)?;
-            (Some(state), Some(record_value::<u32>(&record, "index").map_err(refused)?))
+            let index = record_value::<u32>(&record, "index").map_err(refused)?;
+            (Some(state), Some((index, nbd_connections(&record).map_err(refused)?)))
         }
         false => (None, None),
     };
+    let taken_index = taken.map(|(index, _)| index);
     let session = Session::start_with(&args.store, &args.server, Frontend::Nbd, state)?;
     let description = match session.origin() {
         Some(origin) => format!("compcache {} {} cache of {origin}", human(session.cfg.disksize_bytes), session.cfg.algorithm),
@@ -302,8 +317,14 @@ pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
         dead_conn_timeout: held.then_some(std::time::Duration::from_secs(args.dead_conn_timeout)),
         ..Default::default()
     };
-    if let Some(c) = args.connections {
-        opts.connections = c;
+    match (taken, args.connections) {
+        // The kernel replaces as many connections as the device has.
+        (Some((_, n)), _) => opts.connections = n,
+        (None, Some(n)) if held && n > 1 => log::warning(&format!(
+            "--connections {n}: a device that can be taken over has one connection (docs/swap.md, \"Kernel NBD: the requests in flight at a kill\")"
+        )),
+        (None, Some(n)) => opts.connections = n,
+        (None, None) => {}
     }
     if held {
         abort_on_panic();
@@ -312,7 +333,7 @@ pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
     let while_up = |a: &compcache_kernel_nbd::Attached, alive: &dyn Fn() -> bool| {
         let mut held = a.survives;
         if held && !takeover {
-            let text = format!("index={}\n", a.index);
+            let text = format!("index={}\nconnections={}\n", a.index, a.connections);
             if let Err(e) = hold(session.store.state_fd(), FD_NBD, c"compcache-nbd", &text) {
                 // Attached through netlink but no one to start a successor: if this server
                 // dies, its I/O fails after the dead-connection timeout.
@@ -352,6 +373,14 @@ mod tests {
         assert_eq!(record_value::<i32>(&text, "dev_id"), Ok(3));
         assert!(record_value::<u32>(&text, "index").unwrap_err().contains("index="));
         assert!(record_value::<u32>("index=x\n", "index").is_err());
+    }
+
+    #[test]
+    fn an_nbd_record_names_its_connections_and_an_old_one_had_two() {
+        assert_eq!(nbd_connections("index=0\nconnections=1\n"), Ok(1));
+        assert_eq!(nbd_connections("index=3\n"), Ok(2));
+        assert!(nbd_connections("index=0\nconnections=0\n").unwrap_err().contains("1 to 64"));
+        assert!(nbd_connections("index=0\nconnections=x\n").unwrap_err().contains("connections="));
     }
 
     #[test]
