@@ -21,6 +21,8 @@ the client, connected with `reconnect-delay`:
   and leaves it as it was; SIGTERM still stops a successor and removes its socket files;
 - with no successor and the holder gone too, reads fail with an I/O error, never wrong data;
 - `--listen` (TCP): the TCP listener is handed over too, and qemu-io reconnects over TCP;
+- `--metrics`: its listener is handed over too; a scrape that connects while no server runs
+  is answered by the successor;
 - `compcache supervise -- serve`: the supervisor as the holder, four SIGKILLs and a hand-over
   under the same qemu-io traffic (root: the supervisor locks its memory).
 
@@ -342,6 +344,49 @@ def test_the_tcp_listener_is_handed_over_too(compcache_bin):
             out, _ = qemu.communicate(timeout=60)
         assert qemu.returncode == 0 and "failed" not in out and out.count("read 1048576/1048576") == 1, out
         assert h.text().count(f"tcp:127.0.0.1:{port}") == 2, h.text()
+    finally:
+        h.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(sock):
+    """Sends GET /metrics on the connected `sock` and returns the whole answer."""
+    sock.sendall(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data.decode(errors="replace")
+
+
+def test_the_metrics_port_is_held_across_a_takeover(compcache_bin):
+    """`--metrics`: the listener is given to the holder with the others; while no server runs
+    a scrape connects (it waits in the backlog, the port is never free for another program)
+    and the successor answers it on the same listener; the holder keeps one such descriptor."""
+    port = free_port()
+    h = Holder(compcache_bin, extra=["--metrics", f"127.0.0.1:{port}"])
+    try:
+        h.start_ok()
+        assert "compcache-metrics-listen" in h.names(), h.names()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            assert "compcache_disksize_bytes" in http_get(c)
+        h.kill()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            c.settimeout(60)
+            h.start_ok(takeover=True)
+            answer = http_get(c)
+        assert answer.startswith("HTTP/1.") and " 200 " in answer.splitlines()[0], answer[:300]
+        assert "compcache_disksize_bytes" in answer
+        assert [n for n, _ in h.held].count("compcache-metrics-listen") == 1, h.held
+        # A second takeover, and the port still answers.
+        h.kill()
+        h.start_ok(takeover=True)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            assert "compcache_disksize_bytes" in http_get(c)
     finally:
         h.close()
 

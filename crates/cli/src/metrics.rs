@@ -25,8 +25,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit as PromUnit};
 use serde_json::Value;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 /// The statistics that only grow (counters); every other field is a gauge.
 const COUNTERS: &[&str] = &[
@@ -200,14 +201,67 @@ pub fn parse_metrics_addr(text: &str) -> Result<SocketAddr, String> {
     port_or_address("--metrics", text, 9100).map_err(|f| f.to_string())
 }
 
+/// The name a server whose device can be taken over gives its `--metrics` listener under to
+/// its holder (`FDSTORE=1`), and a successor finds it under: the port stays bound, and
+/// answers after a takeover, without a moment in which another program could take it.
+pub const FD_METRICS_LISTEN: &str = "compcache-metrics-listen";
+
+/// A `--metrics` listener handed to this process (a successor's), until [`serve_http`] takes
+/// it. Set once, before any thread runs, by the code that reads the handed descriptors.
+static HANDED: Mutex<Option<TcpListener>> = Mutex::new(None);
+
+/// Keeps a handed [`FD_METRICS_LISTEN`] descriptor for [`serve_http`]. One that is not a TCP
+/// listener is refused with the reason (the successor then binds its own).
+pub fn adopt_handed(fd: OwnedFd) -> Result<(), String> {
+    let listener = TcpListener::from(fd);
+    match listener.local_addr() {
+        Ok(_) => {
+            *HANDED.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener);
+            Ok(())
+        }
+        Err(e) => Err(format!("the handed {FD_METRICS_LISTEN} is not a TCP socket ({e}); not used")),
+    }
+}
+
+/// The handed listener if it listens on `addr` (any port if `addr`'s is 0).
+fn handed_for(addr: SocketAddr) -> Option<TcpListener> {
+    let l = HANDED.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    let bound = l.local_addr().ok()?;
+    if bound.ip() == addr.ip() && (addr.port() == 0 || bound.port() == addr.port()) {
+        return Some(l);
+    }
+    crate::log::info(&format!(
+        "the handed metrics listener is on {bound}, --metrics asks for {addr}: serving on {addr}, the other is given back"
+    ));
+    let _ = crate::fdstore::notify(&format!("FDSTOREREMOVE=1\nFDNAME={FD_METRICS_LISTEN}\n"), &[]);
+    None
+}
+
 /// Serves `GET /metrics` (the device of `state`, [`render`]ed) on `addr` from a thread of its
 /// own, for the life of the process; any other path is a 404 naming the right one. The
-/// listener is bound before this returns, so a taken port fails the server's start.
-pub fn serve_http(addr: SocketAddr, state: Arc<ControlState>) -> Result<(), Failure> {
+/// listener is bound before this returns, so a taken port fails the server's start. With
+/// `held` (the device can be taken over), the listener is a handed one (a successor's) or is
+/// given to the holder once bound ([`FD_METRICS_LISTEN`]).
+pub fn serve_http(addr: SocketAddr, state: Arc<ControlState>, held: bool) -> Result<(), Failure> {
     if !addr.ip().is_loopback() {
         crate::log::warning(&format!("--metrics {addr}: not a loopback address; whoever can reach it sees this device's statistics"));
     }
-    let server = tiny_http::Server::http(addr).map_err(|e| Failure::new(format!("--metrics {addr}: cannot listen: {e}")))?;
+    let listener = match handed_for(addr) {
+        Some(l) => l,
+        None => {
+            let l = TcpListener::bind(addr).map_err(|e| Failure::new(format!("--metrics {addr}: cannot listen: {e}")))?;
+            if held {
+                if let Err(e) = crate::fdstore::store(FD_METRICS_LISTEN, &[l.as_fd()]) {
+                    crate::log::warning(&format!(
+                        "giving the holder the metrics listener: {e}; after a takeover the successor binds {addr} again"
+                    ));
+                }
+            }
+            l
+        }
+    };
+    let server =
+        tiny_http::Server::from_listener(listener, None).map_err(|e| Failure::new(format!("--metrics {addr}: cannot listen: {e}")))?;
     let content_type = tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE).expect("a valid header");
     std::thread::Builder::new()
         .name("metrics".into())

@@ -105,6 +105,7 @@ fn take_handed(record_name: &str) -> Result<(OwnedFd, String), String> {
         match name.as_str() {
             n if n == FD_STORE => state = Some(fd),
             n if n == record_name => record = Some(fd),
+            crate::metrics::FD_METRICS_LISTEN => crate::metrics::adopt_handed(fd).unwrap_or_else(|e| log::warning(&e)),
             // Another program's, or a later version's: not ours to use.
             _ => {}
         }

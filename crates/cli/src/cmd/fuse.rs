@@ -109,6 +109,7 @@ impl Handed {
                 FD_STORE => state = Some(fd),
                 FD_INIT => record = Some(fd),
                 FD_FUSE => fuse.push(fd),
+                crate::metrics::FD_METRICS_LISTEN => crate::metrics::adopt_handed(fd).unwrap_or_else(|e| crate::log::warning(&e)),
                 // Another program's, or a later version's: not ours to use.
                 _ => {}
             }

@@ -172,6 +172,7 @@ impl Handed {
                     libc::AF_UNIX => control = Some(UnixListener::from(fd)),
                     _ => return Err(format!("{FD_CONTROL_LISTEN} is not a Unix socket")),
                 },
+                crate::metrics::FD_METRICS_LISTEN => crate::metrics::adopt_handed(fd).unwrap_or_else(|e| log::warning(&e)),
                 // Another program's, or a later version's: not ours to use.
                 _ => {}
             }
@@ -406,7 +407,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     }
     let state = Arc::new(ControlState { store: store.clone(), device: device.clone() });
     if let Some(addr) = args.metrics {
-        crate::metrics::serve_http(addr, Arc::clone(&state))?;
+        crate::metrics::serve_http(addr, Arc::clone(&state), held)?;
     }
     let g = gate.clone();
     spawn("control", tx, move || Event::AcceptEnded("control socket", control::serve_until(state, &control_listener, &g)));

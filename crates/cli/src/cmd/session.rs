@@ -341,7 +341,7 @@ impl Session {
         });
         // The device is up: a metrics endpoint that cannot start is reported, not fatal.
         if let Some(addr) = self.server.metrics {
-            if let Err(e) = crate::metrics::serve_http(addr, Arc::clone(&state)) {
+            if let Err(e) = crate::metrics::serve_http(addr, Arc::clone(&state), can_hand_over) {
                 log::warning(&format!("{e}; the device serves without metrics"));
             }
         }
