@@ -158,6 +158,30 @@ impl StateMap {
     }
 }
 
+impl StateMap {
+    /// Frees the memory of `len` bytes at `offset` (page-aligned) with
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: unlike `MADV_REMOVE` it works under `mlock`. The
+    /// bytes read as zeros afterwards; a thread reading them meanwhile sees old bytes or zeros
+    /// (and its read faults a zero page back in), so callers free only bytes no reader trusts.
+    pub fn punch(&self, offset: usize, len: usize) -> io::Result<()> {
+        assert!(offset % crate::PAGE_SIZE == 0 && offset + len <= self.len, "punch {offset}+{len} outside the state file");
+        // SAFETY: a plain syscall on our descriptor; it changes file contents, which every
+        // user of this range reads through atomics (no reference to plain bytes is live).
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
 /// This process's claim on the state file `fd` (module docs): a POSIX write lock on its first
 /// byte. Refused, with the holder's pid, while another live process holds it.
 fn claim(fd: BorrowedFd<'_>) -> io::Result<()> {

@@ -49,9 +49,9 @@ use crate::stats::{BackingGauges, Counters, Gauges, RecompressGauges, Stats};
 use crate::zspool::PoolFull;
 use crate::{RecoveryReport, PAGE, PAGE_SIZE};
 
-/// Why a store with the cold tier or an origin is not taken over.
-const NOT_KEPT: &str = "a device with the cold tier or an origin (cache mode) cannot be taken over by a successor: part of \
-                        its state (the cold tier's blocks, the cache's state) is not in the state file";
+/// Why a store with an origin is not taken over.
+const NOT_KEPT: &str = "a device with an origin (cache mode) cannot be taken over by a successor: part of \
+                        its state (the cache's state) is not in the state file";
 
 /// A compressed RAM block device. Share it between threads in an `Arc`; give each worker
 /// thread its own [`Context`].
@@ -80,9 +80,10 @@ impl Store {
             let origin = FileOrigin::open(&o.path)?;
             return Store::with_origin(cfg, Box::new(origin));
         }
+        // The cold tier's device is made in the state file, once it exists (`build`).
         let dev = match &cfg.backing {
-            Some(b) => Some(Backing::open_device(b, cfg.disksize_bytes)?),
-            None => None,
+            Some(b) if !b.in_ram() => Some(Backing::open_device(b, cfg.disksize_bytes)?),
+            _ => None,
         };
         Store::build(cfg, dev, None)
     }
@@ -134,11 +135,13 @@ impl Store {
     /// is wrong; the file is then untouched. With a backing file or block device, the device
     /// at `cfg.backing.path` must be the one the file names (`backing/keep.rs`): it is reopened
     /// without being discarded and its records are vouched for by the slots that name them.
-    /// Stores with the cold tier or an origin (cache mode) are not taken over: part of their
-    /// state is not in the file ([`Store::state_fd`]).
+    /// With the cold tier, its blocks are in the file too (`backing/blocks.rs`): the write a
+    /// dead process had in flight is undone, every published block is served. Stores with an
+    /// origin (cache mode) are not taken over: part of their state is not in the file
+    /// ([`Store::state_fd`]).
     pub fn recover(cfg: Config, fd: OwnedFd) -> Result<(Store, RecoveryReport), StoreError> {
         cfg.validate()?;
-        if cfg.origin.is_some() || cfg.backing.as_ref().is_some_and(|b| b.in_ram()) {
+        if cfg.origin.is_some() {
             return Err(StoreError::Config(NOT_KEPT.into()));
         }
         let refused = |e: String| StoreError::Config(format!("cannot take the device over: {e}"));
@@ -148,10 +151,8 @@ impl Store {
         let backing = match (&cfg.backing, opened.tier_region()) {
             (Some(b), Some(region)) => Some(Backing::take_over(b, &region).map_err(refused)?),
             (Some(b), None) => {
-                return Err(refused(format!(
-                    "the state file is of a device without a backing device, the configuration has {}",
-                    b.path.display()
-                )))
+                let what = if b.in_ram() { "the cold tier".to_string() } else { b.path.display().to_string() };
+                return Err(refused(format!("the state file is of a device without a backing device, the configuration has {what}")));
             }
             (None, Some(_)) => {
                 return Err(refused("the state file is of a device with a backing device: configure it (--backing PATH)".into()))
@@ -159,7 +160,8 @@ impl Store {
             (None, None) => None,
         };
         let claims = backing.as_ref().map(|b| b as &dyn KeptRecords);
-        let (ram, report) = opened.recover(cfg.mem_limit_bytes, claims).map_err(refused)?;
+        let (ram, mut report) = opened.recover(cfg.mem_limit_bytes, claims).map_err(refused)?;
+        report.cold_writes_undone = backing.as_ref().map_or(0, |b| b.cold_writes_undone);
         let store = Store::build_over(cfg, ram, backing, None)?;
         if let Some(b) = &store.backing {
             b.taken_over();
@@ -171,10 +173,11 @@ impl Store {
     /// (a supervisor, systemd's file-descriptor store) and a successor can take the device over
     /// with [`Store::recover`] after this process dies. With a backing file or block device the
     /// file also holds what the tier needs (`backing/keep.rs`: the run's key, the segments'
-    /// generations, the device's identity), and the records stay on the device. `None` for a
-    /// store whose state is not all in it (the cold tier: its blocks; a backing device given
-    /// as an object, which no successor can open again; cache mode): such a store dies with
-    /// its process, and its successor would have nothing to serve.
+    /// generations, the device's identity), and the records stay on the device; with the cold
+    /// tier, its compressed blocks and dictionary are in the file too (`backing/blocks.rs`).
+    /// `None` for a store whose state is not all in it (a backing device given as an object,
+    /// which no successor can open again; cache mode): such a store dies with its process, and
+    /// its successor would have nothing to serve.
     pub fn state_fd(&self) -> Option<BorrowedFd<'_>> {
         let kept = self.backing.as_ref().is_none_or(Backing::is_kept);
         (kept && self.cache.is_none()).then(|| self.ram.state_fd())
@@ -210,7 +213,7 @@ impl Store {
 
     fn build(cfg: Config, dev: Option<Box<dyn BackingDevice>>, cache: Option<Cache>) -> Result<Store, StoreError> {
         let tier_bytes = match (&cfg.backing, &dev) {
-            (Some(b), Some(d)) => Backing::kept_bytes(b, &**d),
+            (Some(b), d) => Backing::kept_bytes(b, d.as_deref()),
             _ => 0,
         };
         let ram = Ram::new(cfg.disksize_bytes / PAGE, cfg.mem_limit_bytes, cfg.huge_threshold_bytes, cfg.algorithm.name(), tier_bytes)
@@ -223,6 +226,7 @@ impl Store {
             })?;
         let backing = match (&cfg.backing, dev) {
             (Some(b), Some(d)) => Some(Backing::with_device(b, d, ram.tier_region())?),
+            (Some(b), None) => Some(Backing::cold(b, &ram.tier_region().expect("kept_bytes sized the cold tier's region"))?),
             _ => None,
         };
         Store::build_over(cfg, ram, backing, cache)

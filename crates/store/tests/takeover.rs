@@ -21,7 +21,13 @@
 //!   slots name, maintains the device itself, and hands it over to the next child
 //!   (`Store::hand_over`). `COMPCACHE_KILLS` kills (default 300, a few tens of seconds);
 //!   refusals: another file, a resized file, a device closed by its server, a configuration
-//!   without the device, the cold tier.
+//!   without the device;
+//! - the same over a store with the cold tier (`cold_*`, issue 29: its blocks are in the state
+//!   file): the children write back into the tier (watermarks and idle pages: its 64 KiB
+//!   blocks are compressed, rewritten and discarded), collect its garbage and promote, with a
+//!   small `mem_limit` (a write the pool refuses is retried: requests never go to the tier);
+//!   the parent checks every page and the tier's gauges.
+//!   `COMPCACHE_KILLS` kills (default 300).
 
 mod common;
 
@@ -63,11 +69,24 @@ fn backing_config(path: &std::path::Path, encrypt: bool) -> Config {
     Config { mem_limit_bytes: 256 * PAGE as u64, backing: Some(b), ..Config::with_disksize(PAGES * PAGE as u64) }
 }
 
+/// The cold tier's configuration: 2 MiB of pool for an 8 MiB device, so writeback runs by the
+/// watermarks as well as by idle pages; a tier of 32 MiB in segments of 256 KiB (four blocks),
+/// so GC has victims; zstd level 3 (the level changes nothing here but the time).
+fn cold_config() -> Config {
+    let mut b = BackingConfig::in_memory(32 << 20);
+    b.segment_bytes = 256 << 10;
+    b.medium = compcache_store::Medium::Memory { level: 3 };
+    b.high_pct = 60;
+    b.low_pct = 40;
+    Config { mem_limit_bytes: 512 * PAGE as u64, backing: Some(b), ..Config::with_disksize(PAGES * PAGE as u64) }
+}
+
 /// Which store a test (and its children) runs.
 #[derive(Clone)]
 enum Mode {
     Ram,
     Backing(std::path::PathBuf),
+    Cold,
 }
 
 impl Mode {
@@ -75,25 +94,31 @@ impl Mode {
         match self {
             Mode::Ram => config(),
             Mode::Backing(p) => backing_config(p, true),
+            Mode::Cold => cold_config(),
         }
     }
     fn arg(&self) -> String {
         match self {
             Mode::Ram => "-".into(),
             Mode::Backing(p) => p.display().to_string(),
+            Mode::Cold => "cold".into(),
         }
     }
     fn from_arg(a: &str) -> Mode {
-        if a == "-" {
-            Mode::Ram
-        } else {
-            Mode::Backing(a.into())
+        match a {
+            "-" => Mode::Ram,
+            "cold" => Mode::Cold,
+            _ => Mode::Backing(a.into()),
         }
+    }
+    /// A backing tier: a file or the cold tier.
+    fn tiered(&self) -> bool {
+        !matches!(self, Mode::Ram)
     }
 }
 
 /// Words of the progress page where a backing child publishes its tier's counters (overflow,
-/// writeback, GC, promotion: pages since it took over).
+/// writeback, GC, promotion: pages since it took over; then the device's writes).
 const TIER_WORDS: usize = 100;
 
 /// What writer `t`'s op `n` does: (page, Some(content) | None for a discard).
@@ -167,7 +192,7 @@ fn child(seed: u64, mode: Mode) -> ! {
     let (store, _) = Store::recover(mode.config(), state).expect("the child takes the device over");
     std::thread::scope(|s| {
         for t in 0..WRITERS {
-            let (store, progress) = (&store, &progress);
+            let (store, progress, mode) = (&store, &progress, &mode);
             s.spawn(move || {
                 let mut ctx = store.context();
                 let mut n = progress.done(t).load(Relaxed);
@@ -176,6 +201,13 @@ fn child(seed: u64, mode: Mode) -> ! {
                     progress.started(t).store(n + 1, SeqCst);
                     match c {
                         None => store.discard_page(index),
+                        // With the cold tier a write the pool has no room for fails (requests
+                        // never go to the tier) until writeback makes room: the op is retried.
+                        Some(_) if matches!(mode, Mode::Cold) => {
+                            while store.write_page(&mut ctx, index, &content(c, index)).is_err() {
+                                std::thread::sleep(Duration::from_micros(50));
+                            }
+                        }
                         Some(_) => store.write_page(&mut ctx, index, &content(c, index)).expect("write"),
                     }
                     n += 1;
@@ -193,19 +225,26 @@ fn child(seed: u64, mode: Mode) -> ! {
                 store.recompress(Duration::from_millis(5));
             });
         } else {
-            let (store, progress) = (&store, &progress);
+            let (store, progress, mode) = (&store, &progress, &mode);
             s.spawn(move || loop {
                 let budget = WritebackBudget { max_bytes: 256 << 10 };
                 store.maintain(Duration::from_millis(10));
                 store.writeback(budget);
-                store.advance_clock(10);
+                // The cold tier: pages written since the last turn go cold at the next, so its
+                // blocks are being rewritten most of the time a kill may come.
+                store.advance_clock(if matches!(mode, Mode::Cold) { 30 } else { 10 });
                 store.writeback_idle(30, budget);
                 store.gc(256 << 10);
+                std::thread::sleep(Duration::from_micros(300));
+            });
+            // The tier's counters, published every 200 µs (a kill loses at most that much).
+            s.spawn(move || loop {
                 let st = store.stats();
-                for (i, v) in [st.bd_overflow_pages, st.bd_writeback_pages, st.bd_gc_pages, st.bd_promoted_pages].into_iter().enumerate() {
+                let counts = [st.bd_overflow_pages, st.bd_writeback_pages, st.bd_gc_pages, st.bd_promoted_pages, st.bd_writes];
+                for (i, v) in counts.into_iter().enumerate() {
                     progress.word(TIER_WORDS + i).store(v, SeqCst);
                 }
-                std::thread::sleep(Duration::from_micros(300));
+                std::thread::sleep(Duration::from_micros(200));
             });
             // A reader: pages read twice within seconds are promoted back into RAM.
             s.spawn(move || {
@@ -230,7 +269,7 @@ fn main() {
         child(args[i + 1].parse().unwrap(), Mode::from_arg(&args[i + 2]));
     }
     let filter: Option<&String> = args.iter().skip(1).find(|a| !a.starts_with('-'));
-    let tests: [(&str, fn()); 8] = [
+    let tests: [(&str, fn()); 11] = [
         ("a_successor_serves_every_page_and_the_same_gauges", a_successor_serves_every_page_and_the_same_gauges),
         ("a_successor_refuses_what_it_cannot_read", a_successor_refuses_what_it_cannot_read),
         ("a_successor_refuses_a_state_still_in_use", a_successor_refuses_a_state_still_in_use),
@@ -239,6 +278,9 @@ fn main() {
         ("backing_a_successor_refuses_another_device", backing_a_successor_refuses_another_device),
         ("backing_killed_at_random_a_successor_serves_every_acknowledged_write", backing_killed_at_random),
         ("backing_block_device_a_successor_serves_every_page", backing_block_device),
+        ("cold_a_successor_serves_every_page_and_the_same_gauges", cold_a_successor_serves_every_page_and_the_same_gauges),
+        ("cold_a_successor_refuses_another_tier", cold_a_successor_refuses_another_tier),
+        ("cold_killed_at_random_a_successor_serves_every_acknowledged_write", cold_killed_at_random),
     ];
     for (name, f) in tests {
         if filter.is_some_and(|f| !name.contains(f.as_str())) {
@@ -307,9 +349,9 @@ fn a_successor_refuses_what_it_cannot_read() {
     assert!(e.contains("not a compcache state file"), "{e}");
     let cold = Config { backing: Some(BackingConfig::in_memory(4 << 20)), mem_limit_bytes: 1 << 20, ..config() };
     let b = Store::new(cold.clone()).unwrap();
-    assert!(b.state_fd().is_none(), "the cold tier's blocks are not in the file");
+    assert!(b.state_fd().is_some(), "the cold tier's blocks are in the file");
     let e = Store::recover(cold, dup(&store)).err().unwrap().to_string();
-    assert!(e.contains("cannot be taken over"), "{e}");
+    assert!(e.contains("without a backing device, the configuration has the cold tier"), "{e}");
     let dir = TempDir::new("takeover");
     let e = Store::recover(backing_config(&dir.file(), true), dup(&store)).err().unwrap().to_string();
     assert!(e.contains("without a backing device"), "{e}");
@@ -392,12 +434,16 @@ fn kill_loop(mode: Mode, default_kills: u64) {
     if let Mode::Backing(_) = mode {
         eprintln!("  records sealed with {}", if seed % 2 == 0 { "AES-256-GCM" } else { "crc32c" });
     }
+    // The cold tier: the most memory a successor found it using; kills that cut a block's
+    // write short (recovery undid it).
+    let (mut cold_mem, mut cold_cut) = (0u64, 0u64);
     let state = {
         // Over a backing file, the first store draws a key (even seeds) or a run identifier
         // (odd): the state file's seal is what a successor uses, whatever it is configured with.
         let first = match &mode {
             Mode::Ram => Store::new(config()).unwrap(),
             Mode::Backing(p) => Store::new(backing_config(p, seed % 2 == 0)).unwrap(),
+            Mode::Cold => Store::new(cold_config()).unwrap(),
         };
         let fd = dup(&first);
         leave(first);
@@ -405,7 +451,7 @@ fn kill_loop(mode: Mode, default_kills: u64) {
     };
     // The most pages a successor found on the backing device; the tier's work the children
     // did (overflow, writeback, GC, promotion: pages, summed over the children).
-    let (mut on_device, mut tier) = (0u64, [0u64; 4]);
+    let (mut on_device, mut tier) = (0u64, [0u64; 5]);
     // Time the parent spends recovering and checking (the rest is the children's).
     let (mut checking, whole) = (Duration::ZERO, Instant::now());
     let progress = Progress::create();
@@ -426,7 +472,8 @@ fn kill_loop(mode: Mode, default_kills: u64) {
     for k in 0..kills {
         let mut child = spawn_child(&exe, &state, &progress, seed, &mode);
         // Kill anywhere: during its recovery, its start, or well into its writes.
-        let delay = Duration::from_micros(rng() % 40_000);
+        // (The cold tier's children live longer: their first turns of writeback compress.)
+        let delay = Duration::from_micros(rng() % if matches!(mode, Mode::Cold) { 80_000 } else { 40_000 });
         std::thread::sleep(delay);
         // SAFETY: kill of our own child by its pid.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
@@ -441,10 +488,14 @@ fn kill_loop(mode: Mode, default_kills: u64) {
         for (i, t) in tier.iter_mut().enumerate() {
             *t += progress.word(TIER_WORDS + i).swap(0, SeqCst);
         }
-        if let Mode::Backing(_) = mode {
+        if mode.tiered() {
             let s = store.stats();
             assert_eq!(s.bd_count, report.backing_pages, "kill {k}: the device's gauges follow the slots");
             assert!(s.bd_space_bytes >= s.bd_bytes, "kill {k}: the segments in use hold the live records: {s:?}");
+            if let Mode::Cold = mode {
+                cold_mem = cold_mem.max(s.bd_mem_bytes);
+                cold_cut += report.cold_writes_undone;
+            }
         }
         undone += report.undone;
         dicts = dicts.max(report.dicts);
@@ -506,7 +557,7 @@ fn kill_loop(mode: Mode, default_kills: u64) {
             unsure.len()
         );
         assert_eq!(s.bd_errors, 0, "kill {k}: every record the slots name verifies");
-        if matches!(mode, Mode::Backing(_)) && k % 4 == 0 {
+        if mode.tiered() && k % 4 == 0 {
             // The successor's own tier works on the taken-over segments: write back, collect,
             // and every page still reads back (every fourth kill: it costs more than the rest
             // of the check).
@@ -539,6 +590,16 @@ fn kill_loop(mode: Mode, default_kills: u64) {
         );
         if kills >= 100 {
             assert!(on_device > 0 && tier.iter().all(|&t| t > 0), "the children used the device every way before the kills: {tier:?}");
+        }
+    } else if let Mode::Cold = mode {
+        eprintln!(
+            "  cold tier: up to {on_device} pages in it at a takeover, {cold_mem} bytes of its memory; the children wrote back {}, \
+             moved by GC {} and promoted {} pages, in {} writes to the tier; {cold_cut} kills came inside a block's write, which recovery undid",
+            tier[1], tier[2], tier[3], tier[4]
+        );
+        if kills >= 100 {
+            assert!(on_device > 0 && tier[1] > 0 && tier[2] > 0 && tier[4] > 0, "the children used the tier before the kills: {tier:?}");
+            assert!(cold_cut > 0, "some kills came inside a block's write");
         }
     } else if kills >= 100 {
         assert!(recompressed > 0 && dicts > 0, "the children recompressed and trained dictionaries before a kill");
@@ -700,4 +761,117 @@ fn backing_block_device() {
     drop(Store::new(backing_config(&dir.file(), true)).unwrap());
     let e = Store::recover(backing_config(&dir.file(), true), fd).err().unwrap().to_string();
     assert!(e.contains("records are on block device"), "{e}");
+}
+
+fn cold_killed_at_random() {
+    kill_loop(Mode::Cold, 300);
+}
+
+/// The cold tier handed over cleanly: every page, the same gauges, the tier's memory counted
+/// the same; and the successor goes on (writeback, GC, rewrites).
+fn cold_a_successor_serves_every_page_and_the_same_gauges() {
+    let cfg = cold_config();
+    let store = Store::new(cfg.clone()).unwrap();
+    assert!(store.state_fd().is_some(), "the cold tier's blocks are in the state file");
+    let mut ctx = store.context();
+    let kinds = [Kind::Text, Kind::Random, Kind::Same, Kind::Zero, Kind::Mixed];
+    for i in 0..PAGES {
+        // Idle writeback makes room as the pool fills (requests never go to the tier).
+        while store.write_page(&mut ctx, i, &page(kinds[i as usize % 5], i, 1)).is_err() {
+            store.advance_clock(60);
+            store.writeback_idle(30, WritebackBudget { max_bytes: 1 << 20 });
+        }
+    }
+    for i in (0..PAGES).step_by(3) {
+        store.discard_page(i);
+    }
+    store.advance_clock(60);
+    store.writeback_idle(30, WritebackBudget { max_bytes: u64::MAX });
+    store.gc(u64::MAX);
+    let before = store.stats();
+    assert!(before.bd_count > PAGES / 4, "most pages went cold: {before:?}");
+    let fd = dup(&store);
+    drop(ctx);
+    store.hand_over();
+    drop(store);
+    let (store, report) = Store::recover(cfg.clone(), fd).unwrap();
+    assert_eq!((report.lost_pages, report.backing_pages), (0, before.bd_count), "{report}");
+    let after = store.stats();
+    assert_eq!(
+        (after.pages_stored, after.compr_data_size, after.same_pages, after.bd_count, after.bd_bytes),
+        (before.pages_stored, before.compr_data_size, before.same_pages, before.bd_count, before.bd_bytes)
+    );
+    // The blobs, table and dictionary are counted the same; the dead writer's buffers are not.
+    assert!(after.bd_mem_bytes <= before.bd_mem_bytes && after.bd_mem_bytes > before.bd_mem_bytes / 2, "{after:?} {before:?}");
+    let mut ctx = store.context();
+    let mut out = vec![0u8; PAGE];
+    for i in 0..PAGES {
+        store.read_page(&mut ctx, i, &mut out).unwrap();
+        let want = if i % 3 == 0 { vec![0u8; PAGE] } else { page(kinds[i as usize % 5], i, 1) };
+        assert!(out == want, "page {i}");
+    }
+    for i in 0..PAGES {
+        while store.write_page(&mut ctx, i, &page(Kind::Text, i, 2)).is_err() {
+            store.advance_clock(60);
+            store.writeback_idle(30, WritebackBudget { max_bytes: 1 << 20 });
+        }
+    }
+    store.advance_clock(60);
+    store.writeback_idle(30, WritebackBudget { max_bytes: u64::MAX });
+    store.gc(u64::MAX);
+    for i in 0..PAGES {
+        store.read_page(&mut ctx, i, &mut out).unwrap();
+        assert!(out == page(Kind::Text, i, 2), "page {i} after rewriting");
+    }
+    assert_eq!(store.stats().bd_errors, 0);
+    // A server that stops discards the tier: no successor then.
+    let fd = dup(&store);
+    drop(ctx);
+    drop(store);
+    let e = Store::recover(cfg, fd).err().expect("refused").to_string();
+    assert!(e.contains("closed by its server"), "{e}");
+}
+
+/// A cold tier's state file is refused by a configuration with another tier or another size,
+/// in one line, and taken over afterwards: the refusals changed nothing.
+fn cold_a_successor_refuses_another_tier() {
+    let cfg = cold_config();
+    let store = Store::new(cfg.clone()).unwrap();
+    let mut ctx = store.context();
+    for i in 0..PAGES {
+        store.write_page(&mut ctx, i, &page(Kind::Text, i, 1)).unwrap();
+        if i % 256 == 255 {
+            store.advance_clock(60);
+            store.writeback_idle(30, WritebackBudget { max_bytes: u64::MAX });
+        }
+    }
+    assert!(store.stats().bd_count > 0);
+    let fd = dup(&store);
+    drop(ctx);
+    store.hand_over();
+    drop(store);
+    let err = |cfg: Config| Store::recover(cfg, fd.try_clone().unwrap()).err().expect("refused").to_string();
+    let dir = TempDir::new("takeover-cold");
+    let e = err(backing_config(&dir.file(), false));
+    assert!(e.contains("is the cold tier") && !e.contains('\n'), "{e}");
+    assert!(err(config()).contains("with a backing device"));
+    let mut other = cfg.clone();
+    other.backing.as_mut().unwrap().size_bytes = 64 << 20;
+    let e = err(other);
+    assert!(e.contains("cannot take the device over"), "{e}");
+    let (store, report) = Store::recover(cfg.clone(), fd.try_clone().unwrap()).unwrap();
+    assert_eq!(report.lost_pages, 0, "{report}");
+    let mut ctx = store.context();
+    let mut out = vec![0u8; PAGE];
+    for i in 0..PAGES {
+        store.read_page(&mut ctx, i, &mut out).unwrap();
+        assert!(out == page(Kind::Text, i, 1), "page {i}");
+    }
+    // And a file's state file is refused by a cold configuration.
+    drop(ctx);
+    store.hand_over();
+    drop(store);
+    let fstore = Store::new(backing_config(&dir.file(), false)).unwrap();
+    let e = Store::recover(cfg, dup(&fstore)).err().expect("refused").to_string();
+    assert!(e.contains("a file or block device, the configuration has the cold tier"), "{e}");
 }

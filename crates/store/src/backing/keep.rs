@@ -55,6 +55,13 @@ const SEG_BYTES: usize = 11;
 const SEGMENTS: usize = 12;
 const WORDS: usize = 13;
 
+/// The identity the cold tier's part records (`Backing::cold`): no file has it (no device
+/// number is the word "coldtier"), so a file configuration never takes a cold tier over, nor
+/// the reverse.
+pub(crate) fn cold_identity(size_bytes: u64) -> Identity {
+    Identity { dev: u64::from_le_bytes(*b"coldtier"), ino: u64::MAX, rdev: u64::MAX, size_bytes }
+}
+
 /// Bytes of the region for a device of `segments` segments.
 pub(crate) fn region_bytes(segments: u64) -> usize {
     PAGE_SIZE + GenTable::words(segments) * 8
@@ -113,9 +120,9 @@ pub(crate) struct TakenOver {
     pub gens: GenTable,
 }
 
-/// Reads a dead server's region for a successor configured with segments of `seg_bytes`;
-/// the error is one line. Nothing is changed.
-pub(crate) fn take_over(region: &Region, seg_bytes: u64) -> Result<TakenOver, String> {
+/// Reads a dead server's region for a successor configured with segments of `seg_bytes`, and
+/// the cold tier (`cold`) or a file or block device; the error is one line. Nothing is changed.
+pub(crate) fn take_over(region: &Region, seg_bytes: u64, cold: bool) -> Result<TakenOver, String> {
     if region.len < region_bytes(0) {
         return Err(format!("its backing tier's region is {} bytes: it is damaged", region.len));
     }
@@ -126,11 +133,16 @@ pub(crate) fn take_over(region: &Region, seg_bytes: u64) -> Result<TakenOver, St
         CLOSED => return Err("its backing device was closed by its server (stopped, not killed): the records on it were discarded".into()),
         _ => return Err("its backing tier was never set up (its server died while starting)".into()),
     }
+    let id = Identity { dev: w(ID), ino: w(ID + 1), rdev: w(ID + 2), size_bytes: w(ID + 3) };
+    match (id == cold_identity(id.size_bytes), cold) {
+        (true, false) => return Err("its backing tier is the cold tier, the configuration has a file or block device".into()),
+        (false, true) => return Err("its backing tier is a file or block device, the configuration has the cold tier".into()),
+        _ => {}
+    }
     let segments = w(SEGMENTS);
     if w(SEG_BYTES) != seg_bytes {
         return Err(format!("its backing device has segments of {} bytes, the configuration {seg_bytes}", w(SEG_BYTES)));
     }
-    let id = Identity { dev: w(ID), ino: w(ID + 1), rdev: w(ID + 2), size_bytes: w(ID + 3) };
     if segments != id.size_bytes / seg_bytes || region_bytes(segments) > region.len {
         return Err(format!("its backing tier's region names {segments} segments of a {}-byte device: it is damaged", id.size_bytes));
     }

@@ -5,9 +5,12 @@
 //!
 //! # Blocks
 //! The device is a table of aligned blocks of [`BLOCK_BYTES`], each empty (reads as zeroes)
-//! or an immutable blob, `Arc<[u8]>`: a tag byte, then either the raw 64 KiB (`RAW`: the
-//! block did not compress below 64 KiB) or one zstd frame without checksum, content size or
-//! dictionary id (`ZSTD`, or `ZSTD_DICT` when compressed with the device's dictionary).
+//! or a blob: a tag byte, then either the raw 64 KiB (`RAW`: the block did not compress below
+//! 64 KiB) or one zstd frame without checksum, content size or dictionary id (`ZSTD`, or
+//! `ZSTD_DICT` when compressed with the device's dictionary). The blobs live in a region of a
+//! memfd (`blocks.rs`, which states the layout and the crash-consistency rules): the store's
+//! state file, so that a successor takes them over ([`MemDevice::take_over`]), or a memfd of
+//! the device's own ([`MemDevice::new`]).
 //! A write covering a whole block compresses it; a partial write decompresses the old block
 //! (or zeroes), patches it and compresses it again. A blob that does not decode to exactly
 //! 64 KiB (bad tag, length or frame) fails the read with `InvalidData`, never wrong data; the
@@ -18,38 +21,40 @@
 //! given, in order: a block patched record by record is not sampled once per record, nor
 //! its zero tail); then a dictionary of at most 16 KiB is trained on them (as 4 KiB samples,
 //! on the writer's thread, once: a failure leaves the device without one) and the samples are
-//! freed. Later blocks are compressed with it. It is installed once (a `OnceLock`) and never
-//! changes or goes while the device exists, so every `ZSTD_DICT` blob decodes; older `ZSTD`
-//! blobs decode without it. Each reading thread's decompression context holds no dictionary
+//! freed. Later blocks are compressed with it. It is installed once (a `OnceLock`, and stored
+//! in the region before any blob uses it) and never changes or goes while the device exists,
+//! so every `ZSTD_DICT` blob decodes; older `ZSTD` blobs decode without it. A successor loads
+//! the dictionary from the region; the samples are not kept, so a successor whose predecessor
+//! died before training samples its own writes from zero and trains then. Each reading thread's decompression context holds no dictionary
 //! (the call passes the device's), so one context serves every device, before and after.
 //!
 //! # Locking
-//! Each table entry has its own mutex, held only to clone or swap the `Arc`, never while
-//! compressing or decompressing. Writers (and `discard`) are serialized by the writer mutex,
-//! which also owns the compression context and the samples: a writer takes it, then for each
-//! block clones the current blob, decodes and patches and encodes it with no entry lock held,
-//! and swaps the new blob in. Hence two writers of different ranges of one block never lose
-//! each other's bytes, and a reader sees each block before or after a write, whole. Readers
-//! never take the writer mutex: a read waits at most for an `Arc` swap. The cold tier's only
+//! Writers (and `discard`) are serialized by the writer mutex, which also owns the
+//! compression context, the samples and the region's writer token (`blocks.rs` rule 1): a
+//! writer takes it, then for each block copies the current blob out, decodes and patches and
+//! encodes it, and publishes the new blob (copy-on-write). Hence two writers of different
+//! ranges of one block never lose each other's bytes, and a reader sees each block before or
+//! after a write, whole. Readers take no lock at all: they copy a blob out and retry if its
+//! entry changed meanwhile (`blocks.rs` rule 4). The cold tier's only
 //! writer is its maintenance thread (requests do not overflow into it), but any number of
 //! writers is correct: they wait for each other.
 //!
 //! # Memory ([`MemDevice::mem_bytes`], a running count)
-//! The block table; each blob's allocation (its length rounded up to 16, plus
-//! [`ALLOC_OVERHEAD`], an estimate of malloc's and the `Arc` counters' share); the dictionary
-//! (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers; its zstd
+//! The region's header page, dictionary pages and block table (8 bytes a block, counted
+//! whole); each blob's pages (its length rounded up to 4 KiB: what it makes resident in the
+//! memfd); the dictionary (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers; its zstd
 //! context while a write runs (~0.7 MiB at level 3, ~2.3 MiB at 19: made by each `write_at`
 //! and freed at its end, so an idle tier does not hold it); the samples as they fill
 //! (reserved at full size, resident as written). Not counted: each reading thread's context
-//! (one zstd decompression context and a 64 KiB buffer, ~160 KiB, made when the thread makes
-//! a store context (`prepare_reader`) or on its first read, and shared by every `MemDevice`),
-//! the warm-up frame it decodes (a few KiB, one per process), and a blob a reader still holds
-//! after it was replaced (each reading thread keeps the last blob it decoded, see `Scratch`).
+//! (one zstd decompression context and two 64 KiB buffers, ~230 KiB, made when the thread
+//! makes a store context (`prepare_reader`) or on its first read, and shared by every
+//! `MemDevice`), the warm-up frame it decodes (a few KiB, one per process), and zero pages a
+//! reader racing with a write faulted back into a freed slot (`blocks.rs` rule 5).
 //!
 //! # Costs
 //! A read decompresses each block it touches (a record: one, or two when it straddles a
-//! boundary), whatever the level: 50-100 microseconds per 64 KiB block as measured here, and
-//! no allocation on a thread that made a store context first (or after its first read); a
+//! boundary), whatever the level: 50-100 microseconds per 64 KiB block as measured here (plus
+//! copying the blob out of the region, a few microseconds), and no allocation on a thread that made a store context first (or after its first read); a
 //! thread's next read of the same, unchanged block copies from what it decoded. A write
 //! compresses each block it touches, a partial one whole: about 0.4 ms per block at level 3,
 //! 12 ms at level 19, so records should come in batches (a block written record by record is
@@ -66,36 +71,36 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use zstd::zstd_safe::{get_error_name, CCtx, CParameter, DCtx, DDict};
 
+use super::blocks::{self, Blocks, Got, WriterToken, COPY_BYTES, DICT_MAX_BYTES};
 use super::device::BackingDevice;
 use crate::compress::dict::fastcover;
+use crate::shm::{Region, StateMap};
 
 /// Bytes per compressed block (declared with the configuration, which checks segment sizes
 /// against it).
 pub use crate::config::COLD_BLOCK_BYTES as BLOCK_BYTES;
 /// Data written before the dictionary is trained (576 pages).
 pub const DICT_SAMPLE_BYTES: u64 = 576 * 4096;
-/// Estimated bytes per allocation beyond its rounded length: malloc's header and the two
-/// `Arc` counters.
-pub const ALLOC_OVERHEAD: u64 = 32;
 const BLOCK: usize = BLOCK_BYTES as usize;
-const DICT_MAX_BYTES: usize = 16 << 10;
 const SAMPLE: usize = 4096;
 const RAW: u8 = 0;
 const ZSTD: u8 = 1;
 const ZSTD_DICT: u8 = 2;
 
-type Blob = Arc<[u8]>;
+/// Gives each device a number of its own, for readers' caches (`Scratch::last`).
+static DEVICES: AtomicU64 = AtomicU64::new(1);
 
 /// A backing device in RAM, compressed in 64 KiB blocks (see the module docs).
 pub struct MemDevice {
     size_bytes: u64,
     level: i32,
-    table: Box<[Mutex<Option<Blob>>]>,
+    id: u64,
+    blocks: Blocks,
     /// The decoder's dictionary, set once by the writer before any blob uses it.
     ddict: OnceLock<DDict<'static>>,
     writer: Mutex<Writer>,
     mem: AtomicU64,
-    blocks: AtomicU64,
+    stored: AtomicU64,
     compressed: AtomicU64,
 }
 
@@ -109,8 +114,11 @@ struct Writer {
     dict: Option<Vec<u8>>,
     /// A block being patched.
     block: Box<[u8]>,
-    /// The blob being made: the tag and up to `BLOCK` bytes.
+    /// The blob being made: the tag and up to `BLOCK` bytes; also the old blob copied out
+    /// (`COPY_BYTES`) before it is decoded.
     out: Box<[u8]>,
+    /// The right to change the region (`blocks.rs` rule 1).
+    token: WriterToken,
     samples: Vec<u8>,
     sample_bytes: usize,
     /// The dictionary was trained (or failed to be, or none is wanted): no more samples.
@@ -149,15 +157,16 @@ fn make_cctx(level: i32, dict: Option<&[u8]>) -> io::Result<CCtx<'static>> {
 /// dictionary, which each call passes), and the block it decoded last.
 struct Scratch {
     dctx: DCtx<'static>,
+    /// A blob copied out of the region (`COPY_BYTES`).
+    blob: Box<[u8]>,
     /// The decoded bytes of `last`, when there is one.
     block: Box<[u8]>,
-    /// The blob `block` holds decoded: a read of another record of the same blob copies from
-    /// `block` instead of decoding again (records are written back in runs, so neighbouring
-    /// pages, which swap readahead and a multi-page request ask for together, share blocks).
-    /// Blobs are immutable and this reference keeps its allocation alive, so a blob at the same
-    /// address (`Arc::ptr_eq`) is this very blob, of this device, unchanged: a rewritten block
-    /// is a new blob and decodes again.
-    last: Option<Blob>,
+    /// The blob `block` holds decoded, as (device, block, entry bits): a read of another record
+    /// of the same blob copies from `block` instead of decoding again (records are written
+    /// back in runs, so neighbouring pages, which swap readahead and a multi-page request ask
+    /// for together, share blocks). An entry's generation changes at every publication of its
+    /// block (`blocks.rs`), so the same key is this very blob, unchanged.
+    last: Option<(u64, usize, u64)>,
 }
 
 thread_local! {
@@ -166,7 +175,12 @@ thread_local! {
 
 /// Runs `f` with this thread's scratch, made on first use (the read path's only allocation).
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-    let new = || Scratch { dctx: DCtx::create(), block: vec![0u8; BLOCK].into_boxed_slice(), last: None };
+    let new = || Scratch {
+        dctx: DCtx::create(),
+        blob: vec![0u8; COPY_BYTES].into_boxed_slice(),
+        block: vec![0u8; BLOCK].into_boxed_slice(),
+        last: None,
+    };
     SCRATCH.with(|s| match s.try_borrow_mut() {
         Ok(mut s) => f(s.get_or_insert_with(new)),
         Err(_) => f(&mut new()), // re-entered (nothing here does): a private one
@@ -224,56 +238,120 @@ fn make_warm_frame() -> io::Result<Box<[u8]>> {
     Ok(out.into_boxed_slice())
 }
 
-fn blob_mem(len: usize) -> u64 {
-    (len as u64).next_multiple_of(16) + ALLOC_OVERHEAD
-}
-
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
+/// Checks a device's size and level; returns its number of blocks.
+fn check_geometry(size_bytes: u64, level: i32) -> io::Result<usize> {
+    if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 {
+        return Err(invalid(format!(
+            "a memory device of {size_bytes} bytes: its size must be a non-zero multiple of {BLOCK_BYTES} (64 KiB); round it up"
+        )));
+    }
+    if !(1..=22).contains(&level) {
+        return Err(invalid(format!("zstd level {level} for a memory device is outside 1..=22; choose one in that range")));
+    }
+    usize::try_from(size_bytes / BLOCK_BYTES).map_err(|_| invalid(format!("{size_bytes} bytes is too large")))
+}
+
 impl MemDevice {
     /// A device of `size_bytes` (a non-zero multiple of [`BLOCK_BYTES`]) compressing at zstd
-    /// `level` (1..=22), every block empty.
+    /// `level` (1..=22), every block empty, in a memfd of its own (no successor can take it
+    /// over: the store's cold tier lives in its state file instead, [`MemDevice::create`]).
     pub fn new(size_bytes: u64, level: i32) -> io::Result<MemDevice> {
         MemDevice::with_sample_bytes(size_bytes, level, DICT_SAMPLE_BYTES as usize)
     }
 
     /// [`MemDevice::new`] training its dictionary after `sample_bytes` (0: never).
     pub(crate) fn with_sample_bytes(size_bytes: u64, level: i32, sample_bytes: usize) -> io::Result<MemDevice> {
-        if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 {
-            return Err(invalid(format!(
-                "a memory device of {size_bytes} bytes: its size must be a non-zero multiple of {BLOCK_BYTES} (64 KiB); round it up"
-            )));
+        let blocks = check_geometry(size_bytes, level)?;
+        let len = blocks::region_bytes(blocks);
+        let region = Region { map: Arc::new(StateMap::create(len)?), offset: 0, len };
+        MemDevice::create_with(&region, size_bytes, level, sample_bytes)
+    }
+
+    /// Bytes of the state file's region a device of `size_bytes` keeps its blocks in (address
+    /// space: memory is taken by the blobs' pages as they are written).
+    pub(crate) fn region_bytes(size_bytes: u64) -> usize {
+        blocks::region_bytes((size_bytes / BLOCK_BYTES) as usize)
+    }
+
+    /// A new device in `region` of a new state file ([`MemDevice::region_bytes`]).
+    pub(crate) fn create(region: &Region, size_bytes: u64, level: i32) -> io::Result<MemDevice> {
+        MemDevice::create_with(region, size_bytes, level, DICT_SAMPLE_BYTES as usize)
+    }
+
+    fn create_with(region: &Region, size_bytes: u64, level: i32, sample_bytes: usize) -> io::Result<MemDevice> {
+        let blocks = check_geometry(size_bytes, level)?;
+        if region.len < blocks::region_bytes(blocks) {
+            return Err(invalid(format!("a region of {} bytes for a memory device of {size_bytes} bytes", region.len)));
         }
-        if !(1..=22).contains(&level) {
-            return Err(invalid(format!("zstd level {level} for a memory device is outside 1..=22; choose one in that range")));
+        let (blocks, token) = Blocks::create(region, blocks);
+        MemDevice::build(size_bytes, level, blocks, token, sample_bytes, None, (0, 0, 0))
+    }
+
+    /// A dead server's device in `region` (`blocks.rs`: the write it was making is undone, its
+    /// dictionary loaded), and whether a write was undone; the error is one line. Blocks with
+    /// a corrupt entry are kept as they are: their reads fail with `InvalidData`.
+    pub(crate) fn take_over(region: &Region, size_bytes: u64, level: i32) -> Result<(MemDevice, bool), String> {
+        let blocks = check_geometry(size_bytes, level).map_err(|e| e.to_string())?;
+        let (blocks, token, o) = Blocks::open(region, blocks)?;
+        if o.corrupt > 0 {
+            compcache_log::warning(
+                "compcache",
+                &format!("cold tier: {} blocks have a corrupt entry: their pages read as errors", o.corrupt),
+            );
         }
-        let blocks = usize::try_from(size_bytes / BLOCK_BYTES).map_err(|_| invalid(format!("{size_bytes} bytes is too large")))?;
+        let counts = (o.blocks, o.blob_bytes, o.resident_bytes);
+        let dev = MemDevice::build(size_bytes, level, blocks, token, DICT_SAMPLE_BYTES as usize, o.dict, counts)
+            .map_err(|e| format!("cannot set its cold tier up: {e}"))?;
+        Ok((dev, o.cut_write))
+    }
+
+    /// `counts`: blocks stored, their blobs' bytes and their resident bytes.
+    fn build(
+        size_bytes: u64,
+        level: i32,
+        blocks: Blocks,
+        token: WriterToken,
+        sample_bytes: usize,
+        dict: Option<Vec<u8>>,
+        counts: (u64, u64, u64),
+    ) -> io::Result<MemDevice> {
         // Made once now so that a level zstd refuses fails here, not at the first write.
         make_cctx(level, None)?;
         // Made now so that a failure is the device's, not a reader's (`prepare_reader`).
         warm_frame()?;
+        let ddict = OnceLock::new();
+        if let Some(d) = &dict {
+            let dd = DDict::try_create(d).ok_or_else(|| io::Error::other("zstd could not load the kept dictionary"))?;
+            let _ = ddict.set(dd);
+        }
+        let trained = sample_bytes == 0 || dict.is_some();
         let w = Writer {
             cctx: None,
-            dict: None,
+            dict,
             block: vec![0u8; BLOCK].into_boxed_slice(),
-            out: vec![0u8; 1 + BLOCK].into_boxed_slice(),
+            out: vec![0u8; COPY_BYTES].into_boxed_slice(),
+            token,
             samples: Vec::new(),
             sample_bytes,
-            trained: sample_bytes == 0,
+            trained,
             counted: 0,
         };
-        let table: Box<[_]> = (0..blocks).map(|_| Mutex::new(None)).collect();
+        let dict_len = w.dict.as_ref().map_or(0, |d| d.len());
+        let fixed = blocks.fixed_bytes(dict_len) + ddict.get().map_or(0, |d: &DDict<'static>| d.sizeof() as u64);
         let dev = MemDevice {
             size_bytes,
             level,
-            mem: AtomicU64::new(std::mem::size_of_val(&*table) as u64),
-            table,
-            ddict: OnceLock::new(),
+            id: DEVICES.fetch_add(1, Relaxed),
+            blocks,
+            ddict,
             writer: Mutex::new(w),
-            blocks: AtomicU64::new(0),
-            compressed: AtomicU64::new(0),
+            mem: AtomicU64::new(fixed + counts.2),
+            stored: AtomicU64::new(counts.0),
+            compressed: AtomicU64::new(counts.1),
         };
         dev.recount(&mut dev.writer.lock());
         Ok(dev)
@@ -286,7 +364,7 @@ impl MemDevice {
 
     /// Blocks holding a blob.
     pub fn stored_blocks(&self) -> u64 {
-        self.blocks.load(Relaxed)
+        self.stored.load(Relaxed)
     }
 
     /// The sum of the blobs' lengths.
@@ -338,19 +416,25 @@ impl MemDevice {
         }
     }
 
-    /// Puts `blob` in block `b` (under the writer mutex) and counts the change.
-    fn install(&self, b: usize, blob: Option<Blob>) {
-        if let Some(n) = blob.as_ref().map(|x| x.len()) {
-            self.mem.fetch_add(blob_mem(n), Relaxed);
+    /// Publishes `blob` as block `b`'s, or empties it (`None`), under the writer mutex, and
+    /// counts the change.
+    fn install(&self, w: &mut Writer, b: usize, blob: Option<&[u8]>) -> io::Result<()> {
+        let old = match blob {
+            Some(x) => self.blocks.publish(&mut w.token, b, x),
+            None => self.blocks.clear(&mut w.token, b),
+        }
+        .map_err(|e| Self::corrupt(b, format_args!("the state file refused a change: {e}")))?;
+        if let Some(n) = blob.map(|x| x.len()) {
+            self.mem.fetch_add(blocks::blob_resident(n), Relaxed);
             self.compressed.fetch_add(n as u64, Relaxed);
-            self.blocks.fetch_add(1, Relaxed);
+            self.stored.fetch_add(1, Relaxed);
         }
-        let old = std::mem::replace(&mut *self.table[b].lock(), blob);
-        if let Some(n) = old.as_ref().map(|x| x.len()) {
-            self.mem.fetch_sub(blob_mem(n), Relaxed);
-            self.compressed.fetch_sub(n as u64, Relaxed);
-            self.blocks.fetch_sub(1, Relaxed);
+        if old > 0 {
+            self.mem.fetch_sub(blocks::blob_resident(old), Relaxed);
+            self.compressed.fetch_sub(old as u64, Relaxed);
+            self.stored.fetch_sub(1, Relaxed);
         }
+        Ok(())
     }
 
     /// Brings the count of the writer's own memory up to date.
@@ -366,10 +450,11 @@ impl MemDevice {
             let whole = if src.len() == BLOCK {
                 src
             } else {
-                let old = self.table[b].lock().clone();
-                match old {
-                    None => w.block.fill(0),
-                    Some(old) => with_scratch(|s| self.decode(b, &old, &mut w.block, &mut s.dctx))?,
+                // The one writer: the blob cannot change while it is copied and decoded.
+                let (_, got) = self.blocks.read(b, &mut w.out, |_, n| 0..n).map_err(|e| Self::corrupt(b, e))?;
+                match got {
+                    Got::Empty => w.block.fill(0),
+                    Got::Blob(n) => with_scratch(|s| self.decode(b, &w.out[..n], &mut w.block, &mut s.dctx))?,
                 }
                 w.block[from..from + src.len()].copy_from_slice(src);
                 &w.block
@@ -378,18 +463,21 @@ impl MemDevice {
             // stored raw; a compression error only costs the space.
             let tag = if self.has_dict() { ZSTD_DICT } else { ZSTD };
             let cctx = w.cctx.as_mut().expect("write_at made the context");
-            let blob: Blob = match cctx.compress2(&mut w.out[1..BLOCK], whole) {
+            let n = match cctx.compress2(&mut w.out[1..BLOCK], whole) {
                 Ok(n) => {
                     w.out[0] = tag;
-                    Arc::from(&w.out[..1 + n])
+                    1 + n
                 }
                 Err(_) => {
                     w.out[0] = RAW;
-                    w.out[1..].copy_from_slice(whole);
-                    Arc::from(&w.out[..])
+                    w.out[1..1 + BLOCK].copy_from_slice(whole);
+                    1 + BLOCK
                 }
             };
-            self.install(b, Some(blob));
+            let out = std::mem::take(&mut w.out);
+            let r = self.install(w, b, Some(&out[..n]));
+            w.out = out;
+            r?;
             if !w.trained {
                 if w.samples.capacity() == 0 {
                     w.samples.reserve_exact(w.sample_bytes);
@@ -417,6 +505,9 @@ impl MemDevice {
                 let _ = cctx.load_dictionary(&[]); // no half-loaded dictionary
                 return Err(format!("zstd could not load the trained dictionary: {}", get_error_name(c)));
             }
+            // Stored before any blob that needs it is published (`blocks.rs` rule 6).
+            self.blocks.set_dict(&mut w.token, &dict);
+            self.mem.fetch_add(dict.len().next_multiple_of(crate::PAGE_SIZE) as u64, Relaxed);
             w.dict = Some(dict);
             Ok(ddict)
         });
@@ -439,22 +530,36 @@ impl BackingDevice for MemDevice {
         self.check(offset, buf.len() as u64, "a read")?;
         for (b, from, r) in spans(offset, buf.len()) {
             let dst = &mut buf[r];
-            let blob = self.table[b].lock().clone();
-            match blob {
-                None => dst.fill(0),
-                Some(blob) if blob.first() == Some(&RAW) && blob.len() == 1 + BLOCK => dst.copy_from_slice(&blob[1 + from..][..dst.len()]),
-                Some(blob) if dst.len() == BLOCK => with_scratch(|s| self.decode(b, &blob, dst, &mut s.dctx))?,
-                Some(blob) => with_scratch(|s| {
-                    if !s.last.as_ref().is_some_and(|last| Arc::ptr_eq(last, &blob)) {
-                        // `block` is overwritten: it holds no blob until it decodes this one.
-                        s.last = None;
-                        self.decode(b, &blob, &mut s.block, &mut s.dctx)?;
-                        s.last = Some(blob);
-                    }
+            let part = dst.len() < BLOCK;
+            with_scratch(|s| {
+                if part && s.last == Some((self.id, b, self.blocks.current(b).bits())) {
                     dst.copy_from_slice(&s.block[from..from + dst.len()]);
-                    io::Result::Ok(())
-                })?,
-            }
+                    return Ok(());
+                }
+                // Of a raw block only the part asked for is copied out.
+                let raw = |tag: u8, n: usize| part && tag == RAW && n == 1 + BLOCK;
+                let want = |tag: u8, n: usize| if raw(tag, n) { 1 + from..1 + from + dst.len() } else { 0..n };
+                let (e, got) = self.blocks.read(b, &mut s.blob, want).map_err(|e| Self::corrupt(b, e))?;
+                let n = match got {
+                    Got::Empty => {
+                        dst.fill(0);
+                        return Ok(());
+                    }
+                    Got::Blob(n) => n,
+                };
+                if raw(s.blob[0], n) {
+                    dst.copy_from_slice(&s.blob[1 + from..][..dst.len()]);
+                } else if !part {
+                    self.decode(b, &s.blob[..n], dst, &mut s.dctx)?;
+                } else {
+                    // `block` is overwritten: it holds no blob until it decodes this one.
+                    s.last = None;
+                    self.decode(b, &s.blob[..n], &mut s.block, &mut s.dctx)?;
+                    s.last = Some((self.id, b, e.bits()));
+                    dst.copy_from_slice(&s.block[from..from + dst.len()]);
+                }
+                io::Result::Ok(())
+            })?;
         }
         Ok(())
     }
@@ -473,9 +578,9 @@ impl BackingDevice for MemDevice {
     /// Drops the blocks entirely inside the range; the partial ones at its ends keep their bytes.
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check(offset, len, "a discard")?;
-        let _w = self.writer.lock();
+        let mut w = self.writer.lock();
         for b in offset.div_ceil(BLOCK_BYTES)..(offset + len) / BLOCK_BYTES {
-            self.install(b as usize, None);
+            self.install(&mut w, b as usize, None)?;
         }
         Ok(())
     }
@@ -483,10 +588,10 @@ impl BackingDevice for MemDevice {
     /// Drops every block and the training samples (page data); keeps the dictionary.
     fn discard_all(&self) -> io::Result<()> {
         let mut w = self.writer.lock();
-        (0..self.table.len()).for_each(|b| self.install(b, None));
+        let r = (0..self.blocks.num_blocks()).try_for_each(|b| self.install(&mut w, b, None));
         w.samples = Vec::new();
         self.recount(&mut w);
-        Ok(())
+        r
     }
 
     fn describe(&self) -> String {
@@ -585,8 +690,16 @@ mod tests {
         all
     }
 
+    fn blob(d: &MemDevice, b: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; COPY_BYTES];
+        match d.blocks.read(b, &mut buf, |_, n| 0..n).unwrap() {
+            (_, Got::Empty) => None,
+            (_, Got::Blob(n)) => Some(buf[..n].to_vec()),
+        }
+    }
+
     fn blob_len(d: &MemDevice, b: usize) -> (u8, usize) {
-        d.table[b].lock().as_ref().map_or((RAW, 0), |x| (x[0], x.len()))
+        blob(d, b).map_or((RAW, 0), |x| (x[0], x.len()))
     }
 
     #[test]
@@ -661,7 +774,7 @@ mod tests {
         let d = MemDevice::new(1 << 20, 3).unwrap();
         let data = text(3 * BLOCK, 5);
         d.write_at(&data, 0).unwrap();
-        let good = d.table[0].lock().clone().unwrap();
+        let good = blob(&d, 0).unwrap();
         let bad: [Vec<u8>; 4] = [
             [&[ZSTD][..], &random(3000, 1)].concat(),
             good[..good.len() / 2].to_vec(),
@@ -669,7 +782,7 @@ mod tests {
             [&[9][..], &good[1..]].concat(),
         ];
         for (k, blob) in bad.into_iter().enumerate() {
-            *d.table[0].lock() = Some(Arc::from(blob));
+            d.blocks.publish(&mut d.writer.lock().token, 0, &blob).unwrap();
             let e = d.read_at(&mut [0u8; 100], 10).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "blob {k}: {e}");
             assert!(d.read_at(&mut vec![0u8; BLOCK + 10], 0).is_err(), "blob {k}: a read across it");
@@ -726,14 +839,15 @@ mod tests {
         // Highly compressible pages, each different.
         let page = |k: u64| [format!("page {k:08} ").as_bytes(), &b"compressible ".repeat(314)].concat()[..4096].to_vec();
         let block = |b: u64| (b * 16..b * 16 + 16).flat_map(page).collect::<Vec<u8>>();
-        // Without a dictionary: the blobs of 1 MiB cost a few KiB beyond the fixed cost (the
-        // table, the writer's buffers and its zstd context, sized by its first compression).
+        // Without a dictionary: the blobs of 1 MiB cost a page each beyond the fixed cost (the
+        // region's header and table, the writer's buffers and its zstd context, sized by its
+        // first compression): each compresses to under 4 KiB.
         let d = MemDevice::with_sample_bytes(1 << 20, 3, 0).unwrap();
         d.write_at(&block(0), 0).unwrap();
         let fixed = d.mem_bytes();
         (1..16).for_each(|b| d.write_at(&block(b), b * BLOCK_BYTES).unwrap());
         println!("fixed {fixed}, 1 MiB compressible {}", d.mem_bytes());
-        assert!(d.mem_bytes() - fixed < (1 << 20) / 32);
+        assert_eq!(d.mem_bytes() - fixed, 15 * 4096);
         // The samples are counted until the dictionary is trained, then freed.
         let d = MemDevice::new(16 << 20, 3).unwrap();
         (0..16).for_each(|b| d.write_at(&block(b), b * BLOCK_BYTES).unwrap());

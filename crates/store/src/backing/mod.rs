@@ -71,6 +71,7 @@
 //! locked page of the server's memory (`seal.rs`).
 
 mod batch;
+mod blocks;
 pub mod device;
 pub(crate) mod gc;
 mod keep;
@@ -134,6 +135,8 @@ pub(crate) struct Backing {
     leave: AtomicBool,
     /// This tier took a dead server's device over (`take_over`).
     inherited: bool,
+    /// The cold tier taken over: the dead server's unfinished block writes it undid (0 or 1).
+    pub cold_writes_undone: u64,
 }
 
 impl Drop for Backing {
@@ -171,6 +174,23 @@ pub struct MaintenanceReport {
     pub gc: GcReport,
 }
 
+/// Bytes of the cold tier's two parts of the state file: its `keep.rs` part (page-rounded),
+/// then its blocks.
+fn cold_parts(cfg: &BackingConfig) -> (usize, usize) {
+    let keep = keep::region_bytes(cfg.size_bytes / cfg.segment_bytes).next_multiple_of(crate::PAGE_SIZE);
+    (keep, memdev::MemDevice::region_bytes(cfg.size_bytes))
+}
+
+/// The cold tier's region split into its two parts (`cold_parts`); the second may be shorter
+/// than the configuration wants in a damaged or other file (checked by whoever reads it).
+fn split_cold(cfg: &BackingConfig, region: &Region) -> (Region, Region) {
+    let (keep, blocks) = cold_parts(cfg);
+    let keep_len = keep.min(region.len);
+    let first = Region { map: region.map.clone(), offset: region.offset, len: keep_len };
+    let second = Region { map: region.map.clone(), offset: region.offset + keep_len, len: blocks.min(region.len - keep_len) };
+    (first, second)
+}
+
 /// `Store::maintain`: one step of background work, called every `elapsed`: writeback within
 /// the configured rate, then GC with what is left of it.
 pub(crate) fn maintain(mv: &Mover<'_>, b: &Backing, elapsed: Duration) -> MaintenanceReport {
@@ -195,8 +215,9 @@ impl Records for Backing {
 
 impl Backing {
     /// Opens (creating if needed) the configured file or device (`device.rs` says what it
-    /// refuses), or makes the cold tier's. A device opened but then refused (too small) is
-    /// closed again, and a file this call created is removed.
+    /// refuses). A device opened but then refused (too small) is closed again, and a file this
+    /// call created is removed. (The cold tier's device is made in the state file:
+    /// [`Backing::cold`].)
     pub fn open_device(cfg: &BackingConfig, disksize_bytes: u64) -> Result<Box<dyn BackingDevice>, StoreError> {
         let opts = DeviceOptions {
             size_bytes: cfg.size_bytes,
@@ -204,11 +225,6 @@ impl Backing {
             min_bytes: MIN_SEGMENTS * cfg.segment_bytes,
             force: cfg.force,
         };
-        if let crate::config::Medium::Memory { level } = cfg.medium {
-            let dev = memdev::MemDevice::new(cfg.size_bytes, level)
-                .map_err(|e| StoreError::Config(format!("cannot make the cold tier of {} bytes: {e}", cfg.size_bytes)))?;
-            return Ok(Box::new(dev));
-        }
         let dev = FileDevice::open(&cfg.path, opts).map_err(|e| {
             StoreError::Config(format!(
                 "cannot use the backing device (at least {MIN_SEGMENTS} segments of {} bytes): {e}",
@@ -219,14 +235,40 @@ impl Backing {
         Ok(Box::new(dev))
     }
 
-    /// Bytes of the state file the tier keeps for a successor (`keep.rs`) over `dev`: 0 when
-    /// it cannot be taken over (the cold tier, whose blocks are this process's memory, or a
-    /// device no other process can open again).
-    pub fn kept_bytes(cfg: &BackingConfig, dev: &dyn BackingDevice) -> usize {
-        match (cfg.medium, dev.identity()) {
+    /// Bytes of the state file the tier keeps for a successor (`keep.rs`) over `dev`, or for
+    /// the cold tier (`dev` None): its `keep.rs` part, then its blocks (`blocks.rs`). 0 when
+    /// it cannot be taken over (a device given as an object, which no other process can open
+    /// again).
+    pub fn kept_bytes(cfg: &BackingConfig, dev: Option<&dyn BackingDevice>) -> usize {
+        match (cfg.medium, dev.and_then(|d| d.identity())) {
             (crate::config::Medium::File, Some(id)) => keep::region_bytes(id.size_bytes / cfg.segment_bytes),
+            (crate::config::Medium::Memory { .. }, None) if dev.is_none() => {
+                let (keep, blocks) = cold_parts(cfg);
+                keep + blocks
+            }
             _ => 0,
         }
+    }
+
+    /// The cold tier, its blocks and its `keep.rs` part in `region` (sized by
+    /// [`Backing::kept_bytes`]) of a new state file, so that a successor takes it over.
+    pub fn cold(cfg: &BackingConfig, region: &Region) -> Result<Backing, StoreError> {
+        let crate::config::Medium::Memory { level } = cfg.medium else { unreachable!("the cold tier's configuration") };
+        let (keep_part, blocks_part) = split_cold(cfg, region);
+        let dev = memdev::MemDevice::create(&blocks_part, cfg.size_bytes, level)
+            .map_err(|e| StoreError::Config(format!("cannot make the cold tier of {} bytes: {e}", cfg.size_bytes)))?;
+        if dev.size_bytes() / cfg.segment_bytes < MIN_SEGMENTS {
+            return Err(StoreError::Config(format!(
+                "the cold tier of {} bytes: at least {MIN_SEGMENTS} segments of {} bytes are needed",
+                cfg.size_bytes, cfg.segment_bytes
+            )));
+        }
+        // The blocks' header is written; `Kept::create` marks the whole part LIVE last.
+        let id = keep::cold_identity(cfg.size_bytes);
+        let (kept, run, gens) = keep::Kept::create(&keep_part, id, cfg.segment_bytes, cfg.encrypt)
+            .map_err(|e| StoreError::Config(format!("cannot draw the cold tier's run identifier: {e}")))?;
+        let space = SpaceMap::with_gens(cfg.size_bytes, cfg.segment_bytes, gens);
+        Ok(Backing::build(cfg, Box::new(dev), run, space, Some(kept)))
     }
 
     /// The tier over `dev`. With `region` (the state file's part [`Backing::kept_bytes`] sized),
@@ -266,13 +308,32 @@ impl Backing {
     /// slots name (`KeptRecords`) and [`Backing::taken_over`] ends it. Until then a refused
     /// takeover leaves the device as it is. The error is one line.
     pub fn take_over(cfg: &BackingConfig, region: &Region) -> Result<Backing, String> {
-        if cfg.in_ram() {
-            return Err("the cold tier's blocks are not in the state file".into());
+        let (keep_part, blocks_part) = if cfg.in_ram() { split_cold(cfg, region) } else { (region.clone(), region.clone()) };
+        if cfg.in_ram() && region.len < keep_part.len + blocks_part.len {
+            return Err(format!(
+                "its backing tier's region is {} bytes, the cold tier configured needs more: configure its size",
+                region.len
+            ));
         }
-        let t = keep::take_over(region, cfg.segment_bytes)?;
-        let dev = FileDevice::reopen(&cfg.path, t.id).map_err(|e| format!("its backing device: {e}"))?;
+        let t = keep::take_over(&keep_part, cfg.segment_bytes, cfg.in_ram())?;
+        let mut undone = 0;
+        let dev: Box<dyn BackingDevice> = match cfg.medium {
+            crate::config::Medium::Memory { level } => {
+                if t.id.size_bytes != cfg.size_bytes {
+                    return Err(format!(
+                        "its cold tier is of {} bytes, the configuration's {}: configure the size it was made with",
+                        t.id.size_bytes, cfg.size_bytes
+                    ));
+                }
+                let (dev, cut) = memdev::MemDevice::take_over(&blocks_part, cfg.size_bytes, level)?;
+                undone = u64::from(cut);
+                Box::new(dev)
+            }
+            crate::config::Medium::File => Box::new(FileDevice::reopen(&cfg.path, t.id).map_err(|e| format!("its backing device: {e}"))?),
+        };
         let space = SpaceMap::taking_over(t.id.size_bytes, cfg.segment_bytes, t.gens);
-        let mut b = Backing::build(cfg, Box::new(dev), t.seal, space, Some(t.kept));
+        let mut b = Backing::build(cfg, dev, t.seal, space, Some(t.kept));
+        b.cold_writes_undone = undone;
         b.inherited = true;
         b.leave.store(true, SeqCst);
         Ok(b)
@@ -326,6 +387,7 @@ impl Backing {
             kept,
             leave: AtomicBool::new(false),
             inherited: false,
+            cold_writes_undone: 0,
         }
     }
 

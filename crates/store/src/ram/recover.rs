@@ -54,6 +54,10 @@ pub struct Recovered {
     pub freed_objects: u64,
     /// Dictionaries read back.
     pub dicts: u64,
+    /// Cold-tier block writes the dead process had not finished (0 or 1): the block reads as
+    /// before it, and the half-written slot was freed (`backing/blocks.rs`). Filled in by the
+    /// store above this layer.
+    pub cold_writes_undone: u64,
     /// Pages of pool memory holding the surviving objects.
     pub pool_pages: u64,
     /// Takeovers of this state so far, this one included.
