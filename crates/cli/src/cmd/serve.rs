@@ -464,7 +464,9 @@ fn give_to_holder(store: &Store, unix: Option<&UnixListener>, tcp: Option<&TcpLi
         return false;
     }
     if store.state_fd().is_none() {
-        log::info("a holder is named (NOTIFY_SOCKET), but this device's state does not outlive the server (cache mode, or a backing device in RAM): it cannot be taken over");
+        log::info(
+            "a holder is named (NOTIFY_SOCKET), but this device's state does not outlive the server (cache mode): it cannot be taken over",
+        );
         return false;
     }
     match hold(store, unix, tcp, control) {

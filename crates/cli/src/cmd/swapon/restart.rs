@@ -79,7 +79,7 @@ fn why_not(state: &SwapState) -> String {
     if state.supervisor == 0 {
         return format!("its {} server has no supervisor: only a device set up by swapon can be restarted", state.frontend);
     }
-    "its store's state does not outlive the server (a backing device, the cold tier), so a successor could not take it over; \
+    "its store's state does not outlive the server (cache mode), so a successor could not take it over; \
      `compcache swapoff` and `swapon` change the binary"
         .into()
 }
