@@ -136,7 +136,9 @@ impl Store {
     /// at `cfg.backing.path` must be the one the file names (`backing/keep.rs`): it is reopened
     /// without being discarded and its records are vouched for by the slots that name them.
     /// With the cold tier, its blocks are in the file too (`backing/blocks.rs`): the write a
-    /// dead process had in flight is undone, every published block is served. Stores with an
+    /// dead process had in flight is undone, every published block is served (that undoing,
+    /// which frees a half-written slot, may have run before a later check refuses: it leaves
+    /// the blocks as they read, and a next try finds nothing to undo). Stores with an
     /// origin (cache mode) are not taken over: part of their state is not in the file
     /// ([`Store::state_fd`]).
     pub fn recover(cfg: Config, fd: OwnedFd) -> Result<(Store, RecoveryReport), StoreError> {

@@ -1,65 +1,65 @@
 //! [`MemDevice`]: the cold tier's device. The backing tier's records (16-byte header + page,
-//! written back to back by its log) are kept in RAM, compressed with zstd 64 KiB at a time,
-//! so idle pages cost what multi-page compression units cost (cross-page redundancy: about
-//! 15% less than per-page compression) without changing slots or the pool.
+//! written back to back by its log) are kept in RAM, compressed with zstd 64 KiB at a time, so
+//! idle pages cost what multi-page compression units cost (cross-page redundancy: about 15%
+//! less than per-page compression) without changing slots or the pool.
 //!
 //! # Blocks
-//! The device is a table of aligned blocks of [`BLOCK_BYTES`], each empty (reads as zeroes)
-//! or a blob: a tag byte, then either the raw 64 KiB (`RAW`: the block did not compress below
-//! 64 KiB) or one zstd frame without checksum, content size or dictionary id (`ZSTD`, or
+//! The device is a table of aligned blocks of [`BLOCK_BYTES`], each empty (reads as zeroes) or
+//! a blob: a tag byte, then either the raw 64 KiB (`RAW`: the block did not compress below 64
+//! KiB) or one zstd frame without checksum, content size or dictionary id (`ZSTD`, or
 //! `ZSTD_DICT` when compressed with the device's dictionary). The blobs live in a region of a
 //! memfd (`blocks.rs`, which states the layout and the crash-consistency rules): the store's
 //! state file, so that a successor takes them over ([`MemDevice::take_over`]), or a memfd of
-//! the device's own ([`MemDevice::new`]).
-//! A write covering a whole block compresses it; a partial write decompresses the old block
-//! (or zeroes), patches it and compresses it again. A blob that does not decode to exactly
-//! 64 KiB (bad tag, length or frame) fails the read with `InvalidData`, never wrong data; the
-//! records above it are checksummed or authenticated besides (`seal.rs`).
+//! the device's own ([`MemDevice::new`]). A write covering a whole block compresses it; a
+//! partial write decompresses the old block (or zeroes), patches it and compresses it again. A
+//! blob that does not decode to exactly 64 KiB (bad tag, length or frame) fails the read with
+//! `InvalidData`, never wrong data; the records above it are checksummed or authenticated
+//! besides (`seal.rs`).
 //!
 //! # Dictionary
 //! The first [`DICT_SAMPLE_BYTES`] of data written are copied aside (the bytes `write_at` is
-//! given, in order: a block patched record by record is not sampled once per record, nor
-//! its zero tail); then a dictionary of at most 16 KiB is trained on them (as 4 KiB samples,
-//! on the writer's thread, once: a failure leaves the device without one) and the samples are
-//! freed. Later blocks are compressed with it. It is installed once (a `OnceLock`, and stored
-//! in the region before any blob uses it) and never changes or goes while the device exists,
-//! so every `ZSTD_DICT` blob decodes; older `ZSTD` blobs decode without it. A successor loads
-//! the dictionary from the region; the samples are not kept, so a successor whose predecessor
-//! died before training samples its own writes from zero and trains then. Each reading thread's decompression context holds no dictionary
-//! (the call passes the device's), so one context serves every device, before and after.
+//! given, in order: a block patched record by record is not sampled once per record, nor its
+//! zero tail); then a dictionary of at most 16 KiB is trained on them (as 4 KiB samples, on the
+//! writer's thread, once: a failure leaves the device without one) and the samples are freed.
+//! Later blocks are compressed with it. It is installed once (a `OnceLock`, and stored in the
+//! region before any blob uses it) and never changes or goes while the device exists, so every
+//! `ZSTD_DICT` blob decodes; older `ZSTD` blobs decode without it. A successor loads the
+//! dictionary from the region; the samples are not kept, so a successor whose predecessor died
+//! before training samples its own writes from zero and trains then. Each reading thread's
+//! decompression context holds no dictionary (the call passes the device's), so one context
+//! serves every device, before and after.
 //!
 //! # Locking
-//! Writers (and `discard`) are serialized by the writer mutex, which also owns the
-//! compression context, the samples and the region's writer token (`blocks.rs` rule 1): a
-//! writer takes it, then for each block copies the current blob out, decodes and patches and
-//! encodes it, and publishes the new blob (copy-on-write). Hence two writers of different
-//! ranges of one block never lose each other's bytes, and a reader sees each block before or
-//! after a write, whole. Readers take no lock at all: they copy a blob out and retry if its
-//! entry changed meanwhile (`blocks.rs` rule 4). The cold tier's only
-//! writer is its maintenance thread (requests do not overflow into it), but any number of
-//! writers is correct: they wait for each other.
+//! Writers (and `discard`) are serialized by the writer mutex, which also owns the compression
+//! context, the samples and the region's writer token (`blocks.rs` rule 1): a writer takes it,
+//! then for each block copies the current blob out, decodes and patches and encodes it, and
+//! publishes the new blob (copy-on-write). Hence two writers of different ranges of one block
+//! never lose each other's bytes, and a reader sees each block before or after a write, whole.
+//! Readers take no lock at all: they copy a blob out and retry if its entry changed meanwhile
+//! (`blocks.rs` rule 4). The cold tier's only writer is its maintenance thread (requests do not
+//! overflow into it), but any number of writers is correct: they wait for each other.
 //!
 //! # Memory ([`MemDevice::mem_bytes`], a running count)
-//! The region's header page, dictionary pages and block table (8 bytes a block, counted
-//! whole); each blob's pages (its length rounded up to 4 KiB: what it makes resident in the
-//! memfd); the dictionary (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers; its zstd
-//! context while a write runs (~0.7 MiB at level 3, ~2.3 MiB at 19: made by each `write_at`
-//! and freed at its end, so an idle tier does not hold it); the samples as they fill
+//! The region's header page, dictionary pages and block table (8 bytes a block, counted whole);
+//! each blob's pages (its length rounded up to 4 KiB: what it makes resident in the memfd); the
+//! dictionary (its bytes, and zstd's own `sizeof` of the decoder's copy); the writer's buffers;
+//! its zstd context while a write runs (~0.7 MiB at level 3, ~2.3 MiB at 19: made by each
+//! `write_at` and freed at its end, so an idle tier does not hold it); the samples as they fill
 //! (reserved at full size, resident as written). Not counted: each reading thread's context
-//! (one zstd decompression context and two 64 KiB buffers, ~230 KiB, made when the thread
-//! makes a store context (`prepare_reader`) or on its first read, and shared by every
-//! `MemDevice`), the warm-up frame it decodes (a few KiB, one per process), and zero pages a
-//! reader racing with a write faulted back into a freed slot (`blocks.rs` rule 5).
+//! (one zstd decompression context and two 64 KiB buffers, ~230 KiB, made when the thread makes
+//! a store context (`prepare_reader`) or on its first read, and shared by every `MemDevice`),
+//! the warm-up frame it decodes (a few KiB, one per process), and zero pages a reader racing
+//! with a write faulted back into a freed slot (`blocks.rs` rule 5).
 //!
 //! # Costs
 //! A read decompresses each block it touches (a record: one, or two when it straddles a
 //! boundary), whatever the level: 50-100 microseconds per 64 KiB block as measured here (plus
-//! copying the blob out of the region, a few microseconds), and no allocation on a thread that made a store context first (or after its first read); a
-//! thread's next read of the same, unchanged block copies from what it decoded. A write
-//! compresses each block it touches, a partial one whole: about 0.4 ms per block at level 3,
-//! 12 ms at level 19, so records should come in batches (a block written record by record is
-//! compressed once per record). The dictionary's training (once) holds the writer mutex for a
-//! few hundred milliseconds.
+//! copying the blob out of the region, a few microseconds), and no allocation on a thread that
+//! made a store context first (or after its first read); a thread's next read of the same,
+//! unchanged block copies from what it decoded. A write compresses each block it touches, a
+//! partial one whole: about 0.4 ms per block at level 3, 12 ms at level 19, so records should
+//! come in batches (a block written record by record is compressed once per record). The
+//! dictionary's training (once) holds the writer mutex for a few hundred milliseconds.
 
 use std::cell::RefCell;
 use std::fmt::Display;
@@ -600,9 +600,10 @@ impl BackingDevice for MemDevice {
 
     /// Makes this thread's scratch and runs one decode through it (a block of text and noise,
     /// compressed when the device was made), so that its decompression context's tables and
-    /// buffers are written now: a swap server's I/O thread then reads cold pages without
-    /// allocating or faulting in memory (its `mlockall` keeps what is here resident). The
-    /// scratch keeps no blob from it. Nothing to do on a thread that has its scratch already.
+    /// buffers, and the buffer blobs are copied into, are written now: a swap server's I/O
+    /// thread then reads cold pages without allocating or faulting in memory (its `mlockall`
+    /// keeps what is here resident). The scratch keeps no blob from it. Nothing to do on a
+    /// thread that has its scratch already.
     fn prepare_reader(&self) {
         // Once per thread: a thread that has its scratch made it here or read with it.
         if SCRATCH.with(|s| s.try_borrow().map_or(true, |s| s.is_some())) {
@@ -614,6 +615,10 @@ impl BackingDevice for MemDevice {
             debug_assert_eq!(r, Ok(BLOCK), "the warm-up frame decodes");
             s.last = None;
             std::hint::black_box(&mut s.block);
+            // The buffer blobs are copied into: written now, so its pages are mapped (and
+            // locked) before the first read needs them.
+            s.blob.fill(1);
+            std::hint::black_box(&mut s.blob);
         })
     }
 
