@@ -24,7 +24,9 @@
 //! `log.rs` (records, log heads, batches),
 //! `space.rs` (segments, live bytes, free list, reclaim), `batch.rs` (the batch writer that
 //! writeback and GC share), `policy.rs` (writeback: watermarks, coldness, budget; promotion),
-//! `gc.rs` (garbage collection), `read.rs` (the read path of pages on the device). Writeback,
+//! `gc.rs` (garbage collection), `read.rs` (the read path of pages on the device); the cold
+//! tier: `memdev.rs` (compression, the device's interface), `blocks.rs` (its blocks in the
+//! state file), `tails.rs` (where the blobs' tails go). Writeback,
 //! GC and promotion reach slots and pool objects only through the [`Mover`]
 //! (`crate::mover`), whose contract says who locks, copies, installs and frees what; `policy`
 //! and `gc` depend on `batch`, never on each other.
@@ -81,6 +83,7 @@ pub(crate) mod policy;
 pub(crate) mod read;
 pub mod seal;
 pub(crate) mod space;
+mod tails;
 pub(crate) mod tuning;
 
 use parking_lot::Mutex;
