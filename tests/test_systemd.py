@@ -280,7 +280,7 @@ def test_with_the_cold_tier_a_killed_server_is_taken_over(fg, tmp_path):
     go, notify = fg
     p, dev = go(extra=["--cold-tier", "8M", "--cold-idle", "1", "--cold-level", "3"])
     notify.drain()
-    assert "compcache-store" in {n for n, _ in notify.store}, notify.store
+    assert "compcache-store" in {n for n, _ in notify.store}, (notify.store, log_of(tmp_path))
     state = compcache_devices()[dev]
     assert state["supervisor"] == p.pid and state["takeover"], state
     os.kill(state["pid"], signal.SIGKILL)
