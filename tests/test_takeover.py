@@ -92,13 +92,14 @@ def alive(pid):
 class Device:
     """One device `compcache swapon --frontend fuse` set up from the binary at `exe`."""
 
-    def __init__(self, exe, env, size="64M"):
+    def __init__(self, exe, env, size="64M", extra=()):
         self.exe, self.env = exe, {**os.environ, **env}
-        before = set(self.records())
+        # By device and server: a record a killed test run left behind may name the same device.
+        before = {(d, r.get("pid")) for d, r in self.records().items()}
         p = run([exe, "swapon", "--frontend", "fuse", "--no-config", "--size", size, "--priority", "32767",
-                 "--reserve", "8M"], env=self.env, timeout=180)
+                 "--reserve", "8M", *extra], env=self.env, timeout=180)
         print(p.stdout, p.stderr)
-        new = set(self.records()) - before
+        new = {d for d, r in self.records().items() if (d, r.get("pid")) not in before}
         assert len(new) == 1, (p.stdout, p.stderr)
         self.dev = new.pop()
         self.first = self.record()
@@ -375,9 +376,11 @@ def test_a_refused_state_keeps_the_device_waiting_not_failing(builds):
                   " higher (the whole mapping of the state file counts), and its log says: "
                   + next(l for l in log.splitlines() if "locked the state's" in l))
             wait_for(lambda: alive(dev.record()["pid"]) and dev.record()["pid"] != old, "the good successor")
-            # Once the successor is up it holds them, and the supervisor lets go: the mapping
-            # is gone (VmLck counts the thread that held it too, whose stack glibc keeps).
-            wait_for(lambda: locked_kib(sup) <= during - 8 * 1024 and not state_mapped(sup), "the supervisor to unlock the state")
+            # Once the successor is up the supervisor keeps the lock: a successor locks only the
+            # pages it touches (state_pin.rs), and an unlocked page of the state could be swapped
+            # out to this very device.
+            time.sleep(1)
+            assert state_mapped(sup) and locked_kib(sup) >= during - 1024, (locked_kib(sup), during)
         finally:
             if dev:
                 dev.teardown()

@@ -132,7 +132,7 @@ pub(crate) struct Supervisor {
     started: Vec<u32>,
     /// The standby, while one waits (`start_standby`).
     standby: Option<Standby>,
-    /// The dead server's state, locked from its death until a successor is up (`state_pin.rs`),
+    /// The state, locked from a server's death until the next one's (`state_pin.rs`),
     /// by a thread of its own while the successor starts. Dropping the sender lets the thread go.
     pin: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
     /// The held records (shared memory other than the state), locked for as long as they are
@@ -578,8 +578,8 @@ impl Supervisor {
                     self.drain();
                     self.backoff.up();
                     self.pin_program(self.server_pid());
-                    // The successor has locked the state itself (it maps every page again).
-                    self.unpin();
+                    // The state stays locked here (`state_pin.rs`): a successor locks the pages
+                    // it touches, not every page its predecessors wrote.
                     self.start_standby();
                     if let Some(r) = record {
                         update_record(r, self.server_pid());
@@ -620,21 +620,32 @@ impl Supervisor {
         }
     }
 
-    /// Locks the held state's pages until a successor is up (`state_pin.rs`) on a thread of its
-    /// own, which starts at once and so runs while the successor starts (it takes tens of
-    /// milliseconds for hundreds of MiB); it logs how much and how long. A refused lock is a
-    /// warning: the successor locks the pages anyway.
+    /// Locks the held state's pages (`state_pin.rs`) on a thread of its own, which starts at once
+    /// and so runs while the successor starts (it takes tens of milliseconds for hundreds of
+    /// MiB); it logs how much and how long. The lock is held until the next server's death
+    /// replaces it (the new one taken first, then the old let go) or the supervisor ends: a
+    /// successor locks only the pages it touches, and a page of the state that no one locks may
+    /// be swapped out to this very device, where the next successor (or this lock) would wait
+    /// for it forever (seen: tests/test_takeover.py, a supervisor's state-pin thread and a
+    /// successor both in `shmem_swapin_folio` waiting for the writeback of a state page to the
+    /// device, 2026-11-28). A refused lock is a warning.
     fn pin_state(&mut self) {
-        self.unpin();
+        let old = self.pin.take();
         let Some((_, fd)) = self.held.iter().find(|(n, _)| n == crate::cmd::fuse::FD_STORE) else { return };
         let Ok(fd) = fd.try_clone() else { return };
         let (release, wait) = std::sync::mpsc::channel::<()>();
         let spawned = std::thread::Builder::new().name("state-pin".into()).spawn(move || {
             let start = Instant::now();
-            match StatePin::lock(fd.as_fd()) {
+            let pin = StatePin::lock(fd.as_fd());
+            // The pages the old lock held are locked again now (or the new lock failed).
+            if let Some((h, old_release)) = old {
+                drop(old_release);
+                let _ = h.join();
+            }
+            match pin {
                 Ok(pin) => {
                     log::info(&format!(
-                        "locked the state's {:.1} MiB in memory until a successor is up ({:.1} ms)",
+                        "locked the state's {:.1} MiB in memory ({:.1} ms)",
                         pin.locked as f64 / (1 << 20) as f64,
                         start.elapsed().as_secs_f64() * 1e3
                     ));
@@ -642,21 +653,12 @@ impl Supervisor {
                     let _ = wait.recv();
                     drop(pin);
                 }
-                Err(e) => log::warning(&format!("cannot lock the state in memory until a successor is up: {e}")),
+                Err(e) => log::warning(&format!("cannot lock the state in memory: {e}")),
             }
         });
         match spawned {
             Ok(h) => self.pin = Some((h, release)),
             Err(e) => log::warning(&format!("cannot lock the state in memory until a successor is up: {e}")),
-        }
-    }
-
-    /// Lets go of the state's lock ([`Supervisor::pin_state`]) once the thread holding it has
-    /// taken it: a successor that is up has locked the pages itself.
-    fn unpin(&mut self) {
-        if let Some((h, release)) = self.pin.take() {
-            drop(release);
-            let _ = h.join();
         }
     }
 
