@@ -22,6 +22,7 @@
 
 mod container;
 mod foreground;
+mod memory_calm;
 mod own_keys;
 mod program_pin;
 mod restart;
