@@ -67,10 +67,22 @@ impl Reserve {
 
     /// Makes the slot table resident (`Store::make_slot_table_resident`: no page is read, so a
     /// successor decompresses nothing and a cache reads nothing from its origin), fills the
-    /// reserve, and puts the store in fault-free mode. Call before the device starts.
-    pub fn prime(&mut self) {
+    /// reserve if `fill`, and puts the store in fault-free mode. Call before the device starts.
+    ///
+    /// A successor passes `fill` false: it starts with the free pages the dead server left
+    /// (recovery hands them over), and [`Reserve::keep`], started once the device serves
+    /// again, fills the rest. Filling here would fault new pages of the state in while the
+    /// device's I/O waits for this process, and with the machine's memory short that
+    /// allocation waits in reclaim for swap-outs to this very device: in the VM test's
+    /// `global-kill` step a ublk successor sat so (`shmem_fault` -> `try_to_free_pages` right
+    /// after "took the store over"), and the device never served again. Until the keeper has
+    /// filled it, a write that finds the reserve empty waits for it (`set_reserve_wait`) and
+    /// then fails with ENOSPC, which the kernel's swap retries later.
+    pub fn prime(&mut self, fill: bool) {
         self.store.make_slot_table_resident();
-        self.top_up();
+        if fill {
+            self.top_up();
+        }
         self.store.set_fault_free(true);
         self.store.set_reserve_wait(WAIT);
     }
@@ -115,7 +127,7 @@ mod tests {
         let high = 64 * PAGE;
         let store = Arc::new(Store::new(Config::with_disksize(1024 * PAGE)).unwrap());
         let mut r = Reserve::new(Arc::clone(&store), high);
-        r.prime();
+        r.prime(true);
         assert_eq!(r.free_pages(), 64, "reserve of {} pages", r.free_pages());
         assert_eq!(store.stats().orig_data_size, 0, "nothing stored to make the reserve");
 
@@ -146,12 +158,28 @@ mod tests {
     }
 
     #[test]
+    fn a_successor_primes_without_faulting_pages_in_and_the_keeper_fills_later() {
+        let store = Arc::new(Store::new(Config::with_disksize(1024 * PAGE)).unwrap());
+        let mut r = Reserve::new(Arc::clone(&store), 64 * PAGE);
+        r.prime(false);
+        assert_eq!(r.free_pages(), 0, "no page faulted in before the device serves");
+        // Fault-free already: a write with no page to take fails (after the wait), not faults.
+        let mut ctx = store.context();
+        let random: Vec<u8> = (0..PAGE_SIZE).map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[3]).collect();
+        assert_eq!(store.write(&mut ctx, 0, &random).unwrap_err().errno(), libc::ENOSPC);
+        // The keeper, once started, fills it, and the write goes through.
+        r.top_up();
+        assert_eq!(r.free_pages(), 64);
+        store.write(&mut ctx, 0, &random).unwrap();
+    }
+
+    #[test]
     fn the_reserve_stays_within_the_memory_limit() {
         let mut cfg = Config::with_disksize(1024 * PAGE);
         cfg.mem_limit_bytes = 16 * PAGE;
         let store = Arc::new(Store::new(cfg).unwrap());
         let mut r = Reserve::new(Arc::clone(&store), 64 * PAGE);
-        r.prime();
+        r.prime(true);
         assert_eq!(r.free_pages(), 16);
     }
 

@@ -285,7 +285,7 @@ impl Session {
         let start = StartGuard::new(&store);
         let reserve = (reserve_bytes > 0).then(|| {
             let mut keeper = reserve::Reserve::new(Arc::clone(&store), reserve_bytes);
-            keeper.prime();
+            keeper.prime(!takeover);
             keeper
         });
         let background = Background { reserve, populate: !server.no_mlock && !takeover };
