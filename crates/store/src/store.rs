@@ -25,7 +25,7 @@
 //! tier and recompression get a [`Mover`], cache mode the [`Ram`].
 
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use crate::backing::log::HEADER as RECORD_HEADER;
@@ -63,6 +63,11 @@ pub struct Store {
     /// Fault-free mode: how long (µs) a write that found no resident pool page waits for the
     /// reserve's keeper before it fails (0: it fails at once).
     reserve_wait_us: AtomicU64,
+    /// A write waited the whole `reserve_wait_us` and the keeper added nothing: until it adds
+    /// pages ([`Store::prefault`]), writes that find no page fail at once instead of waiting
+    /// too. Set and cleared with relaxed order: a hint for how long to wait, never for what a
+    /// write stores.
+    reserve_starved: AtomicBool,
     backing: Option<Backing>,
     /// Cache mode: the origin and the cache's own state (`cache/`).
     cache: Option<Cache>,
@@ -253,7 +258,7 @@ impl Store {
                 page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
             });
         }
-        Ok(Store { ram, backend, reserve_wait_us: AtomicU64::new(0), backing, cache, recomp, latency: latency::Registry::default(), cfg })
+        Ok(Store { ram, backend, reserve_wait_us: AtomicU64::new(0), reserve_starved: AtomicBool::new(false), backing, cache, recomp, latency: latency::Registry::default(), cfg })
     }
 
     pub fn disksize_bytes(&self) -> u64 {
@@ -538,17 +543,30 @@ impl Store {
     /// the keeper itself waits in reclaim for swap-outs, the write fails with ENOSPC and the
     /// kernel keeps the page and retries it. Without the wait such a write fails at once,
     /// and the kernel logs "Write-error on swap-device" for each.
+    ///
+    /// One wait that ends with nothing added marks the reserve starved, and then writes fail
+    /// at once until the keeper adds pages: a keeper that waits in reclaim for this device's
+    /// own swap-outs (a successor that just took a device over with the machine out of memory)
+    /// must not have every write wait in turn, each queue's requests behind them, reads
+    /// included (a VM `global-kill` run with 50 ms per write: the device's reads stalled for
+    /// minutes).
     #[cold]
     fn encode_awaiting_reserve(&self, ctx: &mut Context, index: u64, page: &[u8]) -> Option<Result<Entry, StoreError>> {
         let wait = Duration::from_micros(self.reserve_wait_us.load(Relaxed));
+        if wait.is_zero() || self.reserve_starved.load(Relaxed) {
+            return None;
+        }
         let start = Instant::now();
         let mut last = None;
-        while !wait.is_zero() && start.elapsed() < wait && self.ram.pool().may_refill() {
+        while start.elapsed() < wait && self.ram.pool().may_refill() {
             std::thread::sleep(Duration::from_millis(1));
             match self.encode(ctx, index, page) {
                 Err(e @ StoreError::NoSpace { .. }) => last = Some(Err(e)),
                 r => return Some(r),
             }
+        }
+        if last.is_some() {
+            self.reserve_starved.store(true, Relaxed);
         }
         last
     }
@@ -857,7 +875,11 @@ impl Store {
     /// that waits in the kernel's reclaim here blocks no request. Under `mlockall` they stay
     /// resident. Bounded by the memory limit. Returns how many pages were added.
     pub fn prefault(&self, pages: u64) -> u64 {
-        self.ram.pool().prefault(pages)
+        let added = self.ram.pool().prefault(pages);
+        if added > 0 {
+            self.reserve_starved.store(false, Relaxed);
+        }
+        added
     }
 
     /// Makes every page of the slot table resident (under `mlockall`, locked), so that the I/O

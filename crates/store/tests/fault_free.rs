@@ -330,6 +330,33 @@ fn a_write_waits_for_the_reserve_only_when_a_refill_can_come() {
     assert!(t.elapsed() < Duration::from_secs(2), "failed at the limit only after {:?}", t.elapsed());
 }
 
+/// A wait that ends with nothing added (a keeper stuck in reclaim) marks the reserve starved:
+/// the writes after it fail at once instead of each waiting in turn, until the keeper adds
+/// pages again; then writes go through, and a later empty reserve is waited for again.
+#[test]
+fn after_one_fruitless_wait_writes_fail_at_once_until_the_keeper_adds_pages() {
+    use std::time::{Duration, Instant};
+    let store = Store::new(Config::with_disksize(256 * PAGE as u64)).unwrap();
+    store.set_fault_free(true);
+    store.set_reserve_wait(Duration::from_millis(200));
+    let mut ctx = store.context();
+    let t = Instant::now();
+    assert!(matches!(store.write_page(&mut ctx, 1, &page_of(1, 1, 2000)), Err(StoreError::NoSpace { .. })));
+    assert!(t.elapsed() >= Duration::from_millis(190), "the first write waited the whole wait: {:?}", t.elapsed());
+    let t = Instant::now();
+    for i in 2..12 {
+        assert!(matches!(store.write_page(&mut ctx, i, &page_of(i, 1, 2000)), Err(StoreError::NoSpace { .. })));
+    }
+    assert!(t.elapsed() < Duration::from_millis(150), "ten writes while starved took {:?}", t.elapsed());
+    // The keeper adds pages: writes go through, and the reserve is waited for again.
+    assert_eq!(store.prefault(16), 16);
+    store.write_page(&mut ctx, 1, &page_of(1, 1, 2000)).expect("a page to take");
+    let t = Instant::now();
+    let (_, err) = write_until_error(&store, &mut ctx, |i| page_of(i, 1, 2000));
+    assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
+    assert!(t.elapsed() >= Duration::from_millis(190), "waited again once pages had come: {:?}", t.elapsed());
+}
+
 /// The reserve's keeper sleeps until the reserve is used: the write whose allocation leaves
 /// fewer resident free pages than the keeper's mark wakes it (once, until it looks again), so
 /// an idle swap server's keeper does not poll. Here the keeper parks for up to a minute, and
