@@ -15,8 +15,13 @@
 //!
 //! Invariants: the queue holds at most [`QUEUE_BYTES`] bytes of lines; a line that does not
 //! fit is dropped and counted, and the count is written after the lines queued before it. The
-//! queue's lock is held only to push or take lines, never across a `write(2)`. Lines keep the
-//! order they were logged in. The writer thread has every signal blocked (a stop signal meant
+//! queue's lock is held only to push or take lines, never across a `write(2)`, and nothing
+//! under it allocates: the queue and the writer's buffer are two buffers of [`QUEUE_BYTES`],
+//! allocated and made resident when the writer starts and swapped, never grown or freed. (A
+//! queue that grew as lines came was an allocation under the lock: in the VM test's
+//! `global-kill` a ublk successor's queue thread logging a failed write sat in a page fault
+//! in direct reclaim there, and the other queue thread waited for the lock, so the device
+//! stopped serving.) Lines keep the order they were logged in. The writer thread has every signal blocked (a stop signal meant
 //! for the server must never be delivered to it).
 //!
 //! At exit (`exit(3)`, so also a return from `main` and `std::process::exit`) an `atexit`
@@ -29,8 +34,9 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The most bytes of lines waiting for the writer thread: far more than a server logs between
-/// two writes, while a writer blocked for good holds at most this much memory.
-pub const QUEUE_BYTES: usize = 1 << 20;
+/// two writes (some 1,700 lines), while a writer blocked for good holds at most this much
+/// memory. The process keeps two buffers of it resident (module text).
+pub const QUEUE_BYTES: usize = 256 << 10;
 
 /// How long the exit waits for the queued lines to be written.
 pub const EXIT_FLUSH: Duration = Duration::from_secs(2);
@@ -64,7 +70,8 @@ pub(crate) fn write(line: &[u8]) {
         return;
     }
     let mut q = queue();
-    if q.bytes.len() + line.len() > QUEUE_BYTES {
+    // The capacity, not QUEUE_BYTES: pushing within it never reallocates (module text).
+    if q.bytes.len() + line.len() > q.bytes.capacity() {
         q.dropped += 1;
     } else {
         q.bytes.extend_from_slice(line);
@@ -89,6 +96,10 @@ pub fn write_in_background() -> std::io::Result<()> {
     if *started {
         return Ok(());
     }
+    // The queue's buffer, and (in the writer) the one it is swapped with, allocated now and
+    // made resident (under a server's mlockall, locked): from here on logging allocates
+    // nothing under the lock.
+    queue().bytes = resident_buffer();
     spawn_with_signals_blocked()?;
     // SAFETY: `flush_at_exit` is an `extern "C" fn()` that never unwinds (it catches nothing
     // because nothing in it panics: lock poisoning is handled, waits are bounded) and only
@@ -123,18 +134,34 @@ fn spawn_with_signals_blocked() -> std::io::Result<()> {
     spawned.map(drop)
 }
 
-/// The writer thread: takes every queued line at once and writes them in one call.
+/// An empty buffer of [`QUEUE_BYTES`] capacity whose pages are resident.
+fn resident_buffer() -> Vec<u8> {
+    let mut b = vec![0u8; QUEUE_BYTES];
+    // Written, not only allocated: a zeroed allocation may be untouched fresh pages.
+    for page in b.chunks_mut(4096) {
+        // SAFETY: a volatile write of one byte inside the buffer, so that it is not elided.
+        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 0) };
+    }
+    b.clear();
+    b
+}
+
+/// The writer thread: takes every queued line at once (its empty buffer swapped in for the
+/// queue's) and writes them in one call.
 fn writer() {
+    let mut bytes = resident_buffer();
     loop {
-        let (bytes, dropped) = {
+        let dropped = {
             let mut q = queue();
             while q.bytes.is_empty() && q.dropped == 0 {
                 q = CHANGED.wait(q).unwrap_or_else(|e| e.into_inner());
             }
             q.writing = true;
-            (std::mem::take(&mut q.bytes), std::mem::take(&mut q.dropped))
+            std::mem::swap(&mut q.bytes, &mut bytes);
+            std::mem::take(&mut q.dropped)
         };
         write_stderr(&bytes);
+        bytes.clear();
         if dropped > 0 {
             write_stderr(dropped_line(dropped).as_bytes());
         }
@@ -171,6 +198,27 @@ extern "C" fn flush_at_exit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_is_two_buffers_made_at_the_start_never_grown() {
+        write_in_background().unwrap();
+        let buffers = || {
+            let q = queue();
+            (q.bytes.as_ptr() as usize, q.bytes.capacity())
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        // (A queue past its buffer drops lines rather than grow: tests/background.rs.)
+        for round in 0..20 {
+            for i in 0..3 {
+                write(format!("writer test: round {round} line {i:>40}\n").as_bytes());
+                let (ptr, cap) = buffers();
+                assert_eq!(cap, QUEUE_BYTES, "the queue's buffer was reallocated");
+                seen.insert(ptr);
+            }
+            assert!(flush(Duration::from_secs(10)));
+        }
+        assert!(seen.len() <= 2, "the queue used {} buffers, not the two made at the start", seen.len());
+    }
 
     #[test]
     fn the_dropped_line_names_the_count_and_the_cause() {
