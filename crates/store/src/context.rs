@@ -81,6 +81,31 @@ pub fn make_stack_resident() {
         unsafe { std::ptr::write_volatile(probe.as_mut_ptr().add(off), 1) };
     }
     std::hint::black_box(&probe);
+    make_heap_resident();
+}
+
+/// How much of the calling thread's malloc arena [`make_stack_resident`] makes resident:
+/// room for what a serving thread allocates on its rarer paths (a log line, an error's
+/// text), below glibc's default trim threshold (128 KiB) so that the freed block stays in the
+/// arena.
+pub const SERVING_HEAP_BYTES: usize = 64 << 10;
+
+/// Makes [`SERVING_HEAP_BYTES`] of the calling thread's malloc arena resident: one block of
+/// that size, written and freed, goes back to the top of the thread's arena, whose pages then
+/// serve the thread's next small allocations without a fault. Why: a successor's ublk queue
+/// thread formatting the line of a failed write sat in `malloc` carving a fresh page of its
+/// arena, in a page fault in direct reclaim, while the machine was out of memory (the VM
+/// test's `global-kill`, 2026-11-29). It covers the first allocations, not a thread that
+/// allocates more than this at once.
+#[inline(never)]
+fn make_heap_resident() {
+    let mut block: Vec<u8> = Vec::with_capacity(SERVING_HEAP_BYTES);
+    for off in (0..SERVING_HEAP_BYTES).step_by(4096) {
+        // SAFETY: `off` is inside the allocation's capacity; a volatile write of one byte so
+        // that the page is really touched, into memory this function owns.
+        unsafe { std::ptr::write_volatile(block.as_mut_ptr().add(off), 1) };
+    }
+    std::hint::black_box(&mut block);
 }
 
 #[cfg(test)]
@@ -120,5 +145,23 @@ mod tests {
             .join()
             .unwrap();
         assert!(grown >= (SERVING_STACK_BYTES - (16 << 10)) as u64, "{grown} bytes of stack made resident");
+    }
+
+    #[test]
+    fn a_serving_threads_next_small_allocations_find_resident_pages() {
+        // In a new thread: after the probe, a small allocation (a log line's) lies in a
+        // mapping (the thread's arena) with the probe's pages resident around it.
+        let (grown, resident) = std::thread::spawn(|| {
+            let first = Box::new([0u8; 64]);
+            let addr = first.as_ptr() as usize;
+            let before = rss_of_mapping_holding(addr);
+            make_stack_resident();
+            let next = vec![7u8; 336];
+            (rss_of_mapping_holding(addr) - before, rss_of_mapping_holding(next.as_ptr() as usize))
+        })
+        .join()
+        .unwrap();
+        assert!(grown >= (SERVING_HEAP_BYTES - (8 << 10)) as u64, "{grown} bytes of the arena made resident");
+        assert!(resident >= SERVING_HEAP_BYTES as u64, "the next allocation's mapping has {resident} bytes resident");
     }
 }
