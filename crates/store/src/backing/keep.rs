@@ -112,6 +112,10 @@ impl Kept {
     }
 }
 
+/// Above any generation a server gives: one segment opened per nanosecond would take 146
+/// years to reach it.
+const GEN_LIMIT: u64 = 1 << 62;
+
 /// What a successor read from a dead server's region ([`take_over`]).
 pub(crate) struct TakenOver {
     pub kept: Kept,
@@ -164,5 +168,11 @@ pub(crate) fn take_over(region: &Region, seg_bytes: u64, cold: bool) -> Result<T
     }
     let seal = seal.map_err(|e| format!("cannot set the backing device's key up (mmap): {e}"))?;
     let (kept, gens) = split(region, segments);
+    // Generations only grow, one per segment opened: one past GEN_LIMIT is damage, and taking
+    // it over would let the counter wrap to generations (with a file, AES-GCM nonces) the
+    // device has used before.
+    if let Some((i, g)) = gens.iter().map(|g| g.load(Acquire)).enumerate().find(|&(_, g)| g >= GEN_LIMIT) {
+        return Err(format!("its backing tier's generation table has {g} in word {i}, past any a server gives: it is damaged"));
+    }
     Ok(TakenOver { kept, id, seal, gens })
 }

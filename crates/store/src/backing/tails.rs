@@ -165,12 +165,18 @@ impl TailMap {
         let mut m = TailMap::new(capacity);
         let mut overlapping = Vec::new();
         let mut end = 0;
-        let mut last: Option<Claim> = None;
+        // The claims before `c` that reach past its start: every one of them overlaps it (not
+        // only the one just before: a long tail may hold several shorter ones). Empty or one
+        // element in a sound state, where each tail ends at or before the next starts.
+        let mut reaching: Vec<Claim> = Vec::new();
         for c in &claims {
             debug_assert!(c.offset % ALIGN == 0 && c.offset + taken(c.len) <= capacity * PAGE_SIZE);
-            if let Some(l) = last.filter(|l| l.offset + taken(l.len) > c.offset) {
-                overlapping.extend([l.block, c.block]);
+            reaching.retain(|l| l.offset + taken(l.len) > c.offset);
+            if !reaching.is_empty() {
+                overlapping.extend(reaching.iter().map(|l| l.block));
+                overlapping.push(c.block);
             }
+            reaching.push(*c);
             let first = c.offset / PAGE_SIZE;
             let in_first = taken(c.len).min(PAGE_SIZE - c.offset % PAGE_SIZE);
             m.add(first, in_first);
@@ -178,7 +184,6 @@ impl TailMap {
                 m.add(first + 1, taken(c.len) - in_first);
             }
             end = end.max(c.offset + taken(c.len));
-            last = Some(*c);
         }
         overlapping.sort_unstable();
         overlapping.dedup();
@@ -265,5 +270,21 @@ mod tests {
         assert_eq!((punch_from, m.resident_bytes()), (1, 4096), "the cursor at a page's start: that page is free");
         let (m, _, punch_from) = TailMap::rebuild(8, Vec::new());
         assert_eq!((punch_from, m.resident_bytes(), m.free_pages().count()), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_rebuild_finds_every_tail_a_long_one_holds_not_only_the_next() {
+        // Block 1's tail holds blocks 2's and 3's (forged entries: a sound state has none of
+        // this); 2 and 3 do not overlap each other; block 4's lies after all of them.
+        let claims = vec![
+            Claim { offset: 0, len: 1000, block: 1 },
+            Claim { offset: 104, len: 96, block: 2 },
+            Claim { offset: 304, len: 96, block: 3 },
+            Claim { offset: 1000, len: 8, block: 4 },
+        ];
+        let (_, overlapping, _) = TailMap::rebuild(4, claims);
+        assert_eq!(overlapping, vec![1, 2, 3], "every block whose tail overlaps another's, and only those");
+        let back_to_back = vec![Claim { offset: 0, len: 100, block: 1 }, Claim { offset: 104, len: 8, block: 2 }];
+        assert!(TailMap::rebuild(4, back_to_back).1.is_empty(), "tails that only touch do not overlap");
     }
 }

@@ -166,7 +166,12 @@ impl Header {
         }
         let algorithm = algorithm_name([self.algorithm[0].load(Relaxed), self.algorithm[1].load(Relaxed)]);
         if algorithm != want.algorithm {
-            return Err(format!("the state file's pages are compressed with {algorithm}, the configuration asks for {}", want.algorithm));
+            // The name comes from the file's bytes: escaped, so that the error stays one line.
+            return Err(format!(
+                "the state file's pages are compressed with {}, the configuration asks for {}",
+                algorithm.escape_debug(),
+                want.algorithm
+            ));
         }
         let huge = self.huge_threshold.load(Relaxed);
         if huge != want.huge_threshold as u64 {
