@@ -270,6 +270,48 @@ def store_recover():
         "journal": bytes([0]) + ops + b"\xff" + damage(2, 3, 0) + damage(2, 4, 1) + damage(2, 5, 0x502) + b"\xff",
         "anything": bytes([1]) + ops + b"\xff" + damage(4, 0, 0xdeadbeef) + damage(4, 70000, 0x12345678) + b"\xff",
     }
+
+    # The cold tier (config bit 2; bit 3 a pool of 12 pages instead of 6): the opcode mod 8 is
+    # 0, 1, 4 WRITE, 2 DISCARD, 3, 6 the step, 5 READ (13: twice, promoting), 7 the tier's
+    # maintenance, whose operand's low 2 bits are the budget (3: unlimited) and the rest the
+    # seconds the clock moves on.
+    def read(index, twice=False):
+        return bytes([13 if twice else 5, index])
+
+    def tier(secs, budget=3):
+        return bytes([7, secs << 2 | budget])
+
+    # Every page written, the tier's maintenance after each four (pages idle 8 s go to it),
+    # some read back from it (twice: promoted), discarded and rewritten, the tier collected.
+    cold_ops = (b"".join(wp(i, i % 5, 1) + (tier(8) if i % 4 == 3 else b"") for i in range(32)) + read(1) + read(2, True)
+                + read(9, True) + disc(3) + disc(12) + wp(5, 2, 2) + tier(8, 1) + wp(6, 4, 3) + step + tier(30, 0) + read(17))
+    cold = bytes([0x04]) + cold_ops + b"\xff"
+    # Damage of the tier's regions (5-9 mod 10), as fuzz/src/store_recover.rs decodes it.
+    seeds.update({
+        "cold-clean": cold + b"\xff",
+        "cold-zstd-recompress-pool-12": bytes([0x0F]) + cold_ops + step + tier(60) + b"\xff" + b"\xff",
+        # Derived: the block being written named (block 2, then none, then block 7).
+        "cold-writing-block": cold + damage(5, 0, 3) + damage(5, 1, 9) + damage(5, 2, 8) + b"\xff",
+        # Unused bytes: eight places among them (the dictionary area, slots, tail words, tail
+        # pages).
+        "cold-unused": cold + b"".join(damage(6, k * 0x10001 + 3, 0xA5A5A5A5 + k) for k in range(8)) + b"\xff",
+        # The two blocks cold-clean leaves (0 and 1): block 1's entry flipped, block 0's sealed
+        # again naming its other slot.
+        "cold-entries": cold + damage(7, 1, 0x10) + damage(7, 0 | 1 << 9, 0x20000) + b"\xff",
+        # Block 0's tail word forged to name block 1's tail (byte 3672): overlapping tails.
+        "cold-tail-words": cold + damage(7, 0 | 3 << 9, 3672 // 8 + 1) + b"\xff",
+        # Block 1's tail word flipped.
+        "cold-tail-word-flipped": cold + damage(7, 1 | 2 << 9, 0x4) + b"\xff",
+        # The bytes of live blobs.
+        "cold-blobs": cold + damage(8, 0, 0x11111111) + damage(8, 0x40001, 0x22222222) + b"\xff",
+        # Header words: keep.rs's run identifier (2) set to 1, the generation counter (13)
+        # raised by 3, the blocks' dictionary length (25) set to 100.
+        "cold-headers": cold + damage(9, 2, 1) + damage(9, 13 | 1 << 16, 3) + damage(9, 25, 100) + b"\xff",
+        # Derived and unused damage, the RAM's and the tier's.
+        "cold-derived-mixed": cold + damage(0, 5, 0x8E) + damage(1, 0, 7) + damage(5, 0, 1) + damage(6, 77, 0xFFFFFFFF) + b"\xff",
+        # Anything: a journal byte, and keep.rs's state word zeroed (refused).
+        "cold-anything": cold + damage(4, 0x1000, 0xdeadbeef) + damage(9, 0, 0) + b"\xff",
+    })
     for k, v in seeds.items():
         write("store_recover", k, v)
 
