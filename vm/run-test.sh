@@ -5,10 +5,10 @@
 #
 #   vm/run-test.sh            full run: 640 MiB guest, scan 512 MiB x 2 passes in a 128 MiB
 #                             memory cgroup, ublk + global + nbd + nbd-client + fuse + backing
-#                             + cache + crash + ublk-kill + nbd-kill
+#                             + cache + crash + ublk-kill + nbd-kill + global-kill
 #   vm/run-test.sh --quick    CI variant: 384 MiB guest, scan 256 MiB x 1 pass in a 128 MiB
 #                             memory cgroup, the same steps, 8 SIGKILLs in each kill step
-#   options: --frontends ublk,global,nbd,nbd-client,fuse,backing,cache,crash,ublk-kill,nbd-kill   (fuse:
+#   options: --frontends ublk,global,nbd,nbd-client,fuse,backing,cache,crash,ublk-kill,nbd-kill,global-kill   (fuse:
 #                             `compcache swapon --frontend fuse`, a file on a FUSE mount
 #                             attached to a loop device with direct I/O; cache: cache mode,
 #                             `compcache ublk --origin` over a second virtual disk (a 256 MiB
@@ -32,7 +32,7 @@
 #                             both killed, its I/O must wait and then fail once `compcache
 #                             swapoff` deletes it; global-kill: ublk-kill with the scan
 #                             over all the guest's RAM but 16 MiB, in no cgroup, as global;
-#                             ublk-orphan and global-kill are not in the default list)
+#                             ublk-orphan is not in the default list)
 #            --kills N        SIGKILLs in the ublk-kill step (20; --quick 8)
 #            --nbd-kills N    in nbd-kill and global-kill (5; --quick 8)
 #            --mem MIB   --scan MIB   --passes N   --smp N
@@ -58,7 +58,7 @@ repo="$(dirname "$here")"
 cache="$here/cache"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash,ublk-kill,nbd-kill smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128 kills=20 nbd_kills=5
+mem=640 scan=512 passes=2 frontends=ublk,global,nbd,nbd-client,fuse,backing,cache,crash,ublk-kill,nbd-kill,global-kill smp=2 accel=tcg build=1 static=0 timeout_s=1200 reserve=auto memcg=128 kills=20 nbd_kills=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mem=384 scan=256 passes=1 memcg=128 timeout_s=1200 kills=8 nbd_kills=8 ;;
