@@ -258,7 +258,17 @@ impl Store {
                 page: resident_bytes(PAGE_SIZE).into_boxed_slice(),
             });
         }
-        Ok(Store { ram, backend, reserve_wait_us: AtomicU64::new(0), reserve_starved: AtomicBool::new(false), backing, cache, recomp, latency: latency::Registry::default(), cfg })
+        Ok(Store {
+            ram,
+            backend,
+            reserve_wait_us: AtomicU64::new(0),
+            reserve_starved: AtomicBool::new(false),
+            backing,
+            cache,
+            recomp,
+            latency: latency::Registry::default(),
+            cfg,
+        })
     }
 
     pub fn disksize_bytes(&self) -> u64 {
