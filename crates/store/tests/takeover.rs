@@ -292,6 +292,16 @@ fn main() {
     }
 }
 
+/// Reads every page of `store` through a context of its own and checks it is `want(page)`.
+fn check_every_page(store: &Store, want: impl Fn(u64) -> Vec<u8>, when: &str) {
+    let mut ctx = store.context();
+    let mut out = vec![0u8; PAGE];
+    for i in 0..PAGES {
+        store.read_page(&mut ctx, i, &mut out).unwrap_or_else(|e| panic!("page {i} {when}: {e}"));
+        assert!(out == want(i), "page {i} {when}");
+    }
+}
+
 fn dup(store: &Store) -> OwnedFd {
     store.state_fd().expect("a RAM store's state is kept").try_clone_to_owned().unwrap()
 }
@@ -331,10 +341,7 @@ fn a_successor_serves_every_page_and_the_same_gauges() {
     for i in 0..PAGES {
         store.write_page(&mut ctx, i, &page(Kind::Text, i, 2)).unwrap();
     }
-    for i in 0..PAGES {
-        store.read_page(&mut ctx, i, &mut out).unwrap();
-        assert!(out == page(Kind::Text, i, 2), "page {i} after rewriting");
-    }
+    check_every_page(&store, |i| page(Kind::Text, i, 2), "after rewriting");
 }
 
 fn a_successor_refuses_what_it_cannot_read() {
@@ -650,10 +657,7 @@ fn backing_a_successor_serves_every_page_and_the_same_gauges() {
         store.advance_clock(60);
         store.writeback_idle(30, WritebackBudget { max_bytes: u64::MAX });
         store.gc(u64::MAX);
-        for i in 0..PAGES {
-            store.read_page(&mut ctx, i, &mut out).unwrap();
-            assert!(out == page(Kind::Text, i, 2), "page {i} after rewriting");
-        }
+        check_every_page(&store, |i| page(Kind::Text, i, 2), "after rewriting");
         assert_eq!(store.stats().bd_errors, 0);
     }
 }
@@ -693,20 +697,15 @@ fn backing_a_successor_refuses_another_device() {
     // Refusals touched nothing: the right file is taken over, every page there.
     let (store, report) = Store::recover(cfg.clone(), fd.try_clone().unwrap()).unwrap();
     assert_eq!(report.lost_pages, 0, "{report}");
-    let mut ctx = store.context();
-    let mut out = vec![0u8; PAGE];
-    for i in 0..PAGES {
-        store.read_page(&mut ctx, i, &mut out).unwrap();
-        assert!(out == page(Kind::Text, i, 1), "page {i}");
-    }
+    check_every_page(&store, |i| page(Kind::Text, i, 1), "after the takeover");
     // A successor whose start is refused later (`abandon_backing`) leaves the records for the
     // next try.
-    drop(ctx);
     store.abandon_backing();
     drop(store);
     let (store, report) = Store::recover(cfg.clone(), fd.try_clone().unwrap()).unwrap();
     assert_eq!(report.lost_pages, 0, "{report}");
     let mut ctx = store.context();
+    let mut out = vec![0u8; PAGE];
     store.read_page(&mut ctx, 5, &mut out).unwrap();
     assert!(out == page(Kind::Text, 5, 1));
     // A server that stops closes the device (its data area discarded): no successor then.
@@ -748,13 +747,7 @@ fn backing_block_device() {
     drop(store);
     let (store, report) = Store::recover(cfg.clone(), fd.try_clone().unwrap()).unwrap();
     assert_eq!((report.lost_pages, report.backing_pages), (0, before.bd_count), "{report}");
-    let mut ctx = store.context();
-    let mut out = vec![0u8; PAGE];
-    for i in 0..PAGES {
-        store.read_page(&mut ctx, i, &mut out).unwrap();
-        assert!(out == page(Kind::Text, i, 1), "page {i}");
-    }
-    drop(ctx);
+    check_every_page(&store, |i| page(Kind::Text, i, 1), "after the takeover");
     store.hand_over();
     drop(store);
     let dir = TempDir::new("takeover-blockdev");
@@ -819,10 +812,7 @@ fn cold_a_successor_serves_every_page_and_the_same_gauges() {
     store.advance_clock(60);
     store.writeback_idle(30, WritebackBudget { max_bytes: u64::MAX });
     store.gc(u64::MAX);
-    for i in 0..PAGES {
-        store.read_page(&mut ctx, i, &mut out).unwrap();
-        assert!(out == page(Kind::Text, i, 2), "page {i} after rewriting");
-    }
+    check_every_page(&store, |i| page(Kind::Text, i, 2), "after rewriting");
     assert_eq!(store.stats().bd_errors, 0);
     // A server that stops discards the tier: no successor then.
     let fd = dup(&store);
@@ -861,14 +851,8 @@ fn cold_a_successor_refuses_another_tier() {
     assert!(e.contains("cannot take the device over"), "{e}");
     let (store, report) = Store::recover(cfg.clone(), fd.try_clone().unwrap()).unwrap();
     assert_eq!(report.lost_pages, 0, "{report}");
-    let mut ctx = store.context();
-    let mut out = vec![0u8; PAGE];
-    for i in 0..PAGES {
-        store.read_page(&mut ctx, i, &mut out).unwrap();
-        assert!(out == page(Kind::Text, i, 1), "page {i}");
-    }
+    check_every_page(&store, |i| page(Kind::Text, i, 1), "after the refusals");
     // And a file's state file is refused by a cold configuration.
-    drop(ctx);
     store.hand_over();
     drop(store);
     let fstore = Store::new(backing_config(&dir.file(), false)).unwrap();
