@@ -71,7 +71,9 @@ pub const SERVING_STACK_BYTES: usize = 128 << 10;
 /// requests first reach deeper, and under memory pressure such a fault waits in reclaim for the
 /// very swap-outs the thread is there to serve (seen: a successor's ublk queue thread in
 /// `do_anonymous_page` -> `try_to_free_pages` while the guest was out of memory). The thread's
-/// stack must be larger (a swap server's threads have 512 KiB).
+/// stack must be larger (a swap server's threads have 512 KiB). It also makes
+/// [`SERVING_HEAP_BYTES`] of the thread's malloc arena resident (`make_heap_resident`), for the
+/// same reason.
 #[inline(never)]
 pub fn make_stack_resident() {
     let mut probe = [0u8; SERVING_STACK_BYTES];

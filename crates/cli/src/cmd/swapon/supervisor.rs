@@ -19,7 +19,8 @@
 //!   server's locks went with it, and the successor locks the pages only once it has
 //!   recovered the store. The successor is the *standby* when one waits: a process of the
 //!   server started in advance (`--takeover --standby-fd N`), once each server is up and
-//!   the machine's memory is not short (`memory_calm.rs`), that has pinned itself (memory locked) and waits on a socket pair for the held descriptors
+//!   the machine's memory is not short (`memory_calm.rs`), that has pinned itself (memory
+//!   locked) and waits on a socket pair for the held descriptors
 //!   (`fdstore::hand_to_standby`); so the successor of a death needs no exec, no program
 //!   read from disk and no pinning while memory may be short, and comes up sooner. A
 //!   hand-over (SIGUSR2 to the supervisor: `compcache restart`) first replaces the standby
