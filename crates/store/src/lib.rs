@@ -89,5 +89,5 @@ pub use page::PAGE_SIZE;
 pub use ram::Recovered as RecoveryReport;
 pub use recompress::{RecompressReport, RecompressSettings, RecompressTuning};
 pub use stats::Stats;
-pub use store::{Allocation, Extent, Extents, Store};
+pub use store::{Allocation, Extent, Extents, Store, PREFAULT_CHUNK_PAGES};
 pub use units::{parse_bytes, parse_duration, parse_secs, parse_size, parse_size_or_none};

@@ -11,7 +11,9 @@ mod common;
 
 use common::{write_until_error, xorshift, PAGE};
 use compcache_store::testing::TempDir;
-use compcache_store::{BackingConfig, Config, DictSource, FileDevice, RecompressConfig, Store, StoreError, WritebackBudget};
+use compcache_store::{
+    BackingConfig, Config, DictSource, FileDevice, RecompressConfig, Store, StoreError, WritebackBudget, PREFAULT_CHUNK_PAGES,
+};
 use std::sync::Arc;
 
 /// Page faults this thread has taken so far (minor and major).
@@ -355,6 +357,46 @@ fn after_one_fruitless_wait_writes_fail_at_once_until_the_keeper_adds_pages() {
     let (_, err) = write_until_error(&store, &mut ctx, |i| page_of(i, 1, 2000));
     assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
     assert!(t.elapsed() >= Duration::from_millis(190), "waited again once pages had come: {:?}", t.elapsed());
+}
+
+/// A keeper's top-up reaches the writes waiting for it a chunk at a time
+/// ([`PREFAULT_CHUNK_PAGES`]), not when the whole top-up is done: a keeper whose faults wait
+/// in reclaim would otherwise hold back thousands of resident pages while writes fail. Here a
+/// write waits on an empty reserve while a top-up of 256 MiB (tens of milliseconds of page
+/// faults) runs; it must be stored before the top-up returns.
+#[test]
+fn a_top_up_feeds_the_waiting_writes_before_it_ends() {
+    use std::time::{Duration, Instant};
+    const TOP_UP: u64 = 64 * 1024;
+    const { assert!(TOP_UP > 100 * PREFAULT_CHUNK_PAGES) };
+    let store = Arc::new(Store::new(Config::with_disksize(2 * TOP_UP * PAGE as u64)).unwrap());
+    store.set_fault_free(true);
+    store.set_reserve_wait(Duration::from_secs(60));
+    let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
+    let writer = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            let mut ctx = store.context();
+            waiting_tx.send(()).unwrap();
+            store.write_page(&mut ctx, 1, &page_of(1, 1, 2000)).expect("the write waits for the top-up");
+            Instant::now()
+        })
+    };
+    waiting_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let started = Instant::now();
+    assert_eq!(store.prefault(TOP_UP), TOP_UP);
+    let ended = Instant::now();
+    let stored = writer.join().unwrap();
+    assert!(
+        stored < ended,
+        "the write was stored {:?} after the top-up ended (which took {:?}): the pages were held back until the end",
+        stored - ended,
+        ended - started
+    );
+    let mut back = vec![0u8; PAGE];
+    store.read_page(&mut store.context(), 1, &mut back).unwrap();
+    assert!(back == page_of(1, 1, 2000));
 }
 
 /// The reserve's keeper sleeps until the reserve is used: the write whose allocation leaves
