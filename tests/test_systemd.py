@@ -210,12 +210,9 @@ def test_at_shutdown_the_swap_and_server_stay(fg, tmp_path, compcache_bin):
     assert "zram-compcache" not in swaps()
 
 
-def test_a_killed_server_is_taken_over(fg, tmp_path, compcache_bin):
-    go, notify = fg
-    p, dev = go()
-    notify.drain()
-    names = sorted({n for n, _ in notify.store})
-    assert names == ["compcache-fuse", "compcache-fuse-init", "compcache-store"], notify.store
+def kill_the_server_and_see_it_taken_over(p, dev, tmp_path):
+    """SIGKILLs the server of `dev` (supervised by swapon `p`): a successor takes the device
+    over, swapon stays up, the device stays swap and serves reads."""
     state = compcache_devices()[dev]
     assert state["supervisor"] == p.pid and state["takeover"], state
     os.kill(state["pid"], signal.SIGKILL)
@@ -223,6 +220,15 @@ def test_a_killed_server_is_taken_over(fg, tmp_path, compcache_bin):
     assert p.poll() is None, log_of(tmp_path)
     assert "/dev/zram-compcache-" + os.path.basename(dev) in swaps(), "the device stays swap"
     run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
+
+
+def test_a_killed_server_is_taken_over(fg, tmp_path, compcache_bin):
+    go, notify = fg
+    p, dev = go()
+    notify.drain()
+    names = sorted({n for n, _ in notify.store})
+    assert names == ["compcache-fuse", "compcache-fuse-init", "compcache-store"], notify.store
+    kill_the_server_and_see_it_taken_over(p, dev, tmp_path)
     # systemctl reload (ExecReload: compcache restart --supervisor $MAINPID): handed over.
     before = compcache_devices()[dev]["pid"]
     r = run([compcache_bin, "restart", "--supervisor", str(p.pid)], timeout=TIMEOUT)
@@ -281,13 +287,7 @@ def test_with_the_cold_tier_a_killed_server_is_taken_over(fg, tmp_path):
     p, dev = go(extra=["--cold-tier", "8M", "--cold-idle", "1", "--cold-level", "3"])
     notify.drain()
     assert "compcache-store" in {n for n, _ in notify.store}, (notify.store, log_of(tmp_path))
-    state = compcache_devices()[dev]
-    assert state["supervisor"] == p.pid and state["takeover"], state
-    os.kill(state["pid"], signal.SIGKILL)
-    wait_for(lambda: compcache_devices()[dev]["pid"] != state["pid"], "a successor", timeout=60)
-    assert p.poll() is None, log_of(tmp_path)
-    assert "/dev/zram-compcache-" + os.path.basename(dev) in swaps(), "the device stays swap"
-    run(["dd", f"if={dev}", "of=/dev/null", "bs=64k", "count=16", "iflag=direct"])
+    kill_the_server_and_see_it_taken_over(p, dev, tmp_path)
     os.kill(p.pid, signal.SIGTERM)
     assert notify.next().get("STOPPING") == "1"
     assert p.wait(timeout=TIMEOUT) == 0, log_of(tmp_path)
