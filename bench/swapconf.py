@@ -24,6 +24,9 @@ end, so one stuck step does not leave the rest behind.
                 module's enable_uring is Y only while the server starts, then as found
   compcache-swapon  `compcache swapon --frontend fuse`: what a user gets, swapon's defaults
                 (recompression on); `compcache swapoff` takes it down
+  compcache-swapon-ra0  the same with the kernel's swap readahead off (`vm.page-cluster` 0)
+                while the device is up, then as found: what zram gets anyway (a synchronous
+                device's swap-ins skip readahead), for random access (docs/swap.md)
 """
 
 from __future__ import annotations
@@ -759,9 +762,36 @@ class CompcacheSwaponSwap(SwapConfig):
         return compcache_stats(self.system, self.binary, self.control, self.server_rss_bytes())
 
 
+class CompcacheSwaponNoReadahead(CompcacheSwaponSwap):
+    """`compcache-swapon` with `vm.page-cluster` 0 while it is up (machine-wide: the suite
+    holds the host-swap lock, and only this device swaps). Kernel zram is a synchronous device
+    (`SWP_SYNCHRONOUS_IO`), whose swap-ins skip the swap cache and readahead; through a loop
+    device every swap-in reads up to 2^page-cluster pages around it, which a program touching
+    its memory at random mostly does not use. Set before the device is swap, written back
+    after it is gone, also when setup fails half-way."""
+
+    name = "compcache-swapon-ra0"
+    label = "compcache swapon (FUSE, defaults, page-cluster 0)"
+    page_cluster = "/proc/sys/vm/page-cluster"
+
+    def setup(self) -> None:
+        self.saved_page_cluster = self.system.read(self.page_cluster).strip()
+        self.info["page_cluster_before"] = self.saved_page_cluster
+        self.system.write(self.page_cluster, "0")
+        super().setup()
+
+    def _teardown_steps(self):
+        def restore_page_cluster():
+            saved = getattr(self, "saved_page_cluster", None)
+            if saved is not None:
+                self.system.write(self.page_cluster, saved)
+
+        return super()._teardown_steps() + [restore_page_cluster]
+
+
 ALL_CONFIGS = ("noswap", "disk", "disk-hdd", "zram-lz4", "zram-lzo-rle", "zswap", "nbdkit-zstd", "compcache",
                "compcache-fuse", "compcache-fuse-recompress", "compcache-fuse-cold", "compcache-fuse-uring",
-               "compcache-swapon")
+               "compcache-swapon", "compcache-swapon-ra0")
 
 
 def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_bytes: int,
@@ -790,4 +820,6 @@ def make_config(name: str, system: System, ledger: Ledger, workdir: str, size_by
         return CompcacheFuseUringSwap(system, ledger, workdir, size_bytes, compcache_bin)
     if name == "compcache-swapon":
         return CompcacheSwaponSwap(system, ledger, workdir, size_bytes, compcache_bin)
+    if name == "compcache-swapon-ra0":
+        return CompcacheSwaponNoReadahead(system, ledger, workdir, size_bytes, compcache_bin)
     raise ValueError(f"unknown configuration {name!r} (known: {', '.join(ALL_CONFIGS)})")

@@ -76,6 +76,7 @@ class FakeSystem:
         self.files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "9223372036854771712\n"
         self.vmstat_reads = 0
         self.files["/proc/loadavg"] = "1.50 2.00 2.50 3/100 1234\n"
+        self.files["/proc/sys/vm/page-cluster"] = "3\n"
 
     # helpers -------------------------------------------------------------------------
     def _maybe_fail(self, key):

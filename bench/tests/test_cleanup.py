@@ -77,6 +77,22 @@ def test_zswap_restores_after_run():
     assert fs.files["/sys/module/zswap/parameters/enabled"] == "N"
 
 
+def test_readahead_off_only_while_the_device_is_up_and_restored_when_setup_fails():
+    fs, ledger = FakeSystem(), Ledger()
+    with _config("compcache-swapon-ra0", fs, ledger) as cfg:
+        assert fs.files["/proc/sys/vm/page-cluster"] == "0"
+        assert cfg.info["page_cluster_before"] == "3"
+    assert fs.files["/proc/sys/vm/page-cluster"] == "3"
+    _assert_clean(fs, ledger)
+    fs, ledger = FakeSystem(), Ledger()
+    fs.fail["/bin/compcache"] = 1
+    with pytest.raises(CommandError):
+        with _config("compcache-swapon-ra0", fs, ledger):
+            pass
+    assert fs.files["/proc/sys/vm/page-cluster"] == "3"
+    _assert_clean(fs, ledger)
+
+
 @pytest.mark.parametrize("name", ["nbdkit-zstd", "compcache", "disk-hdd"])
 @pytest.mark.parametrize("failing", ["mkswap", "swapon", "losetup", "spawn:nbdfuse", "spawn:server"])
 def test_nbd_chain_undone_when_a_setup_step_fails(name, failing):
