@@ -31,6 +31,11 @@ use crate::store_args::{config_error_line, StoreArgs};
 use crate::takeover_reserve::{TakeoverReserve, TAKEOVER_RESERVE_BYTES};
 use crate::units::human;
 
+/// How long the announcement of a device waits for the lines logged before it to be written
+/// (writing a line to a file takes microseconds; only a writer blocked on a swapped-out log
+/// page takes longer, and then the device is announced without them).
+const ANNOUNCE_LOG_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What both servers take besides the store.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServerArgs {
@@ -353,6 +358,11 @@ impl Session {
             }
             Err(e) => log::warning(&format!("no control socket {}: {e}", ctl.display())),
         }
+        // Whoever reads the log once the device is announced (a supervisor, a test, an operator
+        // after READY) finds every line logged before the announcement, in order before it:
+        // the log's writer thread may still hold them. Bounded: a writer stuck on a log file
+        // swapped out to this very device must not hold the announcement up.
+        compcache_log::flush(ANNOUNCE_LOG_FLUSH);
         // A closed stdout (a supervisor that stopped reading) must not kill a running device.
         let _ = writeln!(
             std::io::stdout(),
