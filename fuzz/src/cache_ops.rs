@@ -230,7 +230,7 @@ impl Harness<'_> {
     /// WRITE of `data` (in `b.buf`, `len` bytes) at `offset`.
     fn write(&mut self, offset: u64, len: u64) {
         let (a, e) = pages_of(offset, len);
-        let partial = offset % P != 0 || (offset + len) % P != 0;
+        let partial = !offset.is_multiple_of(P) || !(offset + len).is_multiple_of(P);
         let data = &self.b.buf[..len as usize];
         match self.store.write(&mut self.ctx, offset, data) {
             Ok(()) => {
@@ -254,11 +254,11 @@ impl Harness<'_> {
     fn write_zeroes(&mut self, offset: u64, len: u64) {
         let (a, e) = pages_of(offset, len);
         let (wf, we) = (offset.div_ceil(P), (offset + len) / P);
-        let (whole, partial) = (wf < we, offset % P != 0 || (offset + len) % P != 0);
+        let (whole, partial) = (wf < we, !offset.is_multiple_of(P) || !(offset + len).is_multiple_of(P));
         match self.store.write_zeroes(&mut self.ctx, offset, len) {
             Ok(()) => {
                 assert!(
-                    !(whole && self.faults.discards) && !(partial && self.faults.writes),
+                    !((whole && self.faults.discards) || (partial && self.faults.writes)),
                     "write-zeroes at {offset} length {len} succeeded while the origin refuses it"
                 );
                 self.b.model[offset as usize..][..len as usize].fill(0);

@@ -245,7 +245,7 @@ fn run_with(data: &[u8], b: &mut Buffers) {
                     // A whole second of CPU: every idle page of the 32 is taken in one run,
                     // whatever the machine's speed, so that runs repeat.
                     store.recompress(Duration::from_secs(1));
-                } else if how % 3 == 0 {
+                } else if how.is_multiple_of(3) {
                     store.flush().expect("flush");
                 } else {
                     let r = store.maintain(Duration::from_millis(u64::from(input.u8()) * 10));

@@ -17,8 +17,8 @@
 #[path = "../../crates/cli/src/cmd/zramconf/mod.rs"]
 pub mod parser;
 
-use parser::device::parse_algorithms;
 use crate::expr::eval;
+use parser::device::parse_algorithms;
 use parser::{interpret, parse_into, Vars};
 
 pub fn run(data: &[u8]) {
