@@ -25,6 +25,7 @@ import os
 import random
 import signal
 import subprocess
+import statistics
 import sys
 import tempfile
 import threading
@@ -157,6 +158,20 @@ def run_sort(text, limit_mib, buffer):
                 time.sleep(0.1)
 
 
+def summary(runs: dict) -> list:
+    """The table's lines: per device, its runs, OOM kills and the medians (of the runs that
+    completed, for the time; the mean of the middle two for an even count)."""
+    lines = ["| device | runs | OOM-killed | median s (completed runs) | median failcnt | median peak writeback pages |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, rs in runs.items():
+        ok = [r["seconds"] for r in rs if not r["killed"]]
+        med = statistics.median(ok) if ok else float("nan")
+        fc = statistics.median(r["failcnt"] for r in rs)
+        wb = statistics.median(r["peak_writeback_pages"] for r in rs)
+        lines.append(f"| {name} | {len(rs)} | {sum(r['killed'] for r in rs)} | {med:.1f} | {fc:.0f} | {wb:.0f} |")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -194,14 +209,8 @@ def main():
                           f"peak writeback {r['peak_writeback_pages']} pages, load {r['load']:.1f}", file=sys.stderr, flush=True)
     finally:
         os.unlink(text)
-    print("| device | runs | OOM-killed | median s (completed runs) | median failcnt | median peak writeback pages |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for name, rs in runs.items():
-        ok = sorted(r["seconds"] for r in rs if not r["killed"])
-        med = ok[len(ok) // 2] if ok else float("nan")
-        fc = sorted(r["failcnt"] for r in rs)[len(rs) // 2]
-        wb = sorted(r["peak_writeback_pages"] for r in rs)[len(rs) // 2]
-        print(f"| {name} | {len(rs)} | {sum(r['killed'] for r in rs)} | {med:.1f} | {fc} | {wb} |")
+    for line in summary(runs):
+        print(line)
     if a.out_json:
         with open(a.out_json, "w") as f:
             json.dump(runs, f, indent=2)
