@@ -59,14 +59,21 @@ def test_zram_rejects_missing_algorithm_and_cleans_up():
     assert ("/sys/class/zram-control/hot_remove", "5") in fs.writes
 
 
-def test_zswap_restores_enabled_even_when_swapon_fails():
+def _set_up_failing(name, failing):
+    """Sets configuration `name` up on a fake system whose step `failing` fails; checks that
+    the failure is raised and everything undone, and returns the fake system."""
     fs, ledger = FakeSystem(), Ledger()
-    fs.fail["swapon"] = 1
+    fs.fail[failing] = 1
     with pytest.raises(CommandError):
-        with _config("zswap", fs, ledger):
+        with _config(name, fs, ledger):
             pass
-    assert fs.files["/sys/module/zswap/parameters/enabled"] == "N"
     _assert_clean(fs, ledger)
+    return fs
+
+
+def test_zswap_restores_enabled_even_when_swapon_fails():
+    fs = _set_up_failing("zswap", "swapon")
+    assert fs.files["/sys/module/zswap/parameters/enabled"] == "N"
     assert "/work/zswap.swapfile" not in fs.files
 
 
@@ -84,13 +91,8 @@ def test_readahead_off_only_while_the_device_is_up_and_restored_when_setup_fails
         assert cfg.info["page_cluster_before"] == "3"
     assert fs.files["/proc/sys/vm/page-cluster"] == "3"
     _assert_clean(fs, ledger)
-    fs, ledger = FakeSystem(), Ledger()
-    fs.fail["/bin/compcache"] = 1
-    with pytest.raises(CommandError):
-        with _config("compcache-swapon-ra0", fs, ledger):
-            pass
+    fs = _set_up_failing("compcache-swapon-ra0", "/bin/compcache")
     assert fs.files["/proc/sys/vm/page-cluster"] == "3"
-    _assert_clean(fs, ledger)
 
 
 @pytest.mark.parametrize("name", ["nbdkit-zstd", "compcache", "disk-hdd"])
