@@ -20,7 +20,13 @@ ratio of two runs minutes apart measures that too.
 Per run it records the wall time, the program's own figures, the change in /proc/vmstat's
 pswpin, pswpout and pgmajfault (machine-wide: the experiment holds the host-swap lock, so
 nobody else swaps), the cgroup's own major faults (memory.stat pgmajfault) and the device's
-read and write requests (num_reads, num_writes: zram's and compcache's; a swap file has none).
+read and write requests (num_reads, num_writes: zram's and compcache's; a swap file has none),
+and the CPU time the whole machine was busy during the run (/proc/stat: user, nice, system, irq
+and softirq over every CPU; not idle, iowait or steal). That last one over the pages swapped
+(pswpin + pswpout) is the CPU a swapped page costs, wherever it was spent: zram compresses in
+the reclaiming task and kswapd, compcache in its server, with the loop worker and ksoftirqd
+between. It includes the program's own work (the same for every configuration of a round)
+and whatever else the machine ran meanwhile, so it compares configurations, not machines.
 """
 
 from __future__ import annotations
@@ -73,6 +79,29 @@ def _vmstat(ctx) -> dict:
         return {}
 
 
+# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice,
+# in clock ticks. Busy: user, nice, system, irq, softirq (guest time is inside user already).
+BUSY_FIELDS = (0, 1, 2, 5, 6)
+
+
+def cpu_busy_s(stat_text: str) -> float | None:
+    """Seconds every CPU together was busy since boot, from /proc/stat's text; None if it has
+    no "cpu" line."""
+    for line in stat_text.splitlines():
+        f = line.split()
+        if f and f[0] == "cpu":
+            ticks = [int(x) for x in f[1:]]
+            return sum(ticks[i] for i in BUSY_FIELDS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+def _cpu_busy(ctx) -> float | None:
+    try:
+        return cpu_busy_s(ctx.system.read("/proc/stat"))
+    except (OSError, ValueError):
+        return None
+
+
 def _device(cfg) -> dict:
     try:
         return cfg.stats()
@@ -83,9 +112,9 @@ def _device(cfg) -> dict:
 def run_one(ctx, cfg, limit_bytes: int, argv: list, timeout_s: float, parse) -> dict:
     """One run of `argv` in a fresh cgroup that may swap to `cfg`, with its counters."""
     with ctx.cgroup(limit_bytes, cfg.allow_swap) as cg:
-        vm0, dev0, cg0 = _vmstat(ctx), _device(cfg), cg.memory_stat()
+        vm0, dev0, cg0, cpu0 = _vmstat(ctx), _device(cfg), cg.memory_stat(), _cpu_busy(ctx)
         r = run_workload(ctx.system, cg, argv, timeout_s)
-        vm1, dev1, cg1 = _vmstat(ctx), _device(cfg), cg.memory_stat()
+        cpu1, vm1, dev1, cg1 = _cpu_busy(ctx), _vmstat(ctx), _device(cfg), cg.memory_stat()
     try:
         r["out"] = parse(r["stdout"])
     except (ValueError, KeyError):
@@ -96,6 +125,7 @@ def run_one(ctx, cfg, limit_bytes: int, argv: list, timeout_s: float, parse) -> 
     r["vmstat"] = deltas(vm0, vm1, VMSTAT_KEYS)
     r["device"] = deltas(dev0, dev1, DEVICE_KEYS)
     r["cg_pgmajfault"] = deltas(cg0, cg1, ("pgmajfault",)).get("pgmajfault")
+    r["cpu_busy_s"] = round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None
     r["loadavg"] = _loadavg(ctx)
     return r
 
@@ -168,6 +198,14 @@ MEASURES = (("lookup", "lookup_s", "lookups"), ("lookup", "build_s", "build"),
             ("lookup", "wall_s", "whole program"), ("scan", "wall_s", "scan"))
 
 
+def cpu_us_per_page(run: dict) -> float | None:
+    """The machine's busy CPU time during `run` over the pages it swapped in and out, in
+    microseconds; None without both figures or without swapping."""
+    busy, vm = run.get("cpu_busy_s"), run.get("vmstat", {})
+    pages = (vm.get("pswpin") or 0) + (vm.get("pswpout") or 0)
+    return busy * 1e6 / pages if busy is not None and pages > 0 else None
+
+
 def summarize(out: dict) -> dict:
     """Per measure and configuration: the times, their median, and the ratios to the baseline
     in the same round (median, min, max); the median swap-ins and major faults per run."""
@@ -200,7 +238,8 @@ def summarize(out: dict) -> dict:
                              ("pswpout", lambda x: x.get("vmstat", {}).get("pswpout")),
                              ("majflt", lambda x: (x.get("out") or {}).get("majflt_lookup") if what == "lookup_s"
                               else x.get("cg_pgmajfault")),
-                             ("device_reads", lambda x: x.get("device", {}).get("num_reads"))):
+                             ("device_reads", lambda x: x.get("device", {}).get("num_reads")),
+                             ("cpu_us_per_page", cpu_us_per_page)):
                 vals = [v for x in runs if x.get("status") == "ok" and (v := get(x)) is not None]
                 entry[key] = statistics.median(vals) if vals else None
             per[name] = entry
@@ -209,4 +248,5 @@ def summarize(out: dict) -> dict:
     return summ
 
 
-__all__ = ["run", "summarize", "rotated", "lookup_argv", "parse_lookup_output", "deltas", "MEASURES"]
+__all__ = ["run", "summarize", "rotated", "lookup_argv", "parse_lookup_output", "deltas", "cpu_busy_s",
+           "cpu_us_per_page", "MEASURES"]

@@ -378,14 +378,17 @@ def random_tables(rnd: dict) -> str:
                 f"{e['ratio_median']:.2f}x ({e['ratio_min']:.2f}-{e['ratio_max']:.2f})")
             rows.append([cfgs[name]["label"], " ".join(f"{t:.2f}" for t in e["times"]) + (
                 f" ({e['failed']} failed)" if e["failed"] else ""), _t(e["median_s"]), ratio,
-                _n(e.get("majflt")), _n(e.get("pswpin")), _n(e.get("pswpout")), _n(e.get("device_reads"))])
+                _n(e.get("majflt")), _n(e.get("pswpin")), _n(e.get("pswpout")), _n(e.get("device_reads")),
+                "-" if e.get("cpu_us_per_page") is None else f"{e['cpu_us_per_page']:.1f}"])
         faults = "major faults (lookups, the program's own)" if what == "lookup_s" else "major faults (cgroup)"
         out += [f"Time of {title}:", "",
                 table(["config", "runs (s)", "median (s)", f"ratio to {base_label}: median (range)", faults,
-                       "pswpin", "pswpout", "device reads"], rows), ""]
+                       "pswpin", "pswpout", "device reads", "CPU per swapped page (us)"], rows), ""]
     out += [f"Ratios are taken within a round (the same minutes), then the median and range over the rounds. "
             "pswpin and pswpout are /proc/vmstat's changes over the whole run (machine-wide, under the host-swap "
-            "lock), device reads the device's own read requests (none for a swap file); medians over the runs.", ""]
+            "lock), device reads the device's own read requests (none for a swap file); CPU per swapped page is the "
+            "time the whole machine's CPUs were busy during the run (/proc/stat) over pswpin + pswpout, the "
+            "program's own work included; medians over the runs.", ""]
     return "\n".join(out)
 
 

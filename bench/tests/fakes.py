@@ -75,6 +75,7 @@ class FakeSystem:
         self.files["/sys/module/zswap/parameters/compressor"] = "lzo\n"
         self.files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "9223372036854771712\n"
         self.vmstat_reads = 0
+        self.stat_reads = 0
         self.files["/proc/loadavg"] = "1.50 2.00 2.50 3/100 1234\n"
         self.files["/proc/sys/vm/page-cluster"] = "3\n"
 
@@ -100,6 +101,10 @@ class FakeSystem:
             self.vmstat_reads += 1
             n = self.vmstat_reads
             return f"pgmajfault {100 + 6 * n}\npswpin {10 + 5 * n}\npswpout {20 + 9 * n}\n"
+        if path == "/proc/stat":  # every read 1.5 s of busy CPU later (150 ticks at USER_HZ 100)
+            self.stat_reads += 1
+            n = self.stat_reads
+            return f"cpu {100 * n} 0 {50 * n} 9000 7 0 0 3 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
         if path == "/proc/swaps":
             return "Filename Type Size Used Priority\n" + "".join(f"{s} partition 1024 0 100\n" for s in self.swaps)
         if path == "/proc/self/mounts":

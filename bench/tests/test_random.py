@@ -52,6 +52,8 @@ def test_rounds_alternate_and_leave_nothing_behind():
             assert "error" not in r and "leftovers" not in r, r
             assert r["lookup"]["status"] == "ok" and r["lookup"]["out"]["majflt_lookup"] == 7
             assert r["lookup"]["vmstat"] == {"pswpin": 5, "pswpout": 9, "pgmajfault": 6}
+            # The fake's /proc/stat is 1.5 s busier at every read: 1.5 s over 14 pages swapped.
+            assert r["lookup"]["cpu_busy_s"] == 1.5
             assert r["scan"]["status"] == "ok" and r["scan"]["out"]["mib"] == 1
     # compcache swapon's device was set up by swapon and taken down by compcache swapoff.
     assert any(c[1:3] == ["swapon", "--frontend"] for c in fs.commands)
@@ -60,6 +62,7 @@ def test_rounds_alternate_and_leave_nothing_behind():
     assert ("/sys/class/zram-control/hot_remove", "5") in fs.writes
     s = out["summary"]["lookup:lookup_s"]["configs"]
     assert s["zram-lz4"]["ratio_median"] == 1.0 and s["compcache-swapon"]["times"] == [1.0, 1.0]
+    assert round(s["zram-lz4"]["cpu_us_per_page"]) == round(1.5e6 / 14)
 
 
 def test_a_failing_configuration_is_recorded_and_the_others_go_on():
@@ -78,7 +81,7 @@ def _synthetic():
         return {"status": status, "wall_s": wall_s, "out": {"lookup_s": lookup_s, "build_s": wall_s - lookup_s,
                                                              "majflt_lookup": pswpin // 2},
                 "vmstat": {"pswpin": pswpin, "pswpout": 2 * pswpin}, "device": {"num_reads": pswpin},
-                "cg_pgmajfault": pswpin}
+                "cg_pgmajfault": pswpin, "cpu_busy_s": 0.03 * pswpin}
 
     def cfg(label, lookups, scans):
         return {"label": label, "rounds": [{"round": i, "lookup": run(t, t + 10, 1000 * (i + 1)),
@@ -101,6 +104,8 @@ def test_summary_takes_ratios_within_each_round():
     # Rounds 1 and 2 (round 3 was OOM-killed): 5/2 and 6/4.
     assert lk["ratios"] == [2.5, 1.5] and lk["ratio_median"] == 2.0 and lk["failed"] == 1
     assert lk["majflt"] == 750 and lk["pswpin"] == 1500 and lk["device_reads"] == 1500
+    # 0.03 s per swap-in over three pages swapped per swap-in: 10,000 us a page, every run.
+    assert lk["cpu_us_per_page"] == 10000.0
     sc = s["scan:wall_s"]["configs"]["compcache-swapon"]
     assert sc["ratios"] == [1.25, 1.5, 1.0] and sc["ratio_min"] == 1.0 and sc["ratio_max"] == 1.5
     assert "disk" not in s["scan:wall_s"]["configs"]
@@ -109,8 +114,17 @@ def test_summary_takes_ratios_within_each_round():
 def test_random_tables():
     md = report.random_tables(_synthetic())
     assert "- disk swap: round 1: no fallocate" in md
-    assert "| compcache swapon (FUSE, defaults) | 5.00 6.00 (1 failed) | 5.50 | 2.00x (1.50-2.50) | 750 | 1500 |" in md
+    assert "| compcache swapon (FUSE, defaults) | 5.00 6.00 (1 failed) | 5.50 | 2.00x (1.50-2.50) | 750 | 1500 | 3000 | 1500 | 10000.0 |" in md
     assert "| zram lz4 | 20.00 20.00 30.00 | 20.00 | 1.00x (1.00-1.00) |" in md
     assert "`scan 480 10` (cyclic) in a 256 MiB machine" in md
     res = {"profile": "quick", "machine": {}, "experiments": {"random": _synthetic()}}
     assert "random-access swap (issue 30)" in report.markdown(res)
+
+
+def test_cpu_busy_takes_the_busy_fields_of_the_cpu_line():
+    # user 100, nice 20, system 30, idle 5000, iowait 40, irq 6, softirq 4, steal 70: 160 ticks busy.
+    hz = exp_random.os.sysconf("SC_CLK_TCK")
+    assert exp_random.cpu_busy_s("cpu  100 20 30 5000 40 6 4 70 0 0\ncpu0 1 1 1 1 1 1 1 1 1 1\n") == 160 / hz
+    assert exp_random.cpu_busy_s("intr 1 2 3\n") is None
+    assert exp_random.cpu_us_per_page({"cpu_busy_s": 1.0, "vmstat": {"pswpin": 0, "pswpout": 0}}) is None
+    assert exp_random.cpu_us_per_page({"vmstat": {"pswpin": 5}}) is None
