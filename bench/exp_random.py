@@ -35,7 +35,7 @@ import json
 import os
 import statistics
 
-from .parse import parse_flat_keyed, parse_scan_output
+from .parse import parse_flat_keyed, parse_proc_stat_busy_s, parse_scan_output
 from .runner import run_workload
 
 APP = os.path.join(os.path.dirname(__file__), "apps", "sqlite_lookup.py")
@@ -79,25 +79,9 @@ def _vmstat(ctx) -> dict:
         return {}
 
 
-# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice,
-# in clock ticks. Busy: user, nice, system, irq, softirq (guest time is inside user already).
-BUSY_FIELDS = (0, 1, 2, 5, 6)
-
-
-def cpu_busy_s(stat_text: str) -> float | None:
-    """Seconds every CPU together was busy since boot, from /proc/stat's text; None if it has
-    no "cpu" line."""
-    for line in stat_text.splitlines():
-        f = line.split()
-        if f and f[0] == "cpu":
-            ticks = [int(x) for x in f[1:]]
-            return sum(ticks[i] for i in BUSY_FIELDS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
-    return None
-
-
 def _cpu_busy(ctx) -> float | None:
     try:
-        return cpu_busy_s(ctx.system.read("/proc/stat"))
+        return parse_proc_stat_busy_s(ctx.system.read("/proc/stat"))
     except (OSError, ValueError):
         return None
 
@@ -248,5 +232,5 @@ def summarize(out: dict) -> dict:
     return summ
 
 
-__all__ = ["run", "summarize", "rotated", "lookup_argv", "parse_lookup_output", "deltas", "cpu_busy_s",
-           "cpu_us_per_page", "MEASURES"]
+__all__ = ["run", "summarize", "rotated", "lookup_argv", "parse_lookup_output", "deltas", "cpu_us_per_page",
+           "MEASURES"]

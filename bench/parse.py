@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -146,3 +147,19 @@ def parse_proc_io(text: str) -> dict:
         if sep and v.strip().isdigit():
             out[k.strip()] = int(v)
     return out
+
+
+# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice,
+# in clock ticks. Busy: user, nice, system, irq, softirq (guest time is inside user already).
+BUSY_FIELDS = (0, 1, 2, 5, 6)
+
+
+def parse_proc_stat_busy_s(stat_text: str) -> float | None:
+    """Seconds every CPU together was busy since boot, from /proc/stat's text; None if it has
+    no "cpu" line."""
+    for line in stat_text.splitlines():
+        f = line.split()
+        if f and f[0] == "cpu":
+            ticks = [int(x) for x in f[1:]]
+            return sum(ticks[i] for i in BUSY_FIELDS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
+    return None

@@ -379,7 +379,7 @@ def random_tables(rnd: dict) -> str:
             rows.append([cfgs[name]["label"], " ".join(f"{t:.2f}" for t in e["times"]) + (
                 f" ({e['failed']} failed)" if e["failed"] else ""), _t(e["median_s"]), ratio,
                 _n(e.get("majflt")), _n(e.get("pswpin")), _n(e.get("pswpout")), _n(e.get("device_reads")),
-                "-" if e.get("cpu_us_per_page") is None else f"{e['cpu_us_per_page']:.1f}"])
+                _t(e.get("cpu_us_per_page"), 1)])
         faults = "major faults (lookups, the program's own)" if what == "lookup_s" else "major faults (cgroup)"
         out += [f"Time of {title}:", "",
                 table(["config", "runs (s)", "median (s)", f"ratio to {base_label}: median (range)", faults,

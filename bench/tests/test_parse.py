@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -86,3 +87,10 @@ def test_compression_ratio():
 def test_proc_status():
     assert parse.parse_proc_status_kib("Name:\tx\nVmRSS:\t  1234 kB\n") == 1234
     assert parse.parse_proc_status_kib("Name:\tx\n") is None
+
+
+def test_proc_stat_busy_takes_the_busy_fields_of_the_cpu_line():
+    # user 100, nice 20, system 30, idle 5000, iowait 40, irq 6, softirq 4, steal 70: 160 ticks busy.
+    hz = os.sysconf("SC_CLK_TCK")
+    assert parse.parse_proc_stat_busy_s("cpu  100 20 30 5000 40 6 4 70 0 0\ncpu0 1 1 1 1 1 1 1 1 1 1\n") == 160 / hz
+    assert parse.parse_proc_stat_busy_s("intr 1 2 3\n") is None
