@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -304,6 +305,9 @@ def test_kills_and_a_restart_to_another_build_fail_no_request(builds):
             # standby of the build installed since, started (and the old build's dismissed) when
             # `compcache restart` asked the supervisor, pinned before the server handed over.
             assert log.count("(the standby) serves") >= 6 and "of the installed binary is pinned" in log, log
+            # Every successor says what its takeover cost (time and page faults).
+            costs = re.findall(r"serving \S+ again: [0-9.]+ ms and [0-9]+ page faults \([0-9]+ major\)", log)
+            assert len(costs) >= 6, log
             assert "FUSE_NOTIFY_RESEND)" in log and "refused FUSE_NOTIFY_RESEND" not in log, log
             pids.append(new)
             assert len(set(pids)) == 7

@@ -36,6 +36,40 @@ use crate::units::human;
 /// page takes longer, and then the device is announced without them).
 const ANNOUNCE_LOG_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Where a takeover began: when the descriptors came, and this process's page faults until then
+/// (`getrusage`). Logged with the faults since once the device serves again: every fault a
+/// takeover takes while the device's I/O is held may wait in reclaim for memory only that
+/// device can free (docs/swap.md, "A standby, started in advance").
+static TAKEOVER_BEGAN: std::sync::OnceLock<(std::time::Instant, Faults)> = std::sync::OnceLock::new();
+
+/// This process's page faults so far: (minor, major).
+type Faults = (u64, u64);
+
+fn faults() -> Faults {
+    // SAFETY: getrusage writes one rusage into the zeroed value it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF counts every thread of this process.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    (u.ru_minflt as u64, u.ru_majflt as u64)
+}
+
+/// Marks the start of a takeover (the first call counts).
+fn takeover_begins() {
+    let _ = TAKEOVER_BEGAN.set((std::time::Instant::now(), faults()));
+}
+
+/// "N ms and F page faults (M major) from the descriptors to serving", for a takeover.
+fn takeover_cost() -> Option<String> {
+    let (at, (minor0, major0)) = TAKEOVER_BEGAN.get()?;
+    let (minor, major) = faults();
+    Some(format!(
+        "{:.1} ms and {} page faults ({} major) from the descriptors to serving",
+        at.elapsed().as_secs_f64() * 1e3,
+        (minor + major).saturating_sub(minor0 + major0),
+        major.saturating_sub(*major0)
+    ))
+}
+
 /// What both servers take besides the store.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServerArgs {
@@ -123,6 +157,7 @@ pub fn wait_as_standby(fd: i32, locked: bool) -> Result<(), Failure> {
     let locked = if locked { "memory locked, " } else { "" };
     log::info(&format!("standby pid {}: {locked}{aside}waiting for a device to take over", std::process::id()));
     let handed = crate::fdstore::wait_as_standby(sock.as_fd());
+    takeover_begins();
     // Given back to the kernel now, as the takeover starts to allocate.
     drop(reserve);
     match handed {
@@ -276,6 +311,7 @@ impl Session {
         let store = match state {
             None => Store::new(cfg.clone()).map_err(|e| Failure::new(format!("cannot create the store: {}", config_error_line(&e))))?,
             Some(fd) => {
+                takeover_begins();
                 let (store, report) = Store::recover(cfg.clone(), fd).map_err(|e| {
                     crate::failure::with_code(
                         crate::failure::TAKEOVER_REFUSED,
@@ -378,6 +414,9 @@ impl Session {
             std::process::id()
         );
         signal_ready(self.server.ready_fd, &format!("READY {}\n", dev.display()));
+        if let Some(cost) = takeover_cost() {
+            log::info(&format!("serving {} again: {cost}", dev.display()));
+        }
         // A takeover's, once the device serves and its supervisor knows it. A thread that cannot
         // start is reported; the device serves without it (its job waits: no reserve top-up,
         // writeback or recompression).
