@@ -375,7 +375,7 @@ impl Supervisor {
             return;
         }
         if let Ok((child, ready, Some(sock))) = self.launch(Launch::Standby) {
-            self.standby = Some(Standby { child, ready, sock });
+            self.standby = Some(Standby { child, ready, sock, waiting: false });
         }
     }
 
@@ -427,12 +427,12 @@ impl Supervisor {
         }
         self.dismiss_standby();
         self.start_standby();
-        let Some(s) = &self.standby else {
+        let Some(s) = &mut self.standby else {
             log::warning("no standby could be started: the successor starts after the hand-over");
             return;
         };
         let start = Instant::now();
-        if crate::fdstore::standby_waiting(s.sock.as_fd(), UPGRADE_STANDBY_WAIT) {
+        if s.says_it_waits(UPGRADE_STANDBY_WAIT) {
             let pid = s.child.id();
             log::info(&format!(
                 "standby pid {pid} of the installed binary is pinned and waits ({:.0} ms)",
@@ -451,10 +451,28 @@ impl Supervisor {
 
     /// Hands the held descriptors to the standby and waits for its READY. `None`: there is no
     /// live standby, or it could not be handed them (it is then dismissed): start a successor.
+    ///
+    /// A standby that has not said it waits within [`STANDBY_GRACE`] is killed instead: it is
+    /// still starting, and a standby starts by allocating (its locked memory, its I/O buffers,
+    /// the memory it sets aside), which with the machine out of memory waits in reclaim for
+    /// the very device whose server just died. Handed the descriptors, it would read them only
+    /// once those allocations end, that is never, or when the supervisor's patience ends (seen
+    /// in the VM test's `global-kill` step, 2026-11-29: a standby in `mlock` of the memory it
+    /// sets aside, the device held 122 s until `READY_TIMEOUT`, then a successor from disk
+    /// served in under a second). Killed, it gives its memory back for the successor.
     fn activate_standby(&mut self) -> Option<Result<PathBuf, Option<ExitStatus>>> {
         let mut s = self.standby.take()?;
         if !matches!(s.child.try_wait(), Ok(None)) {
             log::warning(&format!("the standby (pid {}) had ended: starting a successor instead", s.child.id()));
+            return None;
+        }
+        if !s.says_it_waits(STANDBY_GRACE) {
+            log::warning(&format!(
+                "the standby (pid {}) is still starting ({STANDBY_GRACE:?} after the server's end it has not said it waits): \
+                 killed, its memory given back; starting a successor instead",
+                s.child.id()
+            ));
+            let _ = reap(&mut s.child, Duration::ZERO);
             return None;
         }
         if let Err(e) = crate::fdstore::hand_to_standby(s.sock.as_fd(), &self.held) {
@@ -765,7 +783,23 @@ struct Standby {
     child: Child,
     ready: OwnedFd,
     sock: OwnedFd,
+    /// It said it waits (`WAITING=1`: pinned, buffers made, memory set aside), read by
+    /// [`Supervisor::start_upgrade_standby`] or [`Supervisor::activate_standby`].
+    waiting: bool,
 }
+
+impl Standby {
+    /// Whether it has said it waits, reading its socket up to `within` for that (and
+    /// remembering it: the message is read once).
+    fn says_it_waits(&mut self, within: Duration) -> bool {
+        self.waiting = self.waiting || crate::fdstore::standby_waiting(self.sock.as_fd(), within);
+        self.waiting
+    }
+}
+
+/// How long a server's death waits for a standby that has not yet said it waits, before it is
+/// killed and a successor started from disk instead (`activate_standby`).
+const STANDBY_GRACE: Duration = Duration::from_secs(3);
 
 /// The server of a command line (`args[0]`) and what its successor needs held ([`SERVERS`]).
 fn server_of(args: &[OsString]) -> Result<(&'static str, &'static [&'static str]), Failure> {
@@ -968,6 +1002,29 @@ pub fn run_supervisor(args: SupervisorArgs) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standby_is_ready_once_it_says_it_waits_and_stays_so() {
+        let (ours, theirs) = crate::fdstore::standby_pair().unwrap();
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let (ready, _w) = std::io::pipe().unwrap();
+        let mut s = Standby { child, ready: ready.into(), sock: ours, waiting: false };
+        // Silent (still starting): not ready, after the grace given.
+        let t = Instant::now();
+        assert!(!s.says_it_waits(Duration::from_millis(100)));
+        assert!(t.elapsed() >= Duration::from_millis(90), "{:?}", t.elapsed());
+        // Its message: ready, and still so once the message is read.
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // What `fdstore::wait_as_standby` sends first. SAFETY: a live socket and a buffer
+            // of the length given.
+            unsafe { libc::send(theirs.as_raw_fd(), b"WAITING=1\n".as_ptr().cast(), 10, 0) };
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        assert!(s.says_it_waits(Duration::from_secs(5)));
+        assert!(s.says_it_waits(Duration::ZERO));
+        let _ = reap(&mut s.child, Duration::ZERO);
+    }
 
     #[test]
     fn successors_start_at_once_unless_refused_or_in_a_crash_loop() {
