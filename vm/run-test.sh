@@ -129,13 +129,15 @@ COMPCACHE_BIN="$bin" INITRAMFS_OUT="$initramfs" NBD_CLIENT_DIR="$nbd_client_dir"
 # Its monitor socket (vm/cache/monitor-PID.sock) takes e.g. `sendkey alt-sysrq-t` to dump the
 # guest's tasks when something hangs (run with CC_VM_LOGLEVEL=7 to see the stacks; CC_VM_SYSRQ
 # chooses the sysrq keys, default 7wlm: add t for every task).
+# CC_VM_APPEND adds words to the guest's command line (e.g. cc.global_scan_mib=328: a harsher
+# global-kill, to make a rare stall show sooner).
 log="$cache/run-$$.log"
 monitor_sock="$cache/monitor-$$.sock"
 case "$accel" in
   kvm) accel_opts=(-accel kvm -cpu host) ;;
   *) accel_opts=(-accel tcg,thread=multi -cpu max) ;;
 esac
-append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve cc.kills=$kills cc.nbd_kills=$nbd_kills${memcg:+ cc.memcg_mib=$memcg}${CC_VM_TAIL_LOG:+ cc.tail_log=1}"
+append="console=ttyS0 panic=-1 oops=panic quiet loglevel=${CC_VM_LOGLEVEL:-4} sysrq_always_enabled cc.frontends=$frontends cc.scan_mib=$scan cc.passes=$passes cc.reserve=$reserve cc.kills=$kills cc.nbd_kills=$nbd_kills${memcg:+ cc.memcg_mib=$memcg}${CC_VM_TAIL_LOG:+ cc.tail_log=1}${CC_VM_APPEND:+ $CC_VM_APPEND}"
 # The backing step's disk: a sparse file (only what the guest writes takes host space), as
 # large as the scan (at least 128 MiB), so that it holds all the scan's pages compressed.
 # The cache step's origin: a second sparse file, named by its serial in the guest.
