@@ -179,6 +179,13 @@ where
         return Err(Error::Options("a takeover needs the device's number".into()));
     }
     let mut dev_flags = UblkFlags::UBLK_DEV_F_RECOVER_DEV;
+    // The buffers are locked whole before the first fetch also without `prepared` (each queue's
+    // `mlock` then allocates 4 MiB while the device's I/O is held). Faulting them in as the
+    // requests come instead was tried and is worse: a queue thread then faults inside the
+    // kernel's copy of a write into its buffer (`ublk_copy_user_pages`) with the device already
+    // serving, and waits in reclaim for swap-outs only it can serve (VM test `global-kill`,
+    // 2026-11-29). A serving thread must not fault; a successor without a standby's buffers
+    // gets its memory from the standby the supervisor kills for it (swapon's `supervisor.rs`).
     if opts.mlock_io_buffers {
         dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
     }
