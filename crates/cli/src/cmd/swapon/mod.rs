@@ -22,7 +22,6 @@
 
 mod container;
 mod foreground;
-mod memory_calm;
 mod own_keys;
 mod program_pin;
 mod restart;

@@ -18,9 +18,8 @@
 //!   Before it starts one, it locks the dead server's state in memory (`state_pin.rs`): the
 //!   server's locks went with it, and the successor locks the pages only once it has
 //!   recovered the store. The successor is the *standby* when one waits: a process of the
-//!   server started in advance (`--takeover --standby-fd N`), once each server is up and
-//!   the machine's memory is not short (`memory_calm.rs`), that has pinned itself (memory
-//!   locked) and waits on a socket pair for the held descriptors
+//!   server started in advance (`--takeover --standby-fd N`) as soon as each server is up,
+//!   that has pinned itself (memory locked) and waits on a socket pair for the held descriptors
 //!   (`fdstore::hand_to_standby`); so the successor of a death needs no exec, no program
 //!   read from disk and no pinning while memory may be short, and comes up sooner. A
 //!   hand-over (SIGUSR2 to the supervisor: `compcache restart`) first replaces the standby
@@ -46,7 +45,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::memory_calm::{self, MemoryCalm};
 use super::program_pin::ProgramPin;
 use super::server::wait_ready;
 use super::state::{SwapState, STATE_DIR};
@@ -134,9 +132,6 @@ pub(crate) struct Supervisor {
     started: Vec<u32>,
     /// The standby, while one waits (`start_standby`).
     standby: Option<Standby>,
-    /// A standby is wanted and starts once the machine's memory is not short
-    /// (`memory_calm.rs`): after each server comes up.
-    standby_wanted: Option<MemoryCalm>,
     /// The state, locked from a server's death until the next one's (`state_pin.rs`),
     /// by a thread of its own while the successor starts. Dropping the sender lets the thread go.
     pin: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>)>,
@@ -179,7 +174,6 @@ impl Supervisor {
             backoff: Backoff::default(),
             started: Vec::new(),
             standby: None,
-            standby_wanted: None,
             pin: None,
             record_pins: Vec::new(),
             program: None,
@@ -212,7 +206,7 @@ impl Supervisor {
         self.device = self.spawn(takeover)?;
         self.pin_program(self.server_pid());
         self.drain();
-        self.want_standby();
+        self.start_standby();
         Ok(())
     }
 
@@ -369,48 +363,22 @@ impl Supervisor {
     /// Starts a standby for the server that is up (docs/swap.md, "A standby"), if a successor
     /// could take over (the connection is held) and none waits yet. A failure is logged: the
     /// successor is then started when needed, as without a standby.
+    ///
+    /// At once, also while the machine's memory is short: a standby's start allocates (its
+    /// locked memory, its buffers, the memory it sets aside), and those allocations may wait
+    /// in reclaim beside the server that just came up; but a death with no standby is taken
+    /// over by a successor from disk that must allocate all that while the device's I/O is
+    /// held, with nothing to give it memory, and a standby still starting at a death is killed
+    /// and gives its memory back (`activate_standby`). (Until 2026-11-29 the standby waited for
+    /// a 100 ms look at /proc/vmstat's `allocstall_*` that found no direct reclaim, seen to
+    /// hold it back in the VM test's `global-kill`; there a death that found no standby had its
+    /// successor from disk sit in `mlock` of its I/O buffers for good.)
     fn start_standby(&mut self) {
-        self.standby_wanted = None;
         if self.standby.is_some() || !self.holds_connection() {
             return;
         }
         if let Ok((child, ready, Some(sock))) = self.launch(Launch::Standby) {
             self.standby = Some(Standby { child, ready, sock, waiting: false });
-        }
-    }
-
-    /// Asks for a standby, started by [`Supervisor::watch`] once the machine's memory is not
-    /// short (`memory_calm.rs`): a standby's start allocates (its locked memory, its buffers,
-    /// the memory it sets aside), and while the machine is out of memory those allocations
-    /// wait in reclaim beside the server that just came up, for the device it serves.
-    fn want_standby(&mut self) {
-        if self.standby.is_none() && self.holds_connection() {
-            self.standby_wanted = Some(MemoryCalm::watch());
-        }
-    }
-
-    /// Starts the wanted standby if the machine's memory has not been short since the last
-    /// look (one look per [`memory_calm::WINDOW`] at most); logs once when it waits.
-    fn start_wanted_standby(&mut self) {
-        let Some(calm) = self.standby_wanted.as_mut() else { return };
-        let first = !calm.was_short;
-        match calm.calm() {
-            None => {}
-            Some(true) => {
-                let (since, was_short) = (calm.since, calm.was_short);
-                self.standby_wanted = None;
-                if was_short {
-                    log::info(&format!(
-                        "memory is no longer short: starting the standby ({:.1} s after its server came up)",
-                        since.elapsed().as_secs_f64()
-                    ));
-                }
-                self.start_standby();
-            }
-            Some(false) if first => {
-                log::info("the machine's memory is short (direct reclaim): the standby starts once it is not");
-            }
-            Some(false) => {}
         }
     }
 
@@ -551,10 +519,8 @@ impl Supervisor {
     /// SIGUSR2 is passed on to the server (hand over to the installed binary).
     pub(crate) fn watch(&mut self, signals: &StopSignals, record: Option<&Path>) -> Watch {
         loop {
-            // While a standby waits for memory, a look per window; else a tick.
-            self.wait_event(if self.standby_wanted.is_some() { memory_calm::WINDOW } else { TICK });
+            self.wait_event(TICK);
             self.drain();
-            self.start_wanted_standby();
             match signals.wait_timeout(Duration::ZERO) {
                 Some(libc::SIGUSR2) => {
                     let pid = self.server_pid();
@@ -642,7 +608,7 @@ impl Supervisor {
                     self.pin_program(self.server_pid());
                     // The state stays locked here (`state_pin.rs`): a successor locks the pages
                     // it touches, not every page its predecessors wrote.
-                    self.want_standby();
+                    self.start_standby();
                     if let Some(r) = record {
                         update_record(r, self.server_pid());
                     }
