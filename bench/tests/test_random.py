@@ -121,7 +121,6 @@ def test_random_tables():
     assert "random-access swap (issue 30)" in report.markdown(res)
 
 
-
 def test_cpu_per_page_needs_busy_time_and_swapping():
     assert exp_random.cpu_us_per_page({"cpu_busy_s": 1.0, "vmstat": {"pswpin": 0, "pswpout": 0}}) is None
     assert exp_random.cpu_us_per_page({"vmstat": {"pswpin": 5}}) is None

@@ -36,8 +36,8 @@ use crate::units::human;
 /// page takes longer, and then the device is announced without them).
 const ANNOUNCE_LOG_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Where a takeover began: when the descriptors came, and this process's page faults until then
-/// (`getrusage`). Logged with the faults since once the device serves again: every fault a
+/// Where a takeover began (a standby: when the descriptors came; a successor started with them:
+/// when its recovery began), and this process's page faults until then (`getrusage`). Logged with the faults since once the device serves again: every fault a
 /// takeover takes while the device's I/O is held may wait in reclaim for memory only that
 /// device can free (docs/swap.md, "A standby, started in advance").
 static TAKEOVER_BEGAN: std::sync::OnceLock<(std::time::Instant, Faults)> = std::sync::OnceLock::new();
