@@ -10,6 +10,7 @@
 //!   turns it into a store call (pure: unit-tested on any kernel);
 //! - [`params`]: the device parameters we declare to the kernel (block sizes, discard);
 //! - [`target`]: creating the device, the queue threads, readiness and clean shutdown;
+//! - `user_copy`: moving a request's data with `pread`/`pwrite` on the char device;
 //! - [`error`]: the error type, with an `errno()` bridge.
 //!
 //! ## Capabilities declared
@@ -20,7 +21,8 @@
 //! fsync'd, since the index of its records lives in this process's memory and an fsync would
 //! make nothing durable (docs/backing.md, "Flush and FUA"); DISCARD and WRITE_ZEROES free
 //! the slots, as the kernel's swap-free notification did for ramzswap and zram. No volatile
-//! cache, no FUA, no zoned mode, no zero copy.
+//! cache, no FUA, no zoned mode, no zero copy; the data is moved with user copy
+//! (`UBLK_F_USER_COPY`, target.rs "Data").
 //!
 //! ## Failure model
 //! By default the device is created *without* `UBLK_F_USER_RECOVERY`: when the pages live
@@ -41,12 +43,11 @@
 //! `UBLK_F_USER_RECOVERY_FAIL_IO`) until the device is deleted ([`remove_orphan`]), which
 //! fails it.
 
-pub mod buffers;
 pub mod error;
 pub mod params;
 pub mod request;
 pub mod target;
+mod user_copy;
 
-pub use buffers::IoBuffers;
 pub use error::Error;
 pub use target::{kernel_support, recover, remove_orphan, serve, Device, Options, CONTROL_PATH};

@@ -1,12 +1,23 @@
 //! Creating the device, running its queues, and shutting it down.
 //!
 //! Threads: `serve` runs the control side on the calling thread; libublk spawns one thread
-//! per queue, each with its own io_uring, its own store [`Context`] and its own I/O buffers,
-//! all allocated before the device starts (nothing on the request path allocates except the
+//! per queue, each with its own io_uring, its own store [`Context`] and its own buffer, all
+//! allocated before the device starts (nothing on the request path allocates except the
 //! store's own page arena, which reuses freed pages first). libublk marks each queue thread
 //! an I/O flusher (`PR_SET_IO_FLUSHER`): memory reclaim entered from these threads never
 //! issues I/O, so a queue thread short of memory cannot wait on a swap-out that only it could
 //! serve.
+//!
+//! Data: devices are created with `UBLK_F_USER_COPY`. The kernel then copies no request's data
+//! into a buffer of ours; a queue thread reads a write's data from `/dev/ublkcN` (`pread` at the
+//! position naming its queue and tag) and writes a read's data there (`pwrite`) before it
+//! completes the request. So a queue needs one buffer of the largest request (64 KiB), not one
+//! per tag (64 of them: 4 MiB a queue), and that is what a takeover must allocate while the
+//! device's I/O is held and memory may be at its shortest (docs/swap.md, "When the server
+//! dies": a successor locking 4 MiB a queue then was seen waiting in reclaim for good). The
+//! cost is one system call per request that carries data. A device made by an older compcache
+//! without user copy is taken over in its own mode: a buffer per tag, allocated and locked
+//! before the first fetch.
 //!
 //! Shutdown: the caller's `while_up` closure runs on the control thread once the device accepts
 //! I/O, and the device is stopped when it returns; libublk deletes it when the control handle
@@ -27,13 +38,14 @@ use std::sync::Arc;
 use compcache_log::Rejects;
 use compcache_store::{Context, Store, PAGE_SIZE};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::helpers::IoBuf;
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
 
-use crate::buffers::IoBuffers;
 use crate::error::Error;
 use crate::params::device_params;
 use crate::request::{decode, execute, Decoded};
+use crate::user_copy::{make_resident, UserCopy};
 
 /// How this crate's log lines start.
 const WHO: &str = "compcache-ublk";
@@ -51,10 +63,10 @@ pub struct Options {
     /// under pressure and swap-in reads a few clusters of readahead; 64 keeps every CPU's
     /// burst in flight without pinning much memory (depth × `io_buf_bytes` per queue).
     pub queue_depth: u16,
-    /// Largest request in bytes (also each tag's buffer size). 64 KiB is 16 pages, above
+    /// Largest request in bytes (also each queue's buffer size). 64 KiB is 16 pages, above
     /// swap's readahead cluster of 8 pages (`vm.page-cluster` = 3).
     pub io_buf_bytes: u32,
-    /// Lock the I/O buffers in memory (`UBLK_DEV_F_MLOCK_IO_BUFFER`): needed to serve as
+    /// Lock each queue's buffer in memory (`mlock`, before the first fetch): needed to serve as
     /// swap; the process should also `mlockall` (the caller's job: it is process-wide).
     pub mlock_io_buffers: bool,
     /// Device number to ask for (`/dev/ublkbN`), or -1 for the next free one.
@@ -126,6 +138,10 @@ pub fn kernel_support() -> Result<(), Error> {
 /// server died and re-issues the requests that server had taken, for a successor.
 const RECOVERY_FLAGS: u64 = (libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE) as u64;
 
+/// The `ctrl_flags` every device is created with: its requests' data is copied with `pread` and
+/// `pwrite` on `/dev/ublkcN`, so no buffer per tag is needed (module docs, "Data").
+const USER_COPY: u64 = libublk::sys::UBLK_F_USER_COPY as u64;
+
 /// Creates a ublk device of `size_bytes` over `store` and serves it while `while_up` runs,
 /// then stops and removes it. `while_up(device, alive)` is called on the calling thread once
 /// the block device exists and accepts I/O; `alive()` is false once every queue has ended
@@ -138,10 +154,6 @@ where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
     check(size_bytes, opts)?;
-    let mut dev_flags = UblkFlags::UBLK_DEV_F_ADD_DEV;
-    if opts.mlock_io_buffers {
-        dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
-    }
     let ctrl = UblkCtrlBuilder::default()
         .name("compcache")
         .id(opts.dev_id)
@@ -149,11 +161,11 @@ where
         .depth(opts.queue_depth)
         .io_buf_bytes(opts.io_buf_bytes)
         // User recovery only when asked: see the failure model in the crate docs.
-        .ctrl_flags(if opts.user_recovery { RECOVERY_FLAGS } else { 0 })
-        .dev_flags(dev_flags)
+        .ctrl_flags(USER_COPY | if opts.user_recovery { RECOVERY_FLAGS } else { 0 })
+        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
         .build()
         .map_err(Error::ublk("adding the device"))?;
-    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, None, while_up);
+    let served = run(&ctrl, store, size_bytes, opts, while_up);
     // Dropping `ctrl` (created with UBLK_DEV_F_ADD_DEV) deletes the device.
     drop(ctrl);
     served
@@ -166,28 +178,15 @@ where
 /// requests requeued) before `START_USER_RECOVERY`, which libublk retries while the kernel
 /// says EBUSY (up to 30 s); then the queues are set up and fetch, and `END_USER_RECOVERY`
 /// lets the held and re-issued requests through. A device that was stopped, or created
-/// without recovery, is refused with an error and left alone.
-///
-/// `prepared`: I/O buffers a standby made before it waited ([`IoBuffers`]), used by the queues
-/// they were made for instead of allocating while memory may be short.
-pub fn recover<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, prepared: Option<Arc<IoBuffers>>, while_up: W) -> Result<(), Error>
+/// without recovery, is refused with an error and left alone. The device keeps the data mode
+/// it was created with (module docs, "Data").
+pub fn recover<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W) -> Result<(), Error>
 where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
     check(size_bytes, opts)?;
     if opts.dev_id < 0 {
         return Err(Error::Options("a takeover needs the device's number".into()));
-    }
-    let mut dev_flags = UblkFlags::UBLK_DEV_F_RECOVER_DEV;
-    // The buffers are locked whole before the first fetch also without `prepared` (each queue's
-    // `mlock` then allocates 4 MiB while the device's I/O is held). Faulting them in as the
-    // requests come instead was tried and is worse: a queue thread then faults inside the
-    // kernel's copy of a write into its buffer (`ublk_copy_user_pages`) with the device already
-    // serving, and waits in reclaim for swap-outs only it can serve (VM test `global-kill`,
-    // 2026-11-29). A serving thread must not fault; a successor without a standby's buffers
-    // gets its memory from the standby the supervisor kills for it (swapon's `supervisor.rs`).
-    if opts.mlock_io_buffers {
-        dev_flags |= UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER;
     }
     replace_exported_json(opts.dev_id);
     let ctrl = UblkCtrlBuilder::default()
@@ -197,7 +196,7 @@ where
         .depth(opts.queue_depth)
         .io_buf_bytes(opts.io_buf_bytes)
         .ctrl_flags(RECOVERY_FLAGS)
-        .dev_flags(dev_flags)
+        .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
         .build()
         .map_err(Error::ublk("opening the device to take it over"))?;
     let info = ctrl.dev_info();
@@ -225,7 +224,7 @@ where
         }
         Err(e) => return Err(e),
     }
-    let served = run(&ctrl, store, size_bytes, opts.io_buf_bytes, prepared, while_up);
+    let served = run(&ctrl, store, size_bytes, opts, while_up);
     // A control opened for recovery does not delete its device when dropped: this server owns
     // it now, and a stop removes it as the first server's would.
     if served.is_ok() {
@@ -285,20 +284,14 @@ fn check(size_bytes: u64, opts: &Options) -> Result<(), Error> {
 
 /// Sets up the queues, starts the device (or ends its recovery), runs `while_up`, and stops
 /// the device once it returns.
-fn run<W>(
-    ctrl: &UblkCtrl,
-    store: Arc<Store>,
-    size_bytes: u64,
-    io_buf_bytes: u32,
-    prepared: Option<Arc<IoBuffers>>,
-    while_up: W,
-) -> Result<(), Error>
+fn run<W>(ctrl: &UblkCtrl, store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W) -> Result<(), Error>
 where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
     let live_queues = Arc::new(AtomicUsize::new(ctrl.dev_info().nr_hw_queues as usize));
     // A cache device's writes are durable only once the origin is synced (`params`).
     let write_cache = store.is_cache();
+    let (io_buf_bytes, lock) = (opts.io_buf_bytes, opts.mlock_io_buffers);
     let tgt_init = move |dev: &mut UblkDev| {
         dev.set_default_params(size_bytes);
         dev.tgt.params = device_params(size_bytes, io_buf_bytes, write_cache);
@@ -309,8 +302,7 @@ where
     let q_live = Arc::clone(&live_queues);
     let rejects = Arc::new(Rejects::new(WHO));
     let queue_fn = move |qid: u16, dev: &UblkDev| {
-        let bufs = prepared.as_ref().and_then(|p| p.take(qid, dev.dev_info.queue_depth, dev.dev_info.max_io_buf_bytes));
-        serve_queue(qid, dev, &q_store, &rejects, bufs);
+        serve_queue(qid, dev, &q_store, &rejects, lock);
         q_live.fetch_sub(1, Ordering::SeqCst);
     };
 
@@ -332,16 +324,32 @@ where
 }
 
 /// One queue thread: fetch requests, run each against the store, complete, until the device
-/// stops. Everything the loop needs is allocated here, before the first fetch, but the I/O
-/// buffers when `prepared` brings them (`buffers.rs`).
-fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, prepared: Option<Vec<libublk::helpers::IoBuf<u8>>>) {
+/// stops. Everything the loop needs is allocated here, before the first fetch: with user copy
+/// one buffer of the largest request, else (a device made without it, taken over) one per tag;
+/// written once and, with `lock`, locked, so that no request faults on it.
+fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, lock: bool) {
     let mut ctx: Context = store.context();
-    compcache_store::make_stack_resident();
-    let mut bufs = prepared.unwrap_or_else(|| dev.alloc_queue_io_bufs());
     let dev_bytes = dev.tgt.dev_size;
     let io_buf_bytes = dev.dev_info.max_io_buf_bytes as usize;
+    let user_copy = dev.dev_info.flags & USER_COPY != 0;
+    let mut bufs: Vec<IoBuf<u8>> = match user_copy {
+        true => vec![IoBuf::new(io_buf_bytes)],
+        false => dev.alloc_queue_io_bufs(),
+    };
+    for b in &bufs {
+        make_resident(b);
+        if lock && !b.mlock() {
+            let e = std::io::Error::last_os_error();
+            compcache_log::warning(WHO, &format!("queue {qid}: cannot lock its buffer of {} bytes: {e}", b.len()));
+        }
+    }
+    compcache_store::make_stack_resident();
+    // With user copy the data goes through the char device's descriptor, which libublk keeps
+    // open (`fds[0]`) for as long as the device is served.
+    let data = UserCopy { fd: dev.tgt.fds[0], qid };
 
-    let queue = match UblkQueue::new(qid, dev).and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs)))) {
+    let fetch = if user_copy { BufDescList::Slices(None) } else { BufDescList::Slices(Some(&bufs)) };
+    let queue = match UblkQueue::new(qid, dev).and_then(|q| q.submit_fetch_commands_unified(fetch)) {
         Ok(q) => q,
         Err(e) => {
             compcache_log::error(WHO, &format!("queue {qid} failed to start: {e}"));
@@ -351,10 +359,16 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, prepar
 
     queue.wait_and_handle_io(move |q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
         let iod = q.get_iod(tag);
-        let buf = bufs[tag as usize].as_mut_slice();
+        let buf = match user_copy {
+            true => bufs[0].as_mut_slice(),
+            false => bufs[tag as usize].as_mut_slice(),
+        };
         let res = match decode(iod.op_flags, iod.start_sector, iod.nr_sectors, dev_bytes, io_buf_bytes) {
             Ok(req) => {
-                let res = execute(store, &mut ctx, &req, buf);
+                let res = match user_copy {
+                    true => data.serve(tag, &req.req, buf, |buf| execute(store, &mut ctx, &req, buf)),
+                    false => execute(store, &mut ctx, &req, buf),
+                };
                 if res < 0 {
                     rejects.failed(|| store_failure(qid, &req, res));
                 }
@@ -374,7 +388,8 @@ fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, prepar
                 errno
             }
         };
-        let desc = BufDesc::Slice(bufs[tag as usize].as_slice());
+        // The buffer the kernel copies the next request of this tag into: none with user copy.
+        let desc = if user_copy { BufDesc::Slice(&[]) } else { BufDesc::Slice(bufs[tag as usize].as_slice()) };
         if let Err(e) = q.complete_io_cmd_unified(tag, desc, Ok(UblkIORes::Result(res))) {
             rejects.failed(|| format!("queue {qid} tag {tag}: completion failed: {e}"));
         }
