@@ -15,9 +15,10 @@
 //! per tag (64 of them: 4 MiB a queue), and that is what a takeover must allocate while the
 //! device's I/O is held and memory may be at its shortest (docs/swap.md, "When the server
 //! dies": a successor locking 4 MiB a queue then was seen waiting in reclaim for good). The
-//! cost is one system call per request that carries data. A device made by an older compcache
-//! without user copy is taken over in its own mode: a buffer per tag, allocated and locked
-//! before the first fetch.
+//! cost is one system call per request that carries data. A kernel before 6.5 clears the flag
+//! it does not know when it creates the device, and a device made by an older compcache is
+//! taken over in its own mode: either way a buffer per tag, allocated and locked before the
+//! first fetch (the queue reads the mode from the device's flags).
 //!
 //! Shutdown: the caller's `while_up` closure runs on the control thread once the device accepts
 //! I/O, and the device is stopped when it returns; libublk deletes it when the control handle

@@ -258,7 +258,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
 }
 
 /// The largest request `nbd-attach` lets the kernel send: 32 swap pages, as a swap cluster
-/// (ublk's I/O buffers are 64 KiB). Swap I/O rarely merges beyond that.
+/// (ublk's largest request is 64 KiB). Swap I/O rarely merges beyond that.
 const NBD_MAX_REQUEST_BYTES: u32 = 128 << 10;
 
 pub fn run_nbd_attach(args: NbdAttachArgs) -> Result<(), Failure> {
