@@ -153,13 +153,25 @@ pub fn wait_as_standby(fd: i32, locked: bool) -> Result<(), Failure> {
         },
         false => None,
     };
-    let aside = reserve.as_ref().map_or(String::new(), |r| format!("{} set aside for the takeover, ", human(r.len() as u64)));
+    let aside = reserve
+        .as_ref()
+        .map_or(String::new(), |r| format!("setting {} aside for the takeover as memory is to spare, ", human(r.len() as u64)));
     let locked = if locked { "memory locked, " } else { "" };
     log::info(&format!("standby pid {}: {locked}{aside}waiting for a device to take over", std::process::id()));
     let handed = crate::fdstore::wait_as_standby(sock.as_fd());
     takeover_begins();
     // Given back to the kernel now, as the takeover starts to allocate.
-    drop(reserve);
+    if let Some(r) = reserve {
+        let (locked, len) = (r.locked(), r.len());
+        drop(r);
+        if handed.as_ref().is_ok_and(|&h| h) {
+            log::info(&format!(
+                "standby: {} of the {} set aside was locked when the takeover began; given back",
+                human(locked as u64),
+                human(len as u64)
+            ));
+        }
+    }
     match handed {
         Ok(true) => Ok(()),
         Ok(false) => std::process::exit(0),

@@ -365,7 +365,8 @@ impl Supervisor {
     /// successor is then started when needed, as without a standby.
     ///
     /// At once, also while the machine's memory is short: a standby's start allocates (its
-    /// locked memory, the memory it sets aside), and those allocations may wait
+    /// locked memory; what it sets aside only as memory is to spare, `takeover_reserve.rs`),
+    /// and those allocations may wait
     /// in reclaim beside the server that just came up; but a death with no standby is taken
     /// over by a successor from disk that must allocate all that while the device's I/O is
     /// held, with nothing to give it memory, and a standby still starting at a death is killed
@@ -421,9 +422,8 @@ impl Supervisor {
     /// live standby, or it could not be handed them (it is then dismissed): start a successor.
     ///
     /// A standby that has not said it waits within [`STANDBY_GRACE`] is killed instead: it is
-    /// still starting, and a standby starts by allocating (its locked memory, the memory it
-    /// sets aside), which with the machine out of memory waits in reclaim for
-    /// the very device whose server just died. Handed the descriptors, it would read them only
+    /// still starting, and a standby starts by allocating (its locked memory), which with the
+    /// machine out of memory waits in reclaim for the very device whose server just died. Handed the descriptors, it would read them only
     /// once those allocations end, that is never, or when the supervisor's patience ends (seen
     /// in the VM test's `global-kill` step, 2026-11-29: a standby in `mlock` of the memory it
     /// sets aside, the device held 122 s until `READY_TIMEOUT`, then a successor from disk
