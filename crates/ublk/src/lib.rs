@@ -11,6 +11,7 @@
 //! - [`params`]: the device parameters we declare to the kernel (block sizes, discard);
 //! - [`target`]: creating the device, the queue threads, readiness and clean shutdown;
 //! - `user_copy`: moving a request's data with `pread`/`pwrite` on the char device;
+//! - [`buffers`]: the queues' buffers a standby makes before it waits;
 //! - [`error`]: the error type, with an `errno()` bridge.
 //!
 //! ## Capabilities declared
@@ -43,11 +44,13 @@
 //! `UBLK_F_USER_RECOVERY_FAIL_IO`) until the device is deleted ([`remove_orphan`]), which
 //! fails it.
 
+pub mod buffers;
 pub mod error;
 pub mod params;
 pub mod request;
 pub mod target;
 mod user_copy;
 
+pub use buffers::IoBuffers;
 pub use error::Error;
 pub use target::{kernel_support, recover, remove_orphan, serve, Device, Options, CONTROL_PATH};

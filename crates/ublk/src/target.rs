@@ -43,6 +43,7 @@ use libublk::helpers::IoBuf;
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
 
+use crate::buffers::IoBuffers;
 use crate::error::Error;
 use crate::params::device_params;
 use crate::request::{decode, execute, Decoded};
@@ -166,7 +167,7 @@ where
         .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
         .build()
         .map_err(Error::ublk("adding the device"))?;
-    let served = run(&ctrl, store, size_bytes, opts, while_up);
+    let served = run(&ctrl, store, size_bytes, opts, None, while_up);
     // Dropping `ctrl` (created with UBLK_DEV_F_ADD_DEV) deletes the device.
     drop(ctrl);
     served
@@ -181,7 +182,10 @@ where
 /// lets the held and re-issued requests through. A device that was stopped, or created
 /// without recovery, is refused with an error and left alone. The device keeps the data mode
 /// it was created with (module docs, "Data").
-pub fn recover<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W) -> Result<(), Error>
+///
+/// `prepared`: queue buffers a standby made before it waited ([`IoBuffers`]), used instead of
+/// allocating while memory may be short.
+pub fn recover<W>(store: Arc<Store>, size_bytes: u64, opts: &Options, prepared: Option<Arc<IoBuffers>>, while_up: W) -> Result<(), Error>
 where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
@@ -225,7 +229,7 @@ where
         }
         Err(e) => return Err(e),
     }
-    let served = run(&ctrl, store, size_bytes, opts, while_up);
+    let served = run(&ctrl, store, size_bytes, opts, prepared, while_up);
     // A control opened for recovery does not delete its device when dropped: this server owns
     // it now, and a stop removes it as the first server's would.
     if served.is_ok() {
@@ -285,7 +289,14 @@ fn check(size_bytes: u64, opts: &Options) -> Result<(), Error> {
 
 /// Sets up the queues, starts the device (or ends its recovery), runs `while_up`, and stops
 /// the device once it returns.
-fn run<W>(ctrl: &UblkCtrl, store: Arc<Store>, size_bytes: u64, opts: &Options, while_up: W) -> Result<(), Error>
+fn run<W>(
+    ctrl: &UblkCtrl,
+    store: Arc<Store>,
+    size_bytes: u64,
+    opts: &Options,
+    prepared: Option<Arc<IoBuffers>>,
+    while_up: W,
+) -> Result<(), Error>
 where
     W: FnOnce(&Device, &dyn Fn() -> bool) + Send + Sync + 'static,
 {
@@ -303,7 +314,8 @@ where
     let q_live = Arc::clone(&live_queues);
     let rejects = Arc::new(Rejects::new(WHO));
     let queue_fn = move |qid: u16, dev: &UblkDev| {
-        serve_queue(qid, dev, &q_store, &rejects, lock);
+        let made = prepared.as_ref().and_then(|p| p.take(qid, dev.dev_info.max_io_buf_bytes));
+        serve_queue(qid, dev, &q_store, &rejects, lock, made);
         q_live.fetch_sub(1, Ordering::SeqCst);
     };
 
@@ -326,15 +338,16 @@ where
 
 /// One queue thread: fetch requests, run each against the store, complete, until the device
 /// stops. Everything the loop needs is allocated here, before the first fetch: with user copy
-/// one buffer of the largest request, else (a device made without it, taken over) one per tag;
-/// written once and, with `lock`, locked, so that no request faults on it.
-fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, lock: bool) {
+/// one buffer of the largest request (`made` in advance by a standby, if it brings one), else
+/// (a device made without it, taken over) one per tag; written once and, with `lock`, locked,
+/// so that no request faults on it.
+fn serve_queue(qid: u16, dev: &UblkDev, store: &Store, rejects: &Rejects, lock: bool, made: Option<IoBuf<u8>>) {
     let mut ctx: Context = store.context();
     let dev_bytes = dev.tgt.dev_size;
     let io_buf_bytes = dev.dev_info.max_io_buf_bytes as usize;
     let user_copy = dev.dev_info.flags & USER_COPY != 0;
     let mut bufs: Vec<IoBuf<u8>> = match user_copy {
-        true => vec![IoBuf::new(io_buf_bytes)],
+        true => vec![made.unwrap_or_else(|| IoBuf::new(io_buf_bytes))],
         false => dev.alloc_queue_io_bufs(),
     };
     for b in &bufs {

@@ -192,6 +192,23 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
     if let Some(id) = args.id {
         opts.dev_id = id;
     }
+    // A standby makes its queues' buffers now, pinned, while memory is plentiful: at the
+    // takeover it may be short, and nothing can be swapped out until the device serves again
+    // (compcache_ublk's `buffers.rs`).
+    let prepared = match (args.server.standby_fd, args.takeover) {
+        (Some(_), true) => {
+            crate::process::pin_swap_server(!args.server.no_mlock)?;
+            let bufs = compcache_ublk::IoBuffers::allocate(opts.nr_queues, opts.io_buf_bytes);
+            log::info(&format!(
+                "standby pid {}: made {} queue buffers of {} in advance",
+                std::process::id(),
+                opts.nr_queues,
+                human(opts.io_buf_bytes as u64)
+            ));
+            Some(Arc::new(bufs))
+        }
+        _ => None,
+    };
     super::session::wait_if_standby(&args.server, args.takeover)?;
     let refused = |e: String| with_code(TAKEOVER_REFUSED, format!("cannot take the device over: {e}"));
     // Before any thread exists (the environment is read and cleared).
@@ -247,7 +264,7 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
             // `wait_ready_line`): a successor killed between START_USER_RECOVERY and its
             // queues' first fetch leaves a device older kernels cannot recover again.
             super::session::signal_progress(args.server.ready_fd, &format!("{}\n", super::session::RECOVERING));
-            compcache_ublk::recover(Arc::clone(&session.store), size, &opts, while_up).map_err(|e| refused(e.to_string()))
+            compcache_ublk::recover(Arc::clone(&session.store), size, &opts, prepared, while_up).map_err(|e| refused(e.to_string()))
         }
         None => compcache_ublk::serve(Arc::clone(&session.store), size, &opts, while_up).map_err(|e| {
             let hint = if e.errno() == libc::EPERM || e.errno() == libc::EACCES { " (run as root)" } else { "" };
