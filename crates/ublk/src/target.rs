@@ -121,6 +121,9 @@ pub struct Device {
     pub nr_queues: u16,
     pub queue_depth: u16,
     pub size_bytes: u64,
+    /// The kernel moves the data by user copy (module docs, "Data"): created so by this
+    /// compcache on Linux 6.5+.
+    pub user_copy: bool,
 }
 
 /// Says whether this kernel can host a ublk device, and if not, what is missing.
@@ -326,6 +329,7 @@ where
         nr_queues: ctrl.dev_info().nr_hw_queues,
         queue_depth: ctrl.dev_info().queue_depth,
         size_bytes,
+        user_copy: ctrl.dev_info().flags & USER_COPY != 0,
     };
     let device_fn = move |ctrl: &UblkCtrl| {
         let alive = || live_queues.load(Ordering::SeqCst) > 0;

@@ -241,9 +241,10 @@ pub fn run_ublk(args: UblkArgs) -> Result<(), Failure> {
             }
         }
         let detail = format!(
-            "{} queues x depth {}{}",
+            "{} queues x depth {}{}{}",
             dev.nr_queues,
             dev.queue_depth,
+            if dev.user_copy { ", user copy" } else { "" },
             match (takeover, held) {
                 (true, _) => ", taken over (user recovery)",
                 (false, true) => ", user recovery (state held)",
